@@ -1,0 +1,20 @@
+//! Messages of the invariants that the CRD's CEL rules and the policy compiler both enforce.
+//!
+//! One constant per invariant: the API server reports it when a CEL rule fails, and the compiler
+//! (standalone mode, `lifeguard policy check`, the operator) reports the very same text, so a user
+//! sees one message whichever layer caught the mistake.
+
+pub const DURATION_POSITIVE: &str = "must be a positive duration such as 90s, 15m or 2h";
+pub const MAX_TTL_AT_LEAST_DEFAULT: &str = "maxTtl must be at least defaultTtl";
+pub const DEADLINE_MAX_AT_LEAST_DEFAULT: &str = "max must be at least default";
+pub const DEADLINE_PER_TOOL_WITHIN_MAX: &str = "every perTool deadline must be at most max";
+pub const ISSUER_ONE_JWKS_SOURCE: &str = "exactly one of jwksUri and jwksFile must be set";
+pub const AUDIT_FILE_NEEDS_PATH: &str = "path is required when sink is file";
+pub const EXCEPTION_EXPIRES_AFTER_NOT_BEFORE: &str = "expiresAt must be later than notBefore";
+pub const IMMUTABLE_POLICY_REF: &str = "policyRef is immutable; create a new exception instead";
+pub const IMMUTABLE_CAPABILITY: &str = "capability is immutable; create a new exception instead";
+pub const IMMUTABLE_REVOKED_IDENTITY: &str =
+    "issuer, subject, tenant and client are immutable; create a new revocation instead";
+pub const REVOKED_BEFORE_ONLY_LATER: &str = "revokedBefore may only move later";
+pub const SECURITY_EVENT_SOURCE_FIELDS: &str =
+    "a securityEvent source needs eventType, issuer and jti";

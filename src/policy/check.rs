@@ -1,0 +1,298 @@
+//! Checking a set of manifest files as a whole: per-document problems, duplicates, exceptions
+//! that target nothing, and a full compile of every McpServerPolicy found. Shared by
+//! `lifeguard policy check` and the sidecar's standalone policy loader.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use jiff::Timestamp;
+use serde::Serialize;
+
+use crate::api::{CapabilityException, PrincipalRevocation};
+
+use super::compile::{CompileInput, ObjectRef, compile, targets};
+use super::effective::EffectivePolicy;
+use super::manifest::{Document, LifeguardObject, YamlSyntaxError, parse_manifests};
+use super::problem::{Problem, Problems, Severity};
+use super::validate::{CompileMode, validate_exception, validate_revocation};
+
+/// One manifest file's contents, by name.
+#[derive(Clone, Debug)]
+pub struct ManifestFile {
+    pub name: String,
+    pub documents: Result<Vec<Document>, YamlSyntaxError>,
+}
+
+impl ManifestFile {
+    /// Parses `text` as the file called `name`.
+    pub fn parse(name: impl Into<String>, text: &str) -> Self {
+        Self {
+            name: name.into(),
+            documents: parse_manifests(text),
+        }
+    }
+}
+
+/// A problem located in a file and document.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Finding {
+    pub file: String,
+    /// 1-based document number; `None` for problems of the whole file.
+    pub document: Option<usize>,
+    /// `Kind namespace/name` of the object, when known.
+    pub object: Option<String>,
+    pub problem: Problem,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(doc) = self.document {
+            write!(f, ": document {doc}")?;
+        }
+        if let Some(object) = &self.object {
+            write!(f, " ({object})")?;
+        }
+        write!(f, ": {}", self.problem)
+    }
+}
+
+/// Findings plus every policy that compiled.
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    pub findings: Vec<Finding>,
+    pub policies: Vec<EffectivePolicy>,
+}
+
+impl CheckReport {
+    pub fn errors(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.problem.severity == Severity::Error)
+            .count()
+    }
+
+    pub fn warnings(&self) -> usize {
+        self.findings.len() - self.errors()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Location<'a> {
+    file: &'a str,
+    document: usize,
+}
+
+fn describe(document: &Document) -> Option<String> {
+    match (&document.object, &document.kind, &document.name) {
+        (Some(object), _, _) => Some(object.object_ref().to_string()),
+        (None, Some(kind), Some(name)) => Some(format!("{kind} {name}")),
+        (None, Some(kind), None) => Some(kind.clone()),
+        _ => None,
+    }
+}
+
+/// Checks every document of every file and compiles every McpServerPolicy with the exceptions
+/// and revocations found alongside it.
+pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) -> CheckReport {
+    let mut findings = Vec::new();
+    let mut located: BTreeMap<ObjectRef, Location<'_>> = BTreeMap::new();
+    let mut policies = Vec::new();
+    let mut exceptions: Vec<CapabilityException> = Vec::new();
+    let mut revocations: Vec<PrincipalRevocation> = Vec::new();
+
+    for file in files {
+        let documents = match &file.documents {
+            Ok(documents) => documents,
+            Err(e) => {
+                findings.push(Finding {
+                    file: file.name.clone(),
+                    document: None,
+                    object: None,
+                    problem: Problem {
+                        severity: Severity::Error,
+                        path: String::new(),
+                        message: e.to_string(),
+                    },
+                });
+                continue;
+            }
+        };
+        for document in documents {
+            let object_name = describe(document);
+            for problem in &document.problems {
+                findings.push(Finding {
+                    file: file.name.clone(),
+                    document: Some(document.index),
+                    object: object_name.clone(),
+                    problem: problem.clone(),
+                });
+            }
+            let Some(object) = &document.object else {
+                continue;
+            };
+            let here = Location {
+                file: &file.name,
+                document: document.index,
+            };
+            let key = object.object_ref();
+            if let Some(first) = located.get(&key) {
+                findings.push(Finding {
+                    file: file.name.clone(),
+                    document: Some(document.index),
+                    object: object_name,
+                    problem: Problem {
+                        severity: Severity::Error,
+                        path: "metadata.name".into(),
+                        message: format!(
+                            "duplicate object: already defined in {} document {}",
+                            first.file, first.document
+                        ),
+                    },
+                });
+                continue;
+            }
+            located.insert(key, here);
+            match object {
+                LifeguardObject::Policy(p) => policies.push((**p).clone()),
+                LifeguardObject::Exception(e) => exceptions.push((**e).clone()),
+                LifeguardObject::Revocation(r) => revocations.push((**r).clone()),
+            }
+        }
+    }
+
+    let locate = |object: &ObjectRef| -> (String, Option<usize>) {
+        located
+            .get(object)
+            .map(|l| (l.file.to_owned(), Some(l.document)))
+            .unwrap_or_default()
+    };
+    let mut compiled = Vec::new();
+    for policy in &policies {
+        let compilation = compile(CompileInput {
+            policy,
+            exceptions: &exceptions,
+            revocations: &revocations,
+            mode,
+            now,
+        });
+        for p in compilation.problems {
+            let (file, document) = locate(&p.object);
+            findings.push(Finding {
+                file,
+                document,
+                object: Some(p.object.to_string()),
+                problem: p.problem,
+            });
+        }
+        compiled.extend(compilation.effective);
+    }
+
+    // Objects no policy compile looked at still get their own checks.
+    for exception in exceptions
+        .iter()
+        .filter(|e| !policies.iter().any(|p| targets(e, p)))
+    {
+        let object = LifeguardObject::Exception(Box::new(exception.clone())).object_ref();
+        let mut p = Problems::new();
+        validate_exception(exception, &mut p);
+        p.warning(
+            "spec.policyRef.name",
+            format!(
+                "no McpServerPolicy `{}` in namespace `{}` among the checked files",
+                exception.spec.policy_ref.name,
+                object.namespace.as_deref().unwrap_or_default()
+            ),
+        );
+        push_object_problems(&mut findings, &object, p, &locate);
+    }
+    if policies.is_empty() {
+        for revocation in &revocations {
+            let object = LifeguardObject::Revocation(Box::new(revocation.clone())).object_ref();
+            let mut p = Problems::new();
+            validate_revocation(revocation, &mut p);
+            push_object_problems(&mut findings, &object, p, &locate);
+        }
+    }
+
+    CheckReport {
+        findings: dedupe(findings),
+        policies: compiled,
+    }
+}
+
+fn push_object_problems(
+    findings: &mut Vec<Finding>,
+    object: &ObjectRef,
+    problems: Problems,
+    locate: &impl Fn(&ObjectRef) -> (String, Option<usize>),
+) {
+    let (file, document) = locate(object);
+    for problem in problems.into_vec() {
+        findings.push(Finding {
+            file: file.clone(),
+            document,
+            object: Some(object.to_string()),
+            problem,
+        });
+    }
+}
+
+/// The CRD's CEL rules and the compiler state shared invariants with identical messages, and
+/// revocations are checked once per policy; report each distinct problem once, in order.
+fn dedupe(findings: Vec<Finding>) -> Vec<Finding> {
+    let mut seen = HashSet::new();
+    findings
+        .into_iter()
+        .filter(|f| {
+            seen.insert((
+                f.file.clone(),
+                f.document,
+                f.problem.path.clone(),
+                f.problem.message.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Why a standalone policy file cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("{} error(s) in the policy file:\n{}", .0.len(), render(.0))]
+    Invalid(Vec<Finding>),
+    #[error("the policy file must contain exactly one McpServerPolicy, found {0}")]
+    PolicyCount(usize),
+}
+
+fn render(findings: &[Finding]) -> String {
+    findings
+        .iter()
+        .map(|f| format!("  {f}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Loads the policy of `lifeguard sidecar --policy FILE`: exactly one McpServerPolicy, any
+/// CapabilityExceptions and PrincipalRevocations, and no errors at all (a file with any error
+/// is refused whole, so a typo can never weaken enforcement). Warnings are returned alongside.
+pub fn load_standalone(
+    name: &str,
+    text: &str,
+    now: Timestamp,
+) -> Result<(EffectivePolicy, Vec<Finding>), StandaloneError> {
+    let file = ManifestFile::parse(name, text);
+    let report = check_files(std::slice::from_ref(&file), CompileMode::Standalone, now);
+    let (errors, warnings): (Vec<_>, Vec<_>) = report
+        .findings
+        .into_iter()
+        .partition(|f| f.problem.severity == Severity::Error);
+    if !errors.is_empty() {
+        return Err(StandaloneError::Invalid(errors));
+    }
+    let count = report.policies.len();
+    let mut policies = report.policies;
+    match (count, policies.pop()) {
+        (1, Some(policy)) => Ok((policy, warnings)),
+        _ => Err(StandaloneError::PolicyCount(count)),
+    }
+}

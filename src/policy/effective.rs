@@ -1,0 +1,280 @@
+//! The compiled policy one sidecar enforces: every default applied, every field validated.
+//!
+//! `EffectivePolicy` is what crosses the wire from the operator to sidecars and what standalone
+//! mode builds from a file, so it is plain data (serde) with small pure query methods.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::api::{
+    AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability, JwsAlgorithm,
+    ListenNotification, PolicyDuration, RevocationReason,
+};
+
+use super::uri_pattern::UriPattern;
+
+/// Namespace and name of a Kubernetes object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Everything a sidecar needs to protect one MCP server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectivePolicy {
+    /// The McpServerPolicy this was compiled from.
+    pub policy: ObjectKey,
+    /// Its `metadata.generation`, when known.
+    pub generation: Option<i64>,
+    /// Canonical server URI (required token audience, advertised resource).
+    pub resource: String,
+    pub issuers: Vec<TrustedIssuer>,
+    pub protocol: ProtocolRules,
+    /// `None`: no request may become a task.
+    pub tasks: Option<TaskRules>,
+    /// `None`: listen requests are refused.
+    pub listen: Option<ListenRules>,
+    pub capabilities: CapabilityRules,
+    /// Exceptions that target this policy and passed structural validation. Signatures and
+    /// validity windows are checked by the sidecar at every use.
+    pub exceptions: Vec<GrantedException>,
+    /// Revocations in force, cluster-wide.
+    pub revocations: Vec<RevocationRule>,
+    pub audit: AuditRules,
+}
+
+impl EffectivePolicy {
+    /// SHA-256 (hex) of the policy's canonical serialization: equal policies hash equally, so
+    /// the operator and sidecars can tell whether they agree without comparing whole documents.
+    pub fn hash(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&bytes);
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The trusted issuer entry for an `iss` value, compared exactly.
+    pub fn issuer(&self, iss: &str) -> Option<&TrustedIssuer> {
+        self.issuers.iter().find(|i| i.issuer == iss)
+    }
+}
+
+/// One trusted token issuer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrustedIssuer {
+    pub issuer: String,
+    /// A token must carry at least one of these in `aud`.
+    pub audiences: Vec<String>,
+    pub keys: KeySource,
+    pub algorithms: Vec<JwsAlgorithm>,
+    pub claims: ClaimMap,
+}
+
+/// Where an issuer's public keys come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KeySource {
+    /// A JWKS URL (https, or http on loopback).
+    JwksUri(String),
+    /// A local JWKS file (standalone mode), as written in the policy.
+    JwksFile(String),
+}
+
+/// Claim names for the owner key and scopes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimMap {
+    pub subject: String,
+    pub tenant: String,
+    pub client: String,
+    pub scopes: String,
+}
+
+/// Protocol acceptance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolRules {
+    pub versions: Vec<String>,
+    /// Empty: only requests without `Origin` are accepted.
+    pub allowed_origins: Vec<String>,
+}
+
+/// Which tools may become tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolSet {
+    All,
+    Only(BTreeSet<String>),
+}
+
+/// Task bounds with defaults applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRules {
+    pub tools: ToolSet,
+    pub required_scopes: BTreeMap<String, BTreeSet<String>>,
+    pub default_ttl: PolicyDuration,
+    pub max_ttl: PolicyDuration,
+    pub delete_result_after_retrieval: bool,
+    pub default_deadline: PolicyDuration,
+    pub max_deadline: PolicyDuration,
+    pub per_tool_deadline: BTreeMap<String, PolicyDuration>,
+    pub min_poll_interval: PolicyDuration,
+    pub concurrency: ConcurrencyLimits,
+    pub idempotency_window: PolicyDuration,
+    pub derive_idempotency_key: bool,
+    pub admin_cancel_scope: Option<String>,
+}
+
+impl TaskRules {
+    /// Whether `tool` may run as a task.
+    pub fn allows_tool(&self, tool: &str) -> bool {
+        match &self.tools {
+            ToolSet::All => true,
+            ToolSet::Only(tools) => tools.contains(tool),
+        }
+    }
+
+    /// Scopes needed to create, read, update or cancel a task of `tool`.
+    pub fn scopes_for(&self, tool: &str) -> impl Iterator<Item = &str> {
+        self.required_scopes
+            .get(tool)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    /// The server-enforced lifetime of a task of `tool`.
+    pub fn deadline_for(&self, tool: &str) -> Duration {
+        self.per_tool_deadline
+            .get(tool)
+            .unwrap_or(&self.default_deadline)
+            .get()
+    }
+
+    /// The TTL given to a client when the server stated `requested` (`None` = no TTL stated or
+    /// unlimited): the server's value clamped to `maxTtl`, or `defaultTtl`.
+    pub fn effective_ttl(&self, requested: Option<Duration>) -> Duration {
+        match requested {
+            Some(ttl) => ttl.min(self.max_ttl.get()),
+            None => self.default_ttl.get(),
+        }
+    }
+}
+
+/// Concurrency quotas on non-terminal tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConcurrencyLimits {
+    pub per_principal: u32,
+    pub per_tenant: u32,
+    pub per_client: u32,
+    pub per_server: u32,
+}
+
+/// Listen stream rules with defaults applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenRules {
+    pub notifications: BTreeSet<ListenNotification>,
+    pub resource_patterns: Vec<UriPattern>,
+    pub max_streams_per_principal: u32,
+    pub max_stream_duration: PolicyDuration,
+}
+
+impl ListenRules {
+    /// Whether a stream may subscribe to updates of `uri`.
+    pub fn allows_resource(&self, uri: &str) -> bool {
+        self.notifications
+            .contains(&ListenNotification::ResourceSubscriptions)
+            && self.resource_patterns.iter().any(|p| p.matches(uri))
+    }
+}
+
+/// Deprecated capability gates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapabilityRules {
+    pub sampling: CapabilityMode,
+    pub roots: CapabilityMode,
+}
+
+impl CapabilityRules {
+    /// The mode for one capability.
+    pub fn mode(&self, capability: ExceptionCapability) -> CapabilityMode {
+        match capability {
+            ExceptionCapability::Sampling => self.sampling,
+            ExceptionCapability::Roots => self.roots,
+        }
+    }
+}
+
+/// A structurally valid CapabilityException targeting this policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantedException {
+    pub exception: ObjectKey,
+    /// The whole grant: the signature covers it, so the sidecar re-verifies from these fields.
+    pub spec: CapabilityExceptionSpec,
+    pub not_before: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+impl GrantedException {
+    /// Validity at `now`: not before `notBefore`, strictly before `expiresAt`.
+    pub fn window_contains(&self, now: Timestamp) -> bool {
+        self.not_before <= now && now < self.expires_at
+    }
+}
+
+/// A PrincipalRevocation in force.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationRule {
+    pub name: String,
+    pub issuer: String,
+    pub subject: String,
+    pub tenant: Option<String>,
+    pub client: Option<String>,
+    pub revoked_before: Timestamp,
+    pub reason: RevocationReason,
+}
+
+impl RevocationRule {
+    /// Whether this revocation covers the identity (issuer + subject, tenant, client).
+    pub fn covers(&self, issuer: &str, subject: &str, tenant: &str, client: &str) -> bool {
+        self.issuer == issuer
+            && self.subject == subject
+            && self.tenant.as_deref().is_none_or(|t| t == tenant)
+            && self.client.as_deref().is_none_or(|c| c == client)
+    }
+
+    /// Whether a token of a covered identity issued at `issued_at` is refused. Tokens without
+    /// `iat` are treated as issued at the epoch, so they are always refused.
+    pub fn refuses_token_issued_at(&self, issued_at: Option<Timestamp>) -> bool {
+        self.reason.refuses_all_tokens()
+            || issued_at.is_none_or(|iat| iat <= self.revoked_before)
+    }
+}
+
+/// Audit settings with defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditRules {
+    pub sink: AuditSink,
+    pub path: Option<String>,
+    pub status_read_sample_percent: u8,
+}
