@@ -1,1 +1,26 @@
-fn main() {}
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command, PolicyCommand};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Crdgen(args) => {
+            cli::crdgen::run(&args.out_dir, args.stdout).map(|()| ExitCode::SUCCESS)
+        }
+        Command::Policy(PolicyCommand::Check(args)) => cli::policy_check::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

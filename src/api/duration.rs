@@ -57,11 +57,11 @@ impl From<Duration> for PolicyDuration {
     fn from(value: Duration) -> Self {
         let value = value.min(MAX_DURATION);
         let millis = value.as_millis();
-        let text = if millis % 3_600_000 == 0 && millis > 0 {
+        let text = if millis.is_multiple_of(3_600_000) && millis > 0 {
             format!("{}h", millis / 3_600_000)
-        } else if millis % 60_000 == 0 && millis > 0 {
+        } else if millis.is_multiple_of(60_000) && millis > 0 {
             format!("{}m", millis / 60_000)
-        } else if millis % 1000 == 0 {
+        } else if millis.is_multiple_of(1000) {
             format!("{}s", millis / 1000)
         } else {
             format!("{millis}ms")
@@ -127,7 +127,9 @@ fn parse_go_duration(text: &str) -> Result<Duration, DurationError> {
             return Err(DurationError::TooLong);
         }
         let whole: u128 = whole.parse().map_err(|_| DurationError::TooLong)?;
-        let mut part = whole.checked_mul(unit_nanos).ok_or(DurationError::TooLong)?;
+        let mut part = whole
+            .checked_mul(unit_nanos)
+            .ok_or(DurationError::TooLong)?;
         if !fraction.is_empty() {
             let digits: u128 = fraction.parse().map_err(|_| DurationError::TooLong)?;
             let scale = 10u128.pow(fraction.len() as u32);
@@ -209,7 +211,10 @@ mod tests {
         assert_eq!(parse("5d"), Err(DurationError::UnknownUnit("d".into())));
         assert_eq!(parse("m"), Err(DurationError::MissingNumber("m".into())));
         assert_eq!(parse("1e30h"), Err(DurationError::UnknownUnit("e".into())));
-        assert_eq!(parse("99999999999999999999999h"), Err(DurationError::TooLong));
+        assert_eq!(
+            parse("99999999999999999999999h"),
+            Err(DurationError::TooLong)
+        );
         assert_eq!(parse("8785h"), Err(DurationError::TooLong));
         assert!(parse("8784h").is_ok());
     }
@@ -218,7 +223,13 @@ mod tests {
     fn round_trips_the_written_text() {
         let d: PolicyDuration = serde_json::from_str("\"1h30m\"").unwrap();
         assert_eq!(serde_json::to_string(&d).unwrap(), "\"1h30m\"");
-        assert_eq!(PolicyDuration::from(Duration::from_secs(900)).as_str(), "15m");
-        assert_eq!(PolicyDuration::from(Duration::from_millis(1500)).as_str(), "1500ms");
+        assert_eq!(
+            PolicyDuration::from(Duration::from_secs(900)).as_str(),
+            "15m"
+        );
+        assert_eq!(
+            PolicyDuration::from(Duration::from_millis(1500)).as_str(),
+            "1500ms"
+        );
     }
 }

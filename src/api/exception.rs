@@ -28,8 +28,17 @@ use super::rules;
     printcolumn(name = "Policy", type_ = "string", json_path = ".spec.policyRef.name"),
     printcolumn(name = "Capability", type_ = "string", json_path = ".spec.capability"),
     printcolumn(name = "Expires", type_ = "date", json_path = ".spec.expiresAt"),
-    printcolumn(name = "Approver", type_ = "string", json_path = ".status.approver", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Approver",
+        type_ = "string",
+        json_path = ".status.approver",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("self.expiresAt > self.notBefore")
@@ -112,7 +121,9 @@ pub enum ExceptionCapability {
 }
 
 /// One principal: issuer plus subject.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PrincipalRef {
     /// Token issuer (`iss`).

@@ -42,8 +42,17 @@ use super::rules;
         json_path = ".status.propagationMillis",
         priority = 1
     ),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".spec.expiresAt", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Expires",
+        type_ = "date",
+        json_path = ".spec.expiresAt",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("self.issuer == oldSelf.issuer && self.subject == oldSelf.subject && has(self.tenant) == has(oldSelf.tenant) && (!has(self.tenant) || self.tenant == oldSelf.tenant) && has(self.client) == has(oldSelf.client) && (!has(self.client) || self.client == oldSelf.client)")

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use super::duration::PolicyDuration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -31,11 +31,7 @@ use super::rules;
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
-    printcolumn(
-        name = "Resource",
-        type_ = "string",
-        json_path = ".spec.resource"
-    ),
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource"),
     printcolumn(
         name = "Pods",
         type_ = "integer",
@@ -205,6 +201,7 @@ pub struct TasksSpec {
     /// Scopes a token must carry, per tool, to create the task AND for every later read, update
     /// and cancel of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 256))]
     pub required_scopes: Option<BTreeMap<String, Vec<String>>>,
 
     /// How long finished tasks and their results are kept.
@@ -285,6 +282,7 @@ pub struct DeadlineSpec {
     pub max: Option<PolicyDuration>,
     /// Deadlines for specific tools, each at most `max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 256))]
     pub per_tool: Option<BTreeMap<String, PolicyDuration>>,
 }
 
@@ -326,7 +324,9 @@ pub struct IdempotencySpec {
 }
 
 /// Which notification types a listen stream may carry.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum ListenNotification {
     ToolsListChanged,
@@ -371,10 +371,12 @@ pub struct ResourceSubscriptionsSpec {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CapabilitiesSpec {
-    /// `sampling/createMessage` input requests. Default `deny`.
+    /// `sampling/createMessage` input requests. `deny` (default): never reach the client, the
+    /// server receives a decline. `exception`: allowed only under an Active, signed
+    /// CapabilityException that matches the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<CapabilityMode>,
-    /// `roots/list` input requests. Default `deny`.
+    /// `roots/list` input requests. `deny` (default) or `exception`, as for `sampling`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roots: Option<CapabilityMode>,
 }
@@ -383,9 +385,7 @@ pub struct CapabilitiesSpec {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum CapabilityMode {
-    /// Never reaches the client; the server receives a decline.
     Deny,
-    /// Allowed only under an Active, signed CapabilityException that matches the request.
     Exception,
 }
 

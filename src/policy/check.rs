@@ -84,12 +84,15 @@ struct Location<'a> {
 }
 
 fn describe(document: &Document) -> Option<String> {
-    match (&document.object, &document.kind, &document.name) {
-        (Some(object), _, _) => Some(object.object_ref().to_string()),
-        (None, Some(kind), Some(name)) => Some(format!("{kind} {name}")),
-        (None, Some(kind), None) => Some(kind.clone()),
-        _ => None,
+    if let Some(object) = &document.object {
+        return Some(object.object_ref().to_string());
     }
+    let kind = document.kind.as_deref()?;
+    Some(match (&document.namespace, &document.name) {
+        (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+        (None, Some(name)) => format!("{kind} {name}"),
+        _ => kind.to_owned(),
+    })
 }
 
 /// Checks every document of every file and compiles every McpServerPolicy with the exceptions
@@ -97,6 +100,9 @@ fn describe(document: &Document) -> Option<String> {
 pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) -> CheckReport {
     let mut findings = Vec::new();
     let mut located: BTreeMap<ObjectRef, Location<'_>> = BTreeMap::new();
+    // Objects whose documents already failed API-server-level checks are still compiled (so
+    // every problem shows in one run) but never reported as usable policies.
+    let mut rejected: HashSet<ObjectRef> = HashSet::new();
     let mut policies = Vec::new();
     let mut exceptions: Vec<CapabilityException> = Vec::new();
     let mut revocations: Vec<PrincipalRevocation> = Vec::new();
@@ -136,6 +142,9 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
                 document: document.index,
             };
             let key = object.object_ref();
+            if super::problem::any_error(&document.problems) {
+                rejected.insert(key.clone());
+            }
             if let Some(first) = located.get(&key) {
                 findings.push(Finding {
                     file: file.name.clone(),
@@ -185,7 +194,9 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
                 problem: p.problem,
             });
         }
-        compiled.extend(compilation.effective);
+        if !rejected.contains(&ObjectRef::policy(policy)) {
+            compiled.extend(compilation.effective);
+        }
     }
 
     // Objects no policy compile looked at still get their own checks.
@@ -193,7 +204,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
         .iter()
         .filter(|e| !policies.iter().any(|p| targets(e, p)))
     {
-        let object = LifeguardObject::Exception(Box::new(exception.clone())).object_ref();
+        let object = ObjectRef::exception(exception);
         let mut p = Problems::new();
         validate_exception(exception, &mut p);
         p.warning(
@@ -208,7 +219,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
     }
     if policies.is_empty() {
         for revocation in &revocations {
-            let object = LifeguardObject::Revocation(Box::new(revocation.clone())).object_ref();
+            let object = ObjectRef::revocation(revocation);
             let mut p = Problems::new();
             validate_revocation(revocation, &mut p);
             push_object_problems(&mut findings, &object, p, &locate);

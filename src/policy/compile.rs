@@ -80,6 +80,32 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+impl ObjectRef {
+    pub fn policy(policy: &McpServerPolicy) -> Self {
+        Self {
+            kind: ObjectKind::McpServerPolicy,
+            namespace: Some(namespace_of(&policy.metadata)),
+            name: policy.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+
+    pub fn exception(exception: &CapabilityException) -> Self {
+        Self {
+            kind: ObjectKind::CapabilityException,
+            namespace: Some(namespace_of(&exception.metadata)),
+            name: exception.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+
+    pub fn revocation(revocation: &PrincipalRevocation) -> Self {
+        Self {
+            kind: ObjectKind::PrincipalRevocation,
+            namespace: None,
+            name: revocation.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// A problem and the object it is in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct ObjectProblem {
@@ -130,10 +156,15 @@ pub fn targets(exception: &CapabilityException, policy: &McpServerPolicy) -> boo
 }
 
 fn attach(object: &ObjectRef, problems: Problems, out: &mut Vec<ObjectProblem>) {
-    out.extend(problems.into_vec().into_iter().map(|problem| ObjectProblem {
-        object: object.clone(),
-        problem,
-    }));
+    out.extend(
+        problems
+            .into_vec()
+            .into_iter()
+            .map(|problem| ObjectProblem {
+                object: object.clone(),
+                problem,
+            }),
+    );
 }
 
 /// Compiles one server's policy. Exceptions with errors are left out (and reported); the
@@ -141,11 +172,7 @@ fn attach(object: &ObjectRef, problems: Problems, out: &mut Vec<ObjectProblem>) 
 pub fn compile(input: CompileInput<'_>) -> Compilation {
     let mut problems = Vec::new();
     let policy = input.policy;
-    let policy_ref = ObjectRef {
-        kind: ObjectKind::McpServerPolicy,
-        namespace: Some(namespace_of(&policy.metadata)),
-        name: policy.metadata.name.clone().unwrap_or_default(),
-    };
+    let policy_ref = ObjectRef::policy(policy);
     let mut policy_problems = Problems::new();
     validate_policy(policy, input.mode, &mut policy_problems);
     let policy_ok = !policy_problems.has_errors();
@@ -154,11 +181,7 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
     let capabilities = compile_capabilities(policy);
     let mut exceptions = Vec::new();
     for exception in input.exceptions.iter().filter(|e| targets(e, policy)) {
-        let object = ObjectRef {
-            kind: ObjectKind::CapabilityException,
-            namespace: Some(namespace_of(&exception.metadata)),
-            name: exception.metadata.name.clone().unwrap_or_default(),
-        };
+        let object = ObjectRef::exception(exception);
         let mut p = Problems::new();
         validate_exception(exception, &mut p);
         if capabilities.mode(exception.spec.capability) == CapabilityMode::Deny {
@@ -193,11 +216,7 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
 
     let mut revocations = Vec::new();
     for revocation in input.revocations {
-        let object = ObjectRef {
-            kind: ObjectKind::PrincipalRevocation,
-            namespace: None,
-            name: revocation.metadata.name.clone().unwrap_or_default(),
-        };
+        let object = ObjectRef::revocation(revocation);
         let mut p = Problems::new();
         validate_revocation(revocation, &mut p);
         attach(&object, p, &mut problems);

@@ -265,8 +265,7 @@ impl RevocationRule {
     /// Whether a token of a covered identity issued at `issued_at` is refused. Tokens without
     /// `iat` are treated as issued at the epoch, so they are always refused.
     pub fn refuses_token_issued_at(&self, issued_at: Option<Timestamp>) -> bool {
-        self.reason.refuses_all_tokens()
-            || issued_at.is_none_or(|iat| iat <= self.revoked_before)
+        self.reason.refuses_all_tokens() || issued_at.is_none_or(|iat| iat <= self.revoked_before)
     }
 }
 

@@ -120,10 +120,17 @@ mod tests {
         let good = b64(r#"{"alg":"EdDSA","typ":"lifeguard-exception+jws","kid":"k"}"#);
         let cases = [
             ("only.two".to_owned(), JwsShapeError::NotCompact),
-            (format!("{good}.eyJ9.{}", sig()), JwsShapeError::PayloadNotDetached),
+            (
+                format!("{good}.eyJ9.{}", sig()),
+                JwsShapeError::PayloadNotDetached,
+            ),
             (format!("!!..{}", sig()), JwsShapeError::BadHeader),
             (
-                format!("{}..{}", b64(r#"{"alg":"HS256","typ":"lifeguard-exception+jws","kid":"k"}"#), sig()),
+                format!(
+                    "{}..{}",
+                    b64(r#"{"alg":"HS256","typ":"lifeguard-exception+jws","kid":"k"}"#),
+                    sig()
+                ),
                 JwsShapeError::WrongAlgorithm("HS256".into()),
             ),
             (
@@ -131,13 +138,19 @@ mod tests {
                 JwsShapeError::WrongType,
             ),
             (
-                format!("{}..{}", b64(r#"{"alg":"EdDSA","typ":"lifeguard-exception+jws"}"#), sig()),
+                format!(
+                    "{}..{}",
+                    b64(r#"{"alg":"EdDSA","typ":"lifeguard-exception+jws"}"#),
+                    sig()
+                ),
                 JwsShapeError::MissingKid,
             ),
             (
                 format!(
                     "{}..{}",
-                    b64(r#"{"alg":"EdDSA","typ":"lifeguard-exception+jws","kid":"k","crit":["b64"]}"#),
+                    b64(
+                        r#"{"alg":"EdDSA","typ":"lifeguard-exception+jws","kid":"k","crit":["b64"]}"#
+                    ),
                     sig()
                 ),
                 JwsShapeError::UnknownCritical,

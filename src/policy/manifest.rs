@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::api::{API_VERSION, CapabilityException, McpServerPolicy, PrincipalRevocation};
 
-use super::compile::{ObjectKind, ObjectRef, namespace_of};
+use super::compile::ObjectRef;
 use super::problem::{Problem, Problems};
 
 /// A typed Lifeguard object.
@@ -28,21 +28,9 @@ impl LifeguardObject {
     /// Kind, namespace (defaulted) and name.
     pub fn object_ref(&self) -> ObjectRef {
         match self {
-            Self::Policy(p) => ObjectRef {
-                kind: ObjectKind::McpServerPolicy,
-                namespace: Some(namespace_of(&p.metadata)),
-                name: p.metadata.name.clone().unwrap_or_default(),
-            },
-            Self::Exception(e) => ObjectRef {
-                kind: ObjectKind::CapabilityException,
-                namespace: Some(namespace_of(&e.metadata)),
-                name: e.metadata.name.clone().unwrap_or_default(),
-            },
-            Self::Revocation(r) => ObjectRef {
-                kind: ObjectKind::PrincipalRevocation,
-                namespace: None,
-                name: r.metadata.name.clone().unwrap_or_default(),
-            },
+            Self::Policy(p) => ObjectRef::policy(p),
+            Self::Exception(e) => ObjectRef::exception(e),
+            Self::Revocation(r) => ObjectRef::revocation(r),
         }
     }
 }
@@ -54,6 +42,8 @@ pub struct Document {
     pub index: usize,
     /// `kind` as written, when there is one.
     pub kind: Option<String>,
+    /// `metadata.namespace` as written, when there is one.
+    pub namespace: Option<String>,
     /// `metadata.name` as written, when there is one.
     pub name: Option<String>,
     /// The typed object, when the document is a well-formed Lifeguard object.
@@ -79,8 +69,10 @@ pub fn parse_manifests(text: &str) -> Result<Vec<Document>, YamlSyntaxError> {
             MAX_MANIFEST_BYTES
         )));
     }
-    let values: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| YamlSyntaxError(e.to_string()))?;
+    let values: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
+        let message = e.to_string();
+        YamlSyntaxError(message.trim_start_matches("error: ").to_owned())
+    })?;
     Ok(values
         .into_iter()
         .filter(|v| !v.is_null())
@@ -127,7 +119,10 @@ fn cel_problems(schema: &KindSchema, value: &Value, p: &mut Problems) {
                 ErrorKind::ValidationFailure => p.error(e.field_path.clone(), &e.message),
                 _ => p.error(
                     e.field_path.clone(),
-                    format!("validation rule `{}` could not be evaluated: {}", e.rule, e.message),
+                    format!(
+                        "validation rule `{}` could not be evaluated: {}",
+                        e.rule, e.message
+                    ),
                 ),
             }
         }
@@ -184,9 +179,14 @@ fn check_document(index: usize, value: Value) -> Document {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let namespace = value
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let mut document = Document {
         index,
         kind: kind.clone(),
+        namespace,
         name,
         object: None,
         problems: Vec::new(),
@@ -268,7 +268,10 @@ spec:
 "#;
         let docs = parse_manifests(yaml).unwrap();
         assert!(docs[0].object.is_none());
-        assert_eq!(docs[0].problems[0].path, "spec.tasks.concurrency.perPrincipal");
+        assert_eq!(
+            docs[0].problems[0].path,
+            "spec.tasks.concurrency.perPrincipal"
+        );
     }
 
     #[test]

@@ -12,7 +12,12 @@ pub mod problem;
 pub mod uri_pattern;
 pub mod validate;
 
-pub use check::{CheckReport, Finding, ManifestFile, StandaloneError, check_files, load_standalone};
+#[cfg(test)]
+mod compile_tests;
+
+pub use check::{
+    CheckReport, Finding, ManifestFile, StandaloneError, check_files, load_standalone,
+};
 pub use compile::{Compilation, CompileInput, ObjectKind, ObjectProblem, ObjectRef, compile};
 pub use effective::*;
 pub use problem::{Problem, Severity};

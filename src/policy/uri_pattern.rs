@@ -106,8 +106,14 @@ mod tests {
     #[test]
     fn rejects_empty_and_match_everything_patterns() {
         assert_eq!(UriPattern::new(""), Err(UriPatternError::Empty));
-        assert_eq!(UriPattern::new("**"), Err(UriPatternError::MatchesEverything));
-        assert_eq!(UriPattern::new("a\nb"), Err(UriPatternError::ControlCharacter));
+        assert_eq!(
+            UriPattern::new("**"),
+            Err(UriPatternError::MatchesEverything)
+        );
+        assert_eq!(
+            UriPattern::new("a\nb"),
+            Err(UriPatternError::ControlCharacter)
+        );
     }
 
     #[test]

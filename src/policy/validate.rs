@@ -177,7 +177,10 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
                         && url.path() == "/"
                         && !origin.ends_with('/')
                         && url.query().is_none() => {}
-                _ => p.error(path, "must be an origin: scheme://host[:port] without a path"),
+                _ => p.error(
+                    path,
+                    "must be an origin: scheme://host[:port] without a path",
+                ),
             }
         }
     }
@@ -198,7 +201,10 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
                 Some(_) => {}
             }
         }
-        if audit.status_read_sample_percent.is_some_and(|pct| pct > 100) {
+        if audit
+            .status_read_sample_percent
+            .is_some_and(|pct| pct > 100)
+        {
             p.error(
                 "spec.audit.statusReadSamplePercent",
                 "must be between 0 and 100",
@@ -298,7 +304,10 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
         if let (Some(d), Some(m)) = (&r.default_ttl, &r.max_ttl)
             && m.get() < d.get()
         {
-            p.error("spec.tasks.retention.maxTtl", rules::MAX_TTL_AT_LEAST_DEFAULT);
+            p.error(
+                "spec.tasks.retention.maxTtl",
+                rules::MAX_TTL_AT_LEAST_DEFAULT,
+            );
         }
     }
     if let Some(d) = &tasks.deadline {
@@ -307,7 +316,10 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
         if let (Some(def), Some(max)) = (&d.default, &d.max)
             && max.get() < def.get()
         {
-            p.error("spec.tasks.deadline.max", rules::DEADLINE_MAX_AT_LEAST_DEFAULT);
+            p.error(
+                "spec.tasks.deadline.max",
+                rules::DEADLINE_MAX_AT_LEAST_DEFAULT,
+            );
         }
         for (tool, deadline) in d.per_tool.iter().flatten() {
             let path = format!("spec.tasks.deadline.perTool.{tool}");
@@ -322,7 +334,10 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
         if let (Some(max), Some(per_tool)) = (&d.max, &d.per_tool)
             && per_tool.values().any(|t| t.get() > max.get())
         {
-            p.error("spec.tasks.deadline.perTool", rules::DEADLINE_PER_TOOL_WITHIN_MAX);
+            p.error(
+                "spec.tasks.deadline.perTool",
+                rules::DEADLINE_PER_TOOL_WITHIN_MAX,
+            );
         }
     }
     check_positive(
@@ -339,7 +354,10 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
         ];
         for (field, value) in limits {
             if value == Some(0) {
-                p.error(format!("spec.tasks.concurrency.{field}"), "must be at least 1");
+                p.error(
+                    format!("spec.tasks.concurrency.{field}"),
+                    "must be at least 1",
+                );
             }
         }
         if let (Some(principal), Some(tenant)) = (c.per_principal, c.per_tenant)
@@ -364,10 +382,7 @@ fn validate_listen(listen: &crate::api::ListenSpec, p: &mut Problems) {
         let mut seen = BTreeSet::new();
         for (i, kind) in n.iter().enumerate() {
             if !seen.insert(kind) {
-                p.warning(
-                    format!("spec.listen.notifications[{i}]"),
-                    "is listed twice",
-                );
+                p.warning(format!("spec.listen.notifications[{i}]"), "is listed twice");
             }
         }
     }
@@ -382,10 +397,7 @@ fn validate_listen(listen: &crate::api::ListenSpec, p: &mut Problems) {
         .unwrap_or_default();
     for (i, pattern) in patterns.iter().enumerate() {
         if let Err(why) = UriPattern::new(pattern) {
-            p.error(
-                format!("spec.listen.resourceSubscriptions.allow[{i}]"),
-                why,
-            );
+            p.error(format!("spec.listen.resourceSubscriptions.allow[{i}]"), why);
         }
     }
     if subscribes && patterns.is_empty() {

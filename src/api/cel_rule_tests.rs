@@ -1,0 +1,312 @@
+//! Every CEL rule of the three CRDs, evaluated locally the way the API server evaluates it:
+//! one case that passes and one that fails per rule, transition rules with an old object.
+//! `every_cel_rule_has_a_failing_case` keeps this list complete as rules are added.
+
+use std::collections::BTreeSet;
+
+use kube::CustomResourceExt;
+use kube::core::cel::Validator;
+use serde_json::{Value, json};
+
+use super::{CapabilityException, McpServerPolicy, PrincipalRevocation, rules};
+
+fn schema_of(kind: &str) -> Value {
+    let crd = match kind {
+        "McpServerPolicy" => McpServerPolicy::crd(),
+        "CapabilityException" => CapabilityException::crd(),
+        "PrincipalRevocation" => PrincipalRevocation::crd(),
+        other => panic!("unknown kind {other}"),
+    };
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn policy(spec_extra: Value) -> Value {
+    let mut spec = json!({
+        "selector": {},
+        "resource": "https://reports.example.com/mcp",
+        "identity": {"issuers": [{"issuer": "https://idp", "jwksUri": "https://idp/jwks"}]},
+    });
+    merge(&mut spec, spec_extra);
+    json!({"apiVersion": "lifeguard.dev/v1alpha1", "kind": "McpServerPolicy",
+           "metadata": {"name": "p", "namespace": "team-a"}, "spec": spec})
+}
+
+fn exception(spec_extra: Value) -> Value {
+    let mut spec = json!({
+        "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["c"],
+        "purpose": "summaries", "limits": {"maxTokens": 1, "maxIterationsPerTask": 1,
+        "maxRequestsPerMinute": 1}, "notBefore": "2026-12-01T00:00:00Z",
+        "expiresAt": "2026-12-15T00:00:00Z", "approvalId": "CHG-1", "signature": "h..s",
+    });
+    merge(&mut spec, spec_extra);
+    json!({"apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
+           "metadata": {"name": "e", "namespace": "team-a"}, "spec": spec})
+}
+
+fn revocation(spec_extra: Value) -> Value {
+    let mut spec = json!({
+        "issuer": "https://idp", "subject": "alice", "revokedBefore": "2026-11-30T09:00:00Z",
+        "reason": "sessionRevoked", "source": {"kind": "manual"},
+    });
+    merge(&mut spec, spec_extra);
+    json!({"apiVersion": "lifeguard.dev/v1alpha1", "kind": "PrincipalRevocation",
+           "metadata": {"name": "r"}, "spec": spec})
+}
+
+/// Deep-merges `patch` into `base`; `null` in the patch removes the key.
+fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(&k);
+                } else {
+                    merge(b.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+/// Messages of the CEL rules that fail for `object` (with `old` for transition rules).
+fn failing(object: &Value, old: Option<&Value>) -> Vec<String> {
+    let kind = object["kind"].as_str().unwrap();
+    match Validator::new().validate(&schema_of(kind), object, old) {
+        Ok(()) => vec![],
+        Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+    }
+}
+
+struct Case {
+    name: &'static str,
+    object: Value,
+    old: Option<Value>,
+    /// `None`: every rule passes.
+    fails_with: Option<&'static str>,
+}
+
+fn cases() -> Vec<Case> {
+    let case = |name, object, old, fails_with| Case {
+        name,
+        object,
+        old,
+        fails_with,
+    };
+    vec![
+        case("minimal policy", policy(json!({})), None, None),
+        case(
+            "both jwks sources",
+            policy(
+                json!({"identity": {"issuers": [{"issuer": "i", "jwksUri": "https://u", "jwksFile": "f"}]}}),
+            ),
+            None,
+            Some(rules::ISSUER_ONE_JWKS_SOURCE),
+        ),
+        case(
+            "no jwks source",
+            policy(json!({"identity": {"issuers": [{"issuer": "i"}]}})),
+            None,
+            Some(rules::ISSUER_ONE_JWKS_SOURCE),
+        ),
+        case(
+            "maxTtl equal to defaultTtl",
+            policy(json!({"tasks": {"retention": {"defaultTtl": "15m", "maxTtl": "900s"}}})),
+            None,
+            None,
+        ),
+        case(
+            "maxTtl below defaultTtl",
+            policy(json!({"tasks": {"retention": {"defaultTtl": "1h", "maxTtl": "15m"}}})),
+            None,
+            Some(rules::MAX_TTL_AT_LEAST_DEFAULT),
+        ),
+        case(
+            "deadline max below default",
+            policy(json!({"tasks": {"deadline": {"default": "3h", "max": "2h"}}})),
+            None,
+            Some(rules::DEADLINE_MAX_AT_LEAST_DEFAULT),
+        ),
+        case(
+            "per-tool deadlines within max",
+            policy(
+                json!({"tasks": {"deadline": {"max": "2h", "perTool": {"a": "2h", "b": "30m"}}}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            "per-tool deadline over max",
+            policy(
+                json!({"tasks": {"deadline": {"max": "2h", "perTool": {"a": "1h", "b": "121m"}}}}),
+            ),
+            None,
+            Some(rules::DEADLINE_PER_TOOL_WITHIN_MAX),
+        ),
+        case(
+            "zero minPollInterval",
+            policy(json!({"tasks": {"minPollInterval": "0s"}})),
+            None,
+            Some(rules::DURATION_POSITIVE),
+        ),
+        case(
+            "zero idempotency window",
+            policy(json!({"tasks": {"idempotency": {"window": "0ms"}}})),
+            None,
+            Some(rules::DURATION_POSITIVE),
+        ),
+        case(
+            "zero max stream duration",
+            policy(json!({"listen": {"maxStreamDuration": "0h"}})),
+            None,
+            Some(rules::DURATION_POSITIVE),
+        ),
+        case(
+            "audit file without path",
+            policy(json!({"audit": {"sink": "file"}})),
+            None,
+            Some(rules::AUDIT_FILE_NEEDS_PATH),
+        ),
+        case(
+            "audit file with path",
+            policy(json!({"audit": {"sink": "file", "path": "/var/log/audit.jsonl"}})),
+            None,
+            None,
+        ),
+        case("valid exception", exception(json!({})), None, None),
+        case(
+            "exception expires before it starts",
+            exception(json!({"expiresAt": "2026-11-01T00:00:00Z"})),
+            None,
+            Some(rules::EXCEPTION_EXPIRES_AFTER_NOT_BEFORE),
+        ),
+        case(
+            "exception with an empty window",
+            exception(json!({"expiresAt": "2026-12-01T00:00:00Z"})),
+            None,
+            Some(rules::EXCEPTION_EXPIRES_AFTER_NOT_BEFORE),
+        ),
+        case(
+            "exception retargeted to another policy",
+            exception(json!({"policyRef": {"name": "billing"}})),
+            Some(exception(json!({}))),
+            Some(rules::IMMUTABLE_POLICY_REF),
+        ),
+        case(
+            "exception capability changed",
+            exception(json!({"capability": "roots"})),
+            Some(exception(json!({}))),
+            Some(rules::IMMUTABLE_CAPABILITY),
+        ),
+        case(
+            "exception limits updated",
+            exception(json!({"limits": {"maxTokens": 5}})),
+            Some(exception(json!({}))),
+            None,
+        ),
+        case("valid revocation", revocation(json!({})), None, None),
+        case(
+            "security event without jti",
+            revocation(
+                json!({"source": {"kind": "securityEvent", "eventType": "t", "issuer": "i"}}),
+            ),
+            None,
+            Some(rules::SECURITY_EVENT_SOURCE_FIELDS),
+        ),
+        case(
+            "security event with its fields",
+            revocation(
+                json!({"source": {"kind": "securityEvent", "eventType": "t", "issuer": "i", "jti": "j"}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            "revoked subject changed",
+            revocation(json!({"subject": "bob"})),
+            Some(revocation(json!({}))),
+            Some(rules::IMMUTABLE_REVOKED_IDENTITY),
+        ),
+        case(
+            "revoked tenant added",
+            revocation(json!({"tenant": "t1"})),
+            Some(revocation(json!({}))),
+            Some(rules::IMMUTABLE_REVOKED_IDENTITY),
+        ),
+        case(
+            "revoked client removed",
+            revocation(json!({})),
+            Some(revocation(json!({"client": "c1"}))),
+            Some(rules::IMMUTABLE_REVOKED_IDENTITY),
+        ),
+        case(
+            "revokedBefore moved later",
+            revocation(json!({"revokedBefore": "2026-11-30T10:00:00Z"})),
+            Some(revocation(json!({}))),
+            None,
+        ),
+        case(
+            "revokedBefore moved earlier",
+            revocation(json!({"revokedBefore": "2026-11-30T08:00:00Z"})),
+            Some(revocation(json!({}))),
+            Some(rules::REVOKED_BEFORE_ONLY_LATER),
+        ),
+    ]
+}
+
+#[test]
+fn each_cel_rule_passes_and_fails_where_it_should() {
+    for case in cases() {
+        let failures = failing(&case.object, case.old.as_ref());
+        match case.fails_with {
+            None => assert!(
+                failures.is_empty(),
+                "{}: unexpected {failures:?}",
+                case.name
+            ),
+            Some(message) => assert_eq!(failures, vec![message.to_owned()], "{}", case.name),
+        }
+    }
+}
+
+#[test]
+fn every_cel_rule_has_a_failing_case() {
+    fn collect(schema: &Value, out: &mut BTreeSet<String>) {
+        match schema {
+            Value::Object(map) => {
+                if let Some(Value::Array(rules)) = map.get("x-kubernetes-validations") {
+                    for rule in rules {
+                        out.insert(rule["message"].as_str().unwrap_or_default().to_owned());
+                    }
+                }
+                map.values().for_each(|v| collect(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
+            _ => {}
+        }
+    }
+    let mut in_crds = BTreeSet::new();
+    for kind in [
+        "McpServerPolicy",
+        "CapabilityException",
+        "PrincipalRevocation",
+    ] {
+        collect(&schema_of(kind), &mut in_crds);
+    }
+    let tested: BTreeSet<String> = cases()
+        .into_iter()
+        .filter_map(|c| c.fails_with.map(str::to_owned))
+        .collect();
+    let untested: Vec<_> = in_crds.difference(&tested).collect();
+    assert!(
+        untested.is_empty(),
+        "CEL rules without a failing case: {untested:?}"
+    );
+}
