@@ -1,0 +1,428 @@
+//! The task ledger: the sidecar's durable record of every task it handed to a client.
+//!
+//! The ledger is the source of truth for a task's owner and lifecycle. A row is committed durably
+//! before the client learns the task ID; terminal states are written once (first terminal write
+//! wins); quotas and idempotency are decided inside the ledger's own transactions so concurrent
+//! requests can never double-spend. Backends: embedded SQLite (default, one pod) and PostgreSQL
+//! (replicas of one MCP server share it). Both pass the same conformance suite
+//! ([`conformance`]).
+//!
+//! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+
+/// A task ID the sidecar minted: `lgt_` + 192 bits from the OS CSPRNG, base64url.
+/// Unguessable, and unrelated to the upstream server's own ID (which never reaches clients).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TaskId(String);
+
+/// Prefix of every sidecar task ID (also makes them recognisable to secret scanners).
+pub const TASK_ID_PREFIX: &str = "lgt_";
+
+impl TaskId {
+    /// Mints a fresh ID.
+    pub fn generate() -> Result<Self, LedgerError> {
+        let mut bytes = [0u8; 24];
+        getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
+        Ok(Self(format!("{TASK_ID_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))))
+    }
+
+    /// Wraps an ID received from a client or read from storage. Any string is accepted (unknown
+    /// IDs simply match nothing); use [`TaskId::looks_minted`] to skip a lookup for IDs that
+    /// cannot exist.
+    pub fn from_string(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether the ID has the shape of one this sidecar mints.
+    pub fn looks_minted(&self) -> bool {
+        self.0.len() == TASK_ID_PREFIX.len() + 32
+            && self.0.starts_with(TASK_ID_PREFIX)
+            && self.0[TASK_ID_PREFIX.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Task IDs are bearer-like secrets for existence; never print them in debug output.
+impl fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TaskId(..)")
+    }
+}
+
+/// Who a task belongs to: issuer + subject, tenant and OAuth client, from the creating token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    pub issuer: String,
+    pub subject: String,
+    /// Empty when the token carries no tenant claim.
+    pub tenant: String,
+    /// Empty when the token carries no client claim.
+    pub client: String,
+}
+
+/// Task status as in the MCP Tasks extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The wire name (`working`, `input_required`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Working => "working",
+            Self::InputRequired => "input_required",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "working" => Self::Working,
+            "input_required" => Self::InputRequired,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a task reached its terminal state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The upstream server reported completed/failed/cancelled.
+    Upstream,
+    /// The owner called tasks/cancel.
+    OwnerCancel,
+    /// A token with the policy's admin cancel scope called tasks/cancel.
+    AdminCancel,
+    /// The owner's identity was revoked.
+    Revocation,
+    /// The task's server-enforced deadline passed.
+    Deadline,
+    /// The upstream server no longer knows the task.
+    UpstreamLost,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Upstream => "upstream",
+            Self::OwnerCancel => "owner_cancel",
+            Self::AdminCancel => "admin_cancel",
+            Self::Revocation => "revocation",
+            Self::Deadline => "deadline",
+            Self::UpstreamLost => "upstream_lost",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "upstream" => Self::Upstream,
+            "owner_cancel" => Self::OwnerCancel,
+            "admin_cancel" => Self::AdminCancel,
+            "revocation" => Self::Revocation,
+            "deadline" => Self::Deadline,
+            "upstream_lost" => Self::UpstreamLost,
+            _ => return None,
+        })
+    }
+}
+
+/// One confirmed task as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    /// The upstream server's own task ID. Never shown to clients.
+    pub upstream_id: String,
+    pub owner: Owner,
+    pub tool: String,
+    /// Scopes of the creating token (kept for audit; access is re-checked on every request).
+    pub scopes: Vec<String>,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub created_at: i64,
+    pub last_updated_at: i64,
+    /// Retention: the task is purged after `created_at + ttl_ms`.
+    pub ttl_ms: i64,
+    /// Server-enforced deadline (Unix ms).
+    pub deadline_at: i64,
+    pub poll_interval_ms: Option<i64>,
+    /// Set once the task is terminal.
+    pub ended: Option<Ending>,
+    /// How many times the owner read the completed result.
+    pub result_reads: u32,
+}
+
+impl TaskRecord {
+    /// When retention ends.
+    pub fn expires_at(&self) -> i64 {
+        self.created_at.saturating_add(self.ttl_ms)
+    }
+}
+
+/// How a terminal task ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ending {
+    pub reason: EndReason,
+    /// Who ended it, for owner/admin cancels.
+    pub by: Option<Owner>,
+    /// The terminal payload to report from now on: for `completed` the exact CallToolResult
+    /// (`result`), for `failed` the JSON-RPC error object (`error`). `None` for cancellations.
+    pub payload: Option<serde_json::Value>,
+    pub at: i64,
+}
+
+/// Concurrency quotas checked at reservation, on non-terminal tasks plus live reservations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaLimits {
+    pub per_principal: u32,
+    pub per_tenant: u32,
+    pub per_client: u32,
+    pub per_server: u32,
+}
+
+/// Which quota was exhausted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    Principal,
+    Tenant,
+    Client,
+    Server,
+}
+
+impl QuotaScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Principal => "principal",
+            Self::Tenant => "tenant",
+            Self::Client => "client",
+            Self::Server => "server",
+        }
+    }
+}
+
+/// An idempotency key (already hashed and bound to the owner by the caller) and how long it
+/// maps to the task it creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotencyClaim {
+    pub key_hash: [u8; 32],
+    pub window_ms: i64,
+}
+
+/// A request to hold a task slot before the upstream server is contacted.
+#[derive(Clone, Debug)]
+pub struct Reservation {
+    pub id: TaskId,
+    pub owner: Owner,
+    pub tool: String,
+    pub scopes: Vec<String>,
+    pub idempotency: Option<IdempotencyClaim>,
+    pub limits: QuotaLimits,
+    pub now: i64,
+    /// A reservation not confirmed or released by then is void (crash recovery).
+    pub reservation_expires_at: i64,
+}
+
+/// Result of [`TaskLedger::reserve`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReserveOutcome {
+    /// The slot is held under the requested ID.
+    Reserved,
+    /// The idempotency key already maps to a confirmed task within its window.
+    Existing(Box<TaskRecord>),
+    /// The idempotency key is held by a reservation still in flight, under this ID: wait for it
+    /// to be confirmed or released, then ask again.
+    InFlight(TaskId),
+    /// A quota is exhausted; nothing was reserved.
+    OverQuota(QuotaScope),
+}
+
+/// Facts about a task the upstream server just created.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Confirmation {
+    pub upstream_id: String,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub created_at: i64,
+    pub ttl_ms: i64,
+    pub deadline_at: i64,
+    pub poll_interval_ms: Option<i64>,
+}
+
+/// A terminal transition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finish {
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub ending: Ending,
+}
+
+/// Result of [`TaskLedger::finish`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum FinishOutcome {
+    /// This write made the task terminal.
+    Applied(Box<TaskRecord>),
+    /// The task was already terminal; the stored state is unchanged.
+    AlreadyTerminal(Box<TaskRecord>),
+    /// No such confirmed task.
+    NotFound,
+}
+
+/// Narrowing of a principal for revocation lookups; `None` matches any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrincipalFilter {
+    pub issuer: String,
+    pub subject: String,
+    pub tenant: Option<String>,
+    pub client: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger storage error: {0}")]
+    Storage(String),
+    #[error("ledger is closed")]
+    Closed,
+    #[error("no such reservation")]
+    NoReservation,
+    #[error("random number generator failed: {0}")]
+    Random(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl LedgerError {
+    /// Bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Storage(_) => "storage",
+            Self::Closed => "closed",
+            Self::NoReservation => "no_reservation",
+            Self::Random(_) => "random",
+            Self::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
+pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
+
+/// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
+/// safe to call concurrently from many requests (and, for shared backends, many replicas).
+#[async_trait]
+pub trait TaskLedger: Send + Sync {
+    /// Holds a slot for a task about to be created upstream, enforcing quotas and idempotency
+    /// in one atomic step. Counts non-terminal confirmed tasks plus unexpired reservations.
+    async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome>;
+
+    /// Turns a reservation into a confirmed task. Durable (fsync'ed) before it returns: after
+    /// this, a crash cannot lose the task.
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord>;
+
+    /// Drops a reservation (the upstream answered without a task, or failed).
+    async fn release(&self, id: &TaskId) -> Result<()>;
+
+    /// A confirmed task by ID. Reservations are invisible.
+    async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
+
+    /// Records a non-terminal status reported by the upstream. No effect on terminal tasks.
+    async fn observe(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        status_message: Option<String>,
+        now: i64,
+    ) -> Result<()>;
+
+    /// Makes a task terminal unless it already is (compare-and-set; first terminal write wins).
+    async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome>;
+
+    /// Counts one read of a completed result; returns the count after this read.
+    async fn note_result_read(&self, id: &TaskId) -> Result<u32>;
+
+    /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first.
+    async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
+
+    /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
+    /// about them, and void reservations; returns the IDs of deleted tasks.
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
+
+    /// Non-terminal tasks of a principal.
+    async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>>;
+
+    /// A 32-byte secret stored in the ledger, created on first use (stable across restarts and
+    /// shared by replicas): used to key audit hashes and idempotency keys.
+    async fn secret(&self, name: &str) -> Result<[u8; 32]>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_ids_are_unique_and_well_formed() {
+        let a = TaskId::generate().unwrap();
+        let b = TaskId::generate().unwrap();
+        assert_ne!(a, b);
+        assert!(a.looks_minted(), "{a}");
+        assert_eq!(a.as_str().len(), 36);
+        assert!(!TaskId::from_string("task-1").looks_minted());
+        assert!(!TaskId::from_string(format!("{TASK_ID_PREFIX}{}", "!".repeat(32))).looks_minted());
+        assert_eq!(format!("{a:?}"), "TaskId(..)");
+    }
+
+    #[test]
+    fn status_and_reason_names_round_trip() {
+        for s in [
+            TaskStatus::Working,
+            TaskStatus::InputRequired,
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+            TaskStatus::Cancelled,
+        ] {
+            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
+        }
+        for r in [
+            EndReason::Upstream,
+            EndReason::OwnerCancel,
+            EndReason::AdminCancel,
+            EndReason::Revocation,
+            EndReason::Deadline,
+            EndReason::UpstreamLost,
+        ] {
+            assert_eq!(EndReason::parse(r.as_str()), Some(r));
+        }
+    }
+}
