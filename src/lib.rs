@@ -7,4 +7,5 @@
 
 pub mod api;
 pub mod ledger;
+pub mod mcp;
 pub mod policy;

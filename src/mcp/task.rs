@@ -1,0 +1,258 @@
+//! Task shapes of the Tasks extension (`io.modelcontextprotocol/tasks`), read leniently and
+//! rewritten minimally: the sidecar replaces the upstream task ID with its own and adjusts
+//! `ttlMs`/`pollIntervalMs`, and forwards every other field untouched.
+
+use serde_json::{Map, Value, json};
+
+use crate::ledger::TaskStatus;
+
+/// Facts of a `CreateTaskResult` (`resultType: "task"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CreatedTask {
+    pub upstream_id: String,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    /// `None`: no TTL stated or unlimited (`null`).
+    pub ttl_ms: Option<i64>,
+    pub poll_interval_ms: Option<i64>,
+}
+
+/// Reads a `CreateTaskResult` from a `result` object; `None` when it is not one.
+pub fn parse_created_task(result: &Value) -> Option<CreatedTask> {
+    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+        return None;
+    }
+    let upstream_id = result.get("taskId")?.as_str()?.to_owned();
+    let status = result
+        .get("status")
+        .and_then(Value::as_str)
+        .and_then(TaskStatus::parse)
+        .unwrap_or(TaskStatus::Working);
+    Some(CreatedTask {
+        upstream_id,
+        status,
+        status_message: result
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        ttl_ms: result.get("ttlMs").and_then(Value::as_i64).filter(|t| *t >= 0),
+        poll_interval_ms: result
+            .get("pollIntervalMs")
+            .and_then(Value::as_i64)
+            .filter(|p| *p >= 0),
+    })
+}
+
+/// Whether a result object claims to be a task (even a malformed one).
+pub fn is_task_result(result: &Value) -> bool {
+    result.get("resultType").and_then(Value::as_str) == Some("task")
+}
+
+/// The task state an upstream reported in a `tasks/get` result or `notifications/tasks`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportedState {
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    /// Keys of the outstanding `inputRequests`.
+    pub input_keys: Vec<String>,
+    /// The terminal payload: `result` for completed, `error` for failed.
+    pub payload: Option<Value>,
+}
+
+/// Reads the task state from a `tasks/get` result (or notification params).
+pub fn parse_reported_state(result: &Value) -> Option<ReportedState> {
+    let status = TaskStatus::parse(result.get("status")?.as_str()?)?;
+    let input_keys = result
+        .get("inputRequests")
+        .and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let payload = match status {
+        TaskStatus::Completed => result.get("result").cloned(),
+        TaskStatus::Failed => result.get("error").cloned(),
+        _ => None,
+    };
+    Some(ReportedState {
+        status,
+        status_message: result
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        input_keys,
+        payload,
+    })
+}
+
+/// Shortest upstream ID rewritten inside longer strings. Shorter IDs (`"1"`) would also match
+/// unrelated text, so for them only whole-string occurrences are replaced.
+const MIN_SUBSTRING_ID_LEN: usize = 6;
+
+/// Replaces every occurrence of `upstream_id` in string values (and object keys) of `value`
+/// with `sidecar_id`, so the upstream's ID cannot leak through `statusMessage`, error texts or
+/// nested fields.
+pub fn replace_task_id(value: &mut Value, upstream_id: &str, sidecar_id: &str) {
+    match value {
+        Value::String(s) => {
+            if s == upstream_id {
+                *s = sidecar_id.to_owned();
+            } else if upstream_id.len() >= MIN_SUBSTRING_ID_LEN && s.contains(upstream_id) {
+                *s = s.replace(upstream_id, sidecar_id);
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| replace_task_id(v, upstream_id, sidecar_id)),
+        Value::Object(map) => {
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for key in keys {
+                if let Some(mut v) = map.remove(&key) {
+                    replace_task_id(&mut v, upstream_id, sidecar_id);
+                    let key = if key == upstream_id {
+                        sidecar_id.to_owned()
+                    } else {
+                        key
+                    };
+                    map.insert(key, v);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// RFC 3339 timestamp (UTC, millisecond precision) for Unix milliseconds.
+pub fn iso_millis(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default()
+}
+
+/// The fields every task state carries, from the ledger's view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView<'a> {
+    pub task_id: &'a str,
+    pub status: TaskStatus,
+    pub status_message: Option<&'a str>,
+    pub created_at: i64,
+    pub last_updated_at: i64,
+    pub ttl_ms: i64,
+    pub poll_interval_ms: i64,
+}
+
+impl TaskView<'_> {
+    fn base(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("taskId".into(), json!(self.task_id));
+        m.insert("status".into(), json!(self.status.as_str()));
+        if let Some(msg) = self.status_message {
+            m.insert("statusMessage".into(), json!(msg));
+        }
+        m.insert("createdAt".into(), json!(iso_millis(self.created_at)));
+        m.insert("lastUpdatedAt".into(), json!(iso_millis(self.last_updated_at)));
+        m.insert("ttlMs".into(), json!(self.ttl_ms));
+        m.insert("pollIntervalMs".into(), json!(self.poll_interval_ms));
+        m
+    }
+
+    /// A flat `CreateTaskResult`.
+    pub fn create_result(&self) -> Value {
+        let mut m = self.base();
+        m.insert("resultType".into(), json!("task"));
+        Value::Object(m)
+    }
+
+    /// A `tasks/get` result built from the ledger alone (terminal tasks): `result` for completed
+    /// (when `payload` is given), `error` for failed.
+    pub fn get_result(&self, payload: Option<&Value>) -> Value {
+        let mut m = self.base();
+        m.insert("resultType".into(), json!("complete"));
+        if let Some(payload) = payload {
+            match self.status {
+                TaskStatus::Completed => {
+                    m.insert("result".into(), payload.clone());
+                }
+                TaskStatus::Failed => {
+                    m.insert("error".into(), payload.clone());
+                }
+                _ => {}
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+/// An empty acknowledgement (`tasks/update`, `tasks/cancel`).
+pub fn empty_ack() -> Value {
+    json!({"resultType": "complete"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_flat_create_task_result() {
+        let r = json!({"resultType":"task","taskId":"task-7","status":"working",
+                       "createdAt":"2026-11-30T00:00:00Z","lastUpdatedAt":"2026-11-30T00:00:00Z",
+                       "ttlMs":60000,"pollIntervalMs":500});
+        let t = parse_created_task(&r).unwrap();
+        assert_eq!(t.upstream_id, "task-7");
+        assert_eq!(t.status, TaskStatus::Working);
+        assert_eq!(t.ttl_ms, Some(60000));
+        assert_eq!(t.poll_interval_ms, Some(500));
+        assert!(parse_created_task(&json!({"resultType":"complete","content":[]})).is_none());
+        let unlimited = json!({"resultType":"task","taskId":"x","status":"working","ttlMs":null});
+        assert_eq!(parse_created_task(&unlimited).unwrap().ttl_ms, None);
+    }
+
+    #[test]
+    fn reads_reported_state_with_payloads_and_input_keys() {
+        let s = parse_reported_state(&json!({"status":"input_required",
+            "inputRequests":{"confirm-1":{"method":"elicitation/create"}}})).unwrap();
+        assert_eq!(s.input_keys, vec!["confirm-1".to_owned()]);
+        let done = parse_reported_state(&json!({"status":"completed","result":{"content":[]}}))
+            .unwrap();
+        assert_eq!(done.payload, Some(json!({"content":[]})));
+        let failed =
+            parse_reported_state(&json!({"status":"failed","error":{"code":-1,"message":"m"}}))
+                .unwrap();
+        assert_eq!(failed.payload.unwrap()["code"], -1);
+        assert!(parse_reported_state(&json!({"status":"exploded"})).is_none());
+    }
+
+    #[test]
+    fn replaces_upstream_ids_everywhere_without_mangling_short_ids() {
+        let mut v = json!({"taskId":"task-42","statusMessage":"task-42 is at 50%",
+                           "nested":[{"ref":"task-42"}],"task-42":{"k":"v"}});
+        replace_task_id(&mut v, "task-42", "lgt_X");
+        assert_eq!(v["taskId"], "lgt_X");
+        assert_eq!(v["statusMessage"], "lgt_X is at 50%");
+        assert_eq!(v["nested"][0]["ref"], "lgt_X");
+        assert!(v.get("lgt_X").is_some());
+        let mut short = json!({"taskId":"1","statusMessage":"1 of 10 done"});
+        replace_task_id(&mut short, "1", "lgt_X");
+        assert_eq!(short["taskId"], "lgt_X");
+        assert_eq!(short["statusMessage"], "1 of 10 done");
+    }
+
+    #[test]
+    fn builds_results_from_the_ledger_view() {
+        let view = TaskView {
+            task_id: "lgt_X",
+            status: TaskStatus::Failed,
+            status_message: Some("deadline exceeded"),
+            created_at: 0,
+            last_updated_at: 1500,
+            ttl_ms: 60000,
+            poll_interval_ms: 2000,
+        };
+        let get = view.get_result(Some(&json!({"code":-32603,"message":"m"})));
+        assert_eq!(get["resultType"], "complete");
+        assert_eq!(get["status"], "failed");
+        assert_eq!(get["error"]["code"], -32603);
+        assert_eq!(get["lastUpdatedAt"], "1970-01-01T00:00:01.500Z");
+        let create = view.create_result();
+        assert_eq!(create["resultType"], "task");
+        assert!(create.get("result").is_none());
+    }
+}
