@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod identity;
 pub mod ledger;
 pub mod mcp;
 pub mod policy;
