@@ -1,0 +1,113 @@
+//! Observation endpoints for tests and demos (plain JSON, not MCP), and the request log.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::AppState;
+use crate::rpc::now_ms;
+use crate::store::Event;
+
+const REQUEST_LOG_LEN: usize = 200;
+
+/// The last [`REQUEST_LOG_LEN`] requests to `/mcp`. The Authorization header is recorded only
+/// as present/absent, never its value.
+#[derive(Default)]
+pub struct RequestLog(Mutex<VecDeque<Value>>);
+
+impl RequestLog {
+    pub fn record(
+        &self,
+        http_method: &str,
+        mcp_method: Option<&str>,
+        task_id: Option<&str>,
+        headers: &HeaderMap,
+    ) {
+        let lifeguard: Map<String, Value> = headers
+            .iter()
+            .filter(|(name, _)| name.as_str().starts_with("lifeguard-"))
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    json!(String::from_utf8_lossy(value.as_bytes())),
+                )
+            })
+            .collect();
+        let entry = json!({
+            "method": http_method,
+            "mcpMethod": mcp_method,
+            "taskId": task_id,
+            "authorization": headers.contains_key(axum::http::header::AUTHORIZATION),
+            "lifeguard": lifeguard,
+            "atMs": now_ms(),
+        });
+        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() >= REQUEST_LOG_LEN {
+            log.pop_front();
+        }
+        log.push_back(entry);
+    }
+
+    fn snapshot(&self) -> Vec<Value> {
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().cloned().collect()
+    }
+}
+
+/// `GET /_example/rows`
+pub async fn rows(State(state): State<AppState>) -> Json<Vec<Value>> {
+    Json(state.store.rows())
+}
+
+/// `GET /_example/requests`
+pub async fn requests(State(state): State<AppState>) -> Json<Vec<Value>> {
+    Json(state.requests.snapshot())
+}
+
+/// `GET /_example/tasks`: the upstream truth, `[{taskId, status}]`.
+pub async fn tasks(State(state): State<AppState>) -> Json<Vec<Value>> {
+    Json(state.store.brief_list())
+}
+
+/// `GET /_example/listeners`: how many listen streams are open.
+pub async fn listeners(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"active": state.listeners.load(Ordering::SeqCst)}))
+}
+
+fn bad_request(message: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
+}
+
+/// `POST /_example/emit {"kind": ..., "uri"?: ...}`: pushes a notification to the listen
+/// streams subscribed to it.
+pub async fn emit(State(state): State<AppState>, body: Bytes) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return bad_request("body must be JSON");
+    };
+    let event = match body.get("kind").and_then(Value::as_str) {
+        Some("toolsListChanged") => Event::ToolsListChanged,
+        Some("promptsListChanged") => Event::PromptsListChanged,
+        Some("resourcesListChanged") => Event::ResourcesListChanged,
+        Some("resourceUpdated") => match body.get("uri").and_then(Value::as_str) {
+            Some(uri) => Event::ResourceUpdated {
+                uri: uri.to_owned(),
+            },
+            None => return bad_request("resourceUpdated needs a string `uri`"),
+        },
+        _ => {
+            return bad_request(
+                "kind must be toolsListChanged, promptsListChanged, resourcesListChanged or \
+                 resourceUpdated",
+            );
+        }
+    };
+    state.store.emit(event);
+    Json(json!({"ok": true})).into_response()
+}

@@ -1,0 +1,283 @@
+//! The jobs behind the tools: how each one runs, sleeps, asks for input and honours
+//! cancellation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{Notify, mpsc};
+
+use crate::store::{Outcome, Store};
+use crate::tools::ToolCall;
+
+/// A CallToolResult with one text block.
+pub fn text_result(text: impl Into<String>) -> Value {
+    json!({
+        "resultType": "complete",
+        "content": [{"type": "text", "text": text.into()}],
+        "isError": false,
+    })
+}
+
+/// A progress report: (progress, total, message).
+pub type Progress = (u64, Option<u64>, String);
+
+/// What a job can do to the outside world: the task it belongs to (none for synchronous runs),
+/// and a progress sink (only for synchronous runs answered over SSE).
+pub struct JobCtx {
+    pub store: Arc<Store>,
+    pub task: Option<(String, Arc<Notify>)>,
+    pub progress: Option<mpsc::UnboundedSender<Progress>>,
+}
+
+impl JobCtx {
+    fn task_id(&self) -> Option<&str> {
+        self.task.as_ref().map(|(id, _)| id.as_str())
+    }
+
+    /// Sleeps, waking early on cancellation. Returns false when the task is no longer active.
+    async fn sleep(&self, ms: u64) -> bool {
+        let Some((id, wake)) = &self.task else {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            return true;
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        loop {
+            if !self.store.is_active(id) {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return self.store.is_active(id),
+                _ = wake.notified() => {}
+            }
+        }
+    }
+
+    fn progress(&self, progress: u64, total: Option<u64>, message: String) {
+        if let Some(tx) = &self.progress {
+            let _ = tx.send((progress, total, message.clone()));
+        }
+        if let Some(id) = self.task_id() {
+            self.store.set_message(id, message);
+        }
+    }
+
+    /// Asks the client (through `inputRequests`) and waits until every key is answered.
+    /// `None` when the task was cancelled meanwhile, or when there is no task at all.
+    async fn ask(
+        &self,
+        requests: Vec<(String, Value)>,
+        message: &str,
+    ) -> Option<Map<String, Value>> {
+        let (id, wake) = self.task.as_ref()?;
+        let keys: Vec<String> = requests.iter().map(|(k, _)| k.clone()).collect();
+        if !self.store.request_input(id, &requests, message) {
+            return None;
+        }
+        loop {
+            match self.store.take_answers(id, &keys) {
+                Err(()) => return None,
+                Ok(Some(answers)) => return Some(answers),
+                Ok(None) => {}
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+fn elicitation(message: &str, properties: Value, required: &[&str]) -> Value {
+    json!({
+        "method": "elicitation/create",
+        "params": {
+            "message": message,
+            "requestedSchema": {"type": "object", "properties": properties, "required": required}
+        }
+    })
+}
+
+/// `{action:"accept", content:{...}}` → the content object.
+fn accepted_content(answer: Option<&Value>) -> Option<&Map<String, Value>> {
+    let a = answer?;
+    if a.get("action").and_then(Value::as_str) != Some("accept") {
+        return None;
+    }
+    a.get("content").and_then(Value::as_object)
+}
+
+/// A JSON-RPC-style refusal: `{action: "decline"|"cancel"}` or an object with an `error` key.
+fn is_refusal(answer: &Value) -> bool {
+    !answer.is_object()
+        || answer.get("error").is_some()
+        || matches!(
+            answer.get("action").and_then(Value::as_str),
+            Some("decline" | "cancel")
+        )
+}
+
+/// The text of a sampling answer: `content` as one block or as an array of blocks.
+fn sampled_text(answer: &Value) -> Option<String> {
+    let content = answer.get("content")?;
+    let block = match content {
+        Value::Array(blocks) => blocks.iter().find(|b| b.get("text").is_some())?,
+        other => other,
+    };
+    block.get("text").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Runs the job behind a tool call to its end.
+pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
+    match call {
+        ToolCall::Greet { name } => Outcome::Done(text_result(format!("Hello, {name}!"))),
+        ToolCall::WriteRows {
+            count,
+            interval_ms,
+            label,
+        } => {
+            for row in 1..=*count {
+                if !ctx.sleep(*interval_ms).await {
+                    return Outcome::Cancelled;
+                }
+                // The check for cancellation and the write happen under one lock.
+                if !ctx.store.write_row(ctx.task_id(), label, row) {
+                    return Outcome::Cancelled;
+                }
+                ctx.progress(row, Some(*count), format!("wrote {row} of {count} rows"));
+            }
+            Outcome::Done(text_result(format!("wrote {count} rows")))
+        }
+        ToolCall::SlowCompute { seconds, label } => {
+            // Bounded to 86400 s by parsing, so the conversion cannot overflow.
+            let ms = (seconds * 1000.0).round() as u64;
+            if !ctx.sleep(ms).await {
+                return Outcome::Cancelled;
+            }
+            Outcome::Done(text_result(format!("computed {label}")))
+        }
+        ToolCall::FailingJob { after_ms } => {
+            if !ctx.sleep(*after_ms).await {
+                return Outcome::Cancelled;
+            }
+            Outcome::Failed(json!({"code": -32603, "message": "job failed on purpose"}))
+        }
+        ToolCall::ConfirmAction { action } => {
+            let req = elicitation(
+                &format!("Really {action}?"),
+                json!({"confirm": {"type": "boolean"}}),
+                &["confirm"],
+            );
+            let Some(answers) = ctx
+                .ask(vec![("confirm-1".into(), req)], "Waiting for confirmation")
+                .await
+            else {
+                return Outcome::Cancelled;
+            };
+            let confirmed = accepted_content(answers.get("confirm-1"))
+                .and_then(|c| c.get("confirm"))
+                .and_then(Value::as_bool)
+                == Some(true);
+            let verb = if confirmed { "confirmed" } else { "declined" };
+            Outcome::Done(text_result(format!("{verb} {action}")))
+        }
+        ToolCall::MultiInput => {
+            let name = elicitation(
+                "What is your name?",
+                json!({"name": {"type": "string"}}),
+                &["name"],
+            );
+            let color = elicitation(
+                "What is your favourite color?",
+                json!({"color": {"type": "string"}}),
+                &["color"],
+            );
+            let Some(answers) = ctx
+                .ask(
+                    vec![("name-1".into(), name), ("color-1".into(), color)],
+                    "Waiting for two answers",
+                )
+                .await
+            else {
+                return Outcome::Cancelled;
+            };
+            let field = |key: &str, field: &str| {
+                accepted_content(answers.get(key))
+                    .and_then(|c| c.get(field))
+                    .and_then(Value::as_str)
+                    .unwrap_or("(declined)")
+                    .to_owned()
+            };
+            Outcome::Done(text_result(format!(
+                "name: {}, color: {}",
+                field("name-1", "name"),
+                field("color-1", "color")
+            )))
+        }
+        ToolCall::Summarize { text, max_tokens } => {
+            let req = json!({
+                "method": "sampling/createMessage",
+                "params": {
+                    "messages": [{"role": "user", "content": {"type": "text", "text": format!("Summarize: {text}")}}],
+                    "maxTokens": max_tokens,
+                }
+            });
+            let Some(answers) = ctx
+                .ask(vec![("sample-1".into(), req)], "Waiting for a sample")
+                .await
+            else {
+                return Outcome::Cancelled;
+            };
+            let summary = answers
+                .get("sample-1")
+                .filter(|a| !is_refusal(a))
+                .and_then(sampled_text)
+                .unwrap_or_else(|| "summary declined".to_owned());
+            Outcome::Done(text_result(summary))
+        }
+        ToolCall::ListRoots => {
+            let req = json!({"method": "roots/list", "params": {}});
+            let Some(answers) = ctx
+                .ask(vec![("roots-1".into(), req)], "Waiting for roots")
+                .await
+            else {
+                return Outcome::Cancelled;
+            };
+            let text = answers
+                .get("roots-1")
+                .filter(|a| !is_refusal(a))
+                .and_then(|a| a.get("roots"))
+                .and_then(Value::as_array)
+                .map(|r| format!("{} roots", r.len()))
+                .unwrap_or_else(|| "roots declined".to_owned());
+            Outcome::Done(text_result(text))
+        }
+        ToolCall::Unstable { .. } => {
+            if !ctx.sleep(20).await {
+                return Outcome::Cancelled;
+            }
+            Outcome::Done(text_result("first answer"))
+        }
+    }
+}
+
+/// Spawns the job of a freshly created task. For `unstable_status`, the job afterwards breaks
+/// terminal immutability on purpose.
+pub fn spawn_task(store: Arc<Store>, task_id: String, wake: Arc<Notify>, call: ToolCall) {
+    tokio::spawn(async move {
+        let ctx = JobCtx {
+            store: store.clone(),
+            task: Some((task_id.clone(), wake)),
+            progress: None,
+        };
+        let outcome = run(&call, &ctx).await;
+        store.finish(&task_id, outcome);
+        if let ToolCall::Unstable { flip_after_ms } = call {
+            tokio::time::sleep(Duration::from_millis(flip_after_ms)).await;
+            store.force_fail(
+                &task_id,
+                json!({"code": -32603, "message": "changed my mind"}),
+            );
+        }
+    });
+}

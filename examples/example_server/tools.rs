@@ -1,0 +1,246 @@
+//! The tools: their `tools/list` descriptions and argument parsing (the jobs are in `jobs.rs`).
+
+use serde_json::{Map, Value, json};
+
+use crate::rpc::RpcError;
+
+/// A parsed, validated `tools/call`.
+#[derive(Debug, Clone)]
+pub enum ToolCall {
+    Greet {
+        name: String,
+    },
+    WriteRows {
+        count: u64,
+        interval_ms: u64,
+        label: String,
+    },
+    SlowCompute {
+        seconds: f64,
+        label: String,
+    },
+    FailingJob {
+        after_ms: u64,
+    },
+    ConfirmAction {
+        action: String,
+    },
+    MultiInput,
+    Summarize {
+        text: String,
+        max_tokens: u64,
+    },
+    ListRoots,
+    Unstable {
+        flip_after_ms: u64,
+    },
+}
+
+impl ToolCall {
+    /// Whether the tool becomes a task when the request declared the tasks extension.
+    pub fn task_capable(&self) -> bool {
+        !matches!(self, ToolCall::Greet { .. })
+    }
+
+    /// Whether the tool can only run as a task (it needs `inputRequests`).
+    pub fn task_only(&self) -> bool {
+        matches!(
+            self,
+            ToolCall::ConfirmAction { .. }
+                | ToolCall::MultiInput
+                | ToolCall::Summarize { .. }
+                | ToolCall::ListRoots
+        )
+    }
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+fn tool(name: &str, description: &str, input_schema: Value) -> Value {
+    json!({"name": name, "description": description, "inputSchema": input_schema})
+}
+
+/// The `tools` array of `tools/list`.
+pub fn list() -> Value {
+    json!([
+        tool(
+            "greet",
+            "Say hello (synchronous).",
+            schema(json!({"name": {"type": "string"}}), &["name"])
+        ),
+        tool(
+            "write_rows",
+            "Append `count` rows to an in-memory table, one every `intervalMs` (task).",
+            schema(
+                json!({
+                    "count": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 10},
+                    "intervalMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 200},
+                    "label": {"type": "string", "default": ""}
+                }),
+                &[]
+            )
+        ),
+        tool(
+            "slow_compute",
+            "Complete after `seconds` with `computed <label>` (task).",
+            schema(
+                json!({
+                    "seconds": {"type": "number", "minimum": 0, "maximum": 86400, "default": 1},
+                    "label": {"type": "string", "default": ""}
+                }),
+                &[]
+            )
+        ),
+        tool(
+            "failing_job",
+            "Fail with a JSON-RPC error after `afterMs` (task).",
+            schema(
+                json!({"afterMs": {"type": "integer", "minimum": 0, "maximum": 3600000, "default": 100}}),
+                &[]
+            )
+        ),
+        tool(
+            "confirm_action",
+            "Ask the user to confirm `action` through an elicitation (task only).",
+            schema(json!({"action": {"type": "string"}}), &["action"])
+        ),
+        tool(
+            "multi_input",
+            "Ask two questions at once (task only).",
+            schema(json!({}), &[])
+        ),
+        tool(
+            "summarize_with_sampling",
+            "Summarize `text` by asking the client's model (sampling, task only).",
+            schema(
+                json!({
+                    "text": {"type": "string"},
+                    "maxTokens": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 500},
+                    "viaNotification": {"type": "boolean", "default": false}
+                }),
+                &["text"]
+            )
+        ),
+        tool(
+            "list_roots",
+            "Ask the client for its roots and count them (task only).",
+            schema(json!({}), &[])
+        ),
+        tool(
+            "unstable_status",
+            "BUGGY ON PURPOSE: completes, then flips its terminal state to failed (task).",
+            schema(
+                json!({"flipAfterMs": {"type": "integer", "minimum": 0, "maximum": 3600000, "default": 300}}),
+                &[]
+            )
+        ),
+    ])
+}
+
+struct Args<'a>(&'a Map<String, Value>);
+
+impl Args<'_> {
+    fn string(&self, key: &str, default: Option<&str>) -> Result<String, RpcError> {
+        match (self.0.get(key), default) {
+            (Some(Value::String(s)), _) => Ok(s.clone()),
+            (None, Some(d)) => Ok(d.to_owned()),
+            (None, None) => Err(RpcError::invalid_params(format!(
+                "Invalid arguments: missing `{key}`"
+            ))),
+            (Some(_), _) => Err(RpcError::invalid_params(format!(
+                "Invalid arguments: `{key}` must be a string"
+            ))),
+        }
+    }
+
+    fn uint(&self, key: &str, default: u64, max: u64) -> Result<u64, RpcError> {
+        match self.0.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_u64().filter(|n| *n <= max).ok_or_else(|| {
+                RpcError::invalid_params(format!(
+                    "Invalid arguments: `{key}` must be an integer between 0 and {max}"
+                ))
+            }),
+        }
+    }
+
+    fn number(&self, key: &str, default: f64, max: f64) -> Result<f64, RpcError> {
+        match self.0.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .filter(|n| n.is_finite() && *n >= 0.0 && *n <= max)
+                .ok_or_else(|| {
+                    RpcError::invalid_params(format!(
+                        "Invalid arguments: `{key}` must be a number between 0 and {max}"
+                    ))
+                }),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<bool, RpcError> {
+        match self.0.get(key) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(RpcError::invalid_params(format!(
+                "Invalid arguments: `{key}` must be a boolean"
+            ))),
+        }
+    }
+}
+
+/// Parses `tools/call` params into a [`ToolCall`]; unknown tools and bad arguments are -32602.
+pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
+    let name = params
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::invalid_params("tools/call requires a string `name`"))?;
+    let empty = Map::new();
+    let args = match params.get("arguments") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(RpcError::invalid_params("`arguments` must be an object")),
+    };
+    let a = Args(args);
+    Ok(match name {
+        "greet" => ToolCall::Greet {
+            name: a.string("name", None)?,
+        },
+        "write_rows" => ToolCall::WriteRows {
+            count: a.uint("count", 10, 100_000)?,
+            interval_ms: a.uint("intervalMs", 200, 60_000)?,
+            label: a.string("label", Some(""))?,
+        },
+        "slow_compute" => ToolCall::SlowCompute {
+            seconds: a.number("seconds", 1.0, 86_400.0)?,
+            label: a.string("label", Some(""))?,
+        },
+        "failing_job" => ToolCall::FailingJob {
+            after_ms: a.uint("afterMs", 100, 3_600_000)?,
+        },
+        "confirm_action" => ToolCall::ConfirmAction {
+            action: a.string("action", None)?,
+        },
+        "multi_input" => ToolCall::MultiInput,
+        "summarize_with_sampling" => {
+            // `viaNotification` changes nothing in the behaviour; it is only validated.
+            a.boolean("viaNotification")?;
+            ToolCall::Summarize {
+                text: a.string("text", None)?,
+                max_tokens: a.uint("maxTokens", 500, 100_000)?.max(1),
+            }
+        }
+        "list_roots" => ToolCall::ListRoots,
+        "unstable_status" => ToolCall::Unstable {
+            flip_after_ms: a.uint("flipAfterMs", 300, 3_600_000)?,
+        },
+        other => return Err(RpcError::invalid_params(format!("Unknown tool: {other}"))),
+    })
+}
