@@ -401,7 +401,9 @@ pub trait TaskLedger: Send + Sync {
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
-    /// about them, and void reservations; returns the IDs of deleted tasks.
+    /// about them, and void reservations; returns the IDs of deleted tasks. `limit` bounds the
+    /// tasks deleted per call (call again until fewer come back); void reservations are always
+    /// all removed.
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
 
     /// Non-terminal tasks of a principal.

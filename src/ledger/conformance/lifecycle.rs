@@ -310,7 +310,8 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     );
     let mut purged = first;
     loop {
-        let batch = ledger.purge_expired(2_000, 1).await.expect("purge_expired");
+        // Exactly at `live`'s expiry: retention ends at created_at + ttl_ms inclusive.
+        let batch = ledger.purge_expired(1_100, 1).await.expect("purge_expired");
         assert!(batch.len() <= 1);
         if batch.is_empty() {
             break;
@@ -330,6 +331,11 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         "reservations are not tasks"
     );
     assert!(get(ledger, &kept).await.is_some());
+    let late = ledger
+        .purge_expired(2_000, usize::MAX)
+        .await
+        .expect("purge_expired");
+    assert!(!late.contains(&kept) && !late.contains(&dead));
     let err = ledger.confirm(&dead, task(1_600, NOW)).await;
     assert!(matches!(err, Err(LedgerError::NoReservation)), "{err:?}");
     // The idempotency key went with its task.

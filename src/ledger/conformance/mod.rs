@@ -11,7 +11,12 @@
 //! that use `now` values off the common [`NOW`] keep those rows out of each other's way:
 //! reservations meant to stay alive expire at [`FAR`], and tasks meant to stay are retained past
 //! any `now` the suite passes to `purge_expired`. The exception is [`quota_server`], which
-//! counts every active task and so needs a ledger nobody else is using.
+//! counts every active task and so needs a ledger nobody else is using. [`run_shared`] runs the
+//! rest concurrently on one ledger to prove the point. Functions leave their rows behind
+//! (including reservations alive until [`FAR`]), so a shared database only grows.
+
+use futures_util::FutureExt;
+use futures_util::future::{LocalBoxFuture, join_all};
 
 mod admission;
 mod lifecycle;
@@ -74,6 +79,36 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     purge_expired(ledger).await;
     active_for(ledger).await;
     secret(ledger).await;
+}
+
+/// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
+/// shared database sees when many test binaries use it. Safe to call on a ledger that already
+/// holds data, including from earlier calls.
+pub async fn run_shared(ledger: &dyn TaskLedger) {
+    let suite: Vec<LocalBoxFuture<'_, ()>> = vec![
+        round_trip(ledger).boxed_local(),
+        reservations_are_invisible(ledger).boxed_local(),
+        release(ledger).boxed_local(),
+        reservations_expire(ledger).boxed_local(),
+        quota_principal(ledger).boxed_local(),
+        quota_tenant(ledger).boxed_local(),
+        quota_client(ledger).boxed_local(),
+        quota_order(ledger).boxed_local(),
+        quota_without_tenant_or_client(ledger).boxed_local(),
+        quota_race(ledger).boxed_local(),
+        idempotency(ledger).boxed_local(),
+        idempotency_window(ledger).boxed_local(),
+        idempotency_race(ledger).boxed_local(),
+        finish_cas(ledger).boxed_local(),
+        finish_race(ledger).boxed_local(),
+        observe(ledger).boxed_local(),
+        result_reads(ledger).boxed_local(),
+        past_deadline(ledger).boxed_local(),
+        purge_expired(ledger).boxed_local(),
+        active_for(ledger).boxed_local(),
+        secret(ledger).boxed_local(),
+    ];
+    join_all(suite).await;
 }
 
 // Helpers

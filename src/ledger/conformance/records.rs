@@ -144,6 +144,15 @@ pub async fn reservations_are_invisible(ledger: &dyn TaskLedger) {
             .expect("note_result_read"),
         0
     );
+    let terminal = Confirmation {
+        status: TaskStatus::Completed,
+        ..confirmation(NOW)
+    };
+    let err = ledger.confirm(&id, terminal).await;
+    assert!(
+        matches!(err, Err(LedgerError::InvalidArgument(_))),
+        "{err:?}"
+    );
     // Untouched by all that: it still confirms normally.
     let record = confirm(ledger, &id, confirmation(NOW)).await;
     assert_eq!(

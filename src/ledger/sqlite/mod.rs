@@ -34,7 +34,7 @@ const READ_CONNECTIONS: usize = 4;
 /// Guarantees, beyond the [`TaskLedger`] contract: a write's `Ok` means its transaction was
 /// committed with `synchronous=FULL` (on disk); a write whose future is dropped after it was
 /// queued still happens; dropping the ledger (or [`SqliteLedger::close`]) finishes every queued
-/// write before the file is closed.
+/// write before the file is closed, blocking the dropping thread meanwhile.
 pub struct SqliteLedger {
     // Declared before `writer` so the read connections close first and the writer's connection
     // is the last one: SQLite then checkpoints and removes the WAL file on close.
@@ -45,7 +45,8 @@ pub struct SqliteLedger {
 
 impl SqliteLedger {
     /// Opens (creating if needed) the ledger at `path`, bringing its schema up to date. Safe to
-    /// call on an existing ledger; refuses a file written by a newer schema version.
+    /// call on an existing ledger; refuses a file written by a newer schema version. Does file
+    /// I/O on the calling thread: call it at startup or from `spawn_blocking`.
     pub fn open(path: &Path) -> Result<Self> {
         let write_conn = schema::open_writer(path)?;
         // Readers open after the writer so the file is already in WAL mode with a schema.

@@ -53,6 +53,14 @@ conformance!(
     run_all,
 );
 
+/// The suite's claim that it can share a database: all of it at once, twice over.
+#[tokio::test(flavor = "multi_thread")]
+async fn suite_shares_one_ledger() {
+    let (_dir, ledger) = fresh();
+    conformance::run_shared(&ledger).await;
+    conformance::run_shared(&ledger).await;
+}
+
 fn raw(path: &Path) -> Connection {
     Connection::open(path).expect("open raw connection")
 }
