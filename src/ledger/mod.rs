@@ -9,6 +9,11 @@
 //!
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
+pub mod conformance;
+pub mod sqlite;
+
+pub use sqlite::SqliteLedger;
+
 use std::fmt;
 
 use async_trait::async_trait;
@@ -30,7 +35,10 @@ impl TaskId {
     pub fn generate() -> Result<Self, LedgerError> {
         let mut bytes = [0u8; 24];
         getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
-        Ok(Self(format!("{TASK_ID_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))))
+        Ok(Self(format!(
+            "{TASK_ID_PREFIX}{}",
+            URL_SAFE_NO_PAD.encode(bytes)
+        )))
     }
 
     /// Wraps an ID received from a client or read from storage. Any string is accepted (unknown
@@ -205,6 +213,9 @@ pub struct Ending {
 }
 
 /// Concurrency quotas checked at reservation, on non-terminal tasks plus live reservations.
+/// Checked in the order principal, tenant, client, server; the first exhausted one is reported.
+/// Tenant and client quotas count every principal of that tenant/client; an owner with an empty
+/// tenant (or client) has none, so that quota does not apply to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaLimits {
     pub per_principal: u32,
@@ -322,6 +333,10 @@ pub enum LedgerError {
     Random(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The request breaks the contract (e.g. a terminal status passed to `observe`); nothing
+    /// was written.
+    #[error("invalid ledger request: {0}")]
+    InvalidArgument(String),
 }
 
 impl LedgerError {
@@ -333,6 +348,7 @@ impl LedgerError {
             Self::NoReservation => "no_reservation",
             Self::Random(_) => "random",
             Self::Corrupt(_) => "corrupt",
+            Self::InvalidArgument(_) => "invalid_argument",
         }
     }
 }
@@ -348,16 +364,23 @@ pub trait TaskLedger: Send + Sync {
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome>;
 
     /// Turns a reservation into a confirmed task. Durable (fsync'ed) before it returns: after
-    /// this, a crash cannot lose the task.
+    /// this, a crash cannot lose the task. `NoReservation` if `id` is not a reservation (never
+    /// made, released, voided by expiry, or already confirmed). The confirmation's status must
+    /// be non-terminal (`InvalidArgument` otherwise): a task becomes terminal only through
+    /// [`TaskLedger::finish`]. An idempotency window runs from `created_at` (and never ends
+    /// before the one the reservation started).
     async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord>;
 
-    /// Drops a reservation (the upstream answered without a task, or failed).
+    /// Drops a reservation (the upstream answered without a task, or failed). Idempotent: an ID
+    /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
+    /// tasks are never touched.
     async fn release(&self, id: &TaskId) -> Result<()>;
 
     /// A confirmed task by ID. Reservations are invisible.
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
 
-    /// Records a non-terminal status reported by the upstream. No effect on terminal tasks.
+    /// Records a non-terminal status reported by the upstream. No effect on terminal or unknown
+    /// tasks; a terminal `status` is refused with `InvalidArgument` (use `finish`).
     async fn observe(
         &self,
         id: &TaskId,
@@ -367,16 +390,20 @@ pub trait TaskLedger: Send + Sync {
     ) -> Result<()>;
 
     /// Makes a task terminal unless it already is (compare-and-set; first terminal write wins).
+    /// `finish.status` must be terminal (`InvalidArgument` otherwise).
     async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome>;
 
-    /// Counts one read of a completed result; returns the count after this read.
+    /// Counts one read of a completed result; returns the count after this read, or 0 when
+    /// there is no such confirmed task (nothing counted).
     async fn note_result_read(&self, id: &TaskId) -> Result<u32>;
 
     /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first.
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
-    /// about them, and void reservations; returns the IDs of deleted tasks.
+    /// about them, and void reservations; returns the IDs of deleted tasks. `limit` bounds the
+    /// tasks deleted per call (call again until fewer come back); void reservations are always
+    /// all removed.
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
 
     /// Non-terminal tasks of a principal.

@@ -1,0 +1,426 @@
+//! Lifecycle after confirmation: terminal CAS, observations, deadlines, retention, lookups.
+
+use futures_util::future::join_all;
+use serde_json::json;
+
+use super::{
+    DAY, NOW, UNLIMITED, claim, confirm, confirmation, create, end, finishing, fresh_owner, get,
+    ids, new_id, reservation, reserve_ok, unique,
+};
+use crate::ledger::{
+    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
+    Reservation, TaskId, TaskLedger, TaskStatus,
+};
+
+/// The first terminal write wins; later ones see it unchanged.
+pub async fn finish_cas(ledger: &dyn TaskLedger) {
+    let owner = fresh_owner();
+    let task = create(ledger, &owner).await;
+    let first = Finish {
+        status: TaskStatus::Completed,
+        status_message: Some("ok".into()),
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: Some(json!({"content": [], "structuredContent": {"n": 1}})),
+            at: NOW + 10,
+        },
+    };
+    let after = match ledger.finish(&task.id, first).await.expect("finish") {
+        FinishOutcome::Applied(after) => *after,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        (after.status, after.last_updated_at),
+        (TaskStatus::Completed, NOW + 10)
+    );
+    let second = Finish {
+        status: TaskStatus::Failed,
+        status_message: Some("late".into()),
+        ending: Ending {
+            reason: EndReason::Deadline,
+            by: Some(owner),
+            payload: Some(json!({"code": -32000, "message": "deadline"})),
+            at: NOW + 20,
+        },
+    };
+    let outcome = ledger.finish(&task.id, second).await.expect("finish");
+    assert_eq!(
+        outcome,
+        FinishOutcome::AlreadyTerminal(Box::new(after.clone()))
+    );
+    assert_eq!(get(ledger, &task.id).await, Some(after));
+
+    let f = finishing(TaskStatus::Cancelled, EndReason::Revocation, NOW);
+    assert_eq!(
+        ledger.finish(&new_id(), f).await.expect("finish"),
+        FinishOutcome::NotFound
+    );
+    let live = create(ledger, &fresh_owner()).await;
+    let f = finishing(TaskStatus::Working, EndReason::Upstream, NOW);
+    let err = ledger.finish(&live.id, f).await;
+    assert!(
+        matches!(err, Err(LedgerError::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert_eq!(get(ledger, &live.id).await, Some(live));
+}
+
+/// Of many concurrent terminal writes exactly one applies, and everyone sees that one.
+pub async fn finish_race(ledger: &dyn TaskLedger) {
+    let task = create(ledger, &fresh_owner()).await;
+    let statuses = [
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+    let finishes = (0..20).map(|i| Finish {
+        status: statuses[i % 3],
+        status_message: Some(format!("writer {i}")),
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: Some(json!({"writer": i})),
+            at: NOW + i as i64,
+        },
+    });
+    let outcomes = join_all(finishes.map(|f| ledger.finish(&task.id, f))).await;
+    let mut applied = Vec::new();
+    let mut already = Vec::new();
+    for outcome in outcomes {
+        match outcome.expect("finish") {
+            FinishOutcome::Applied(r) => applied.push(*r),
+            FinishOutcome::AlreadyTerminal(r) => already.push(*r),
+            FinishOutcome::NotFound => panic!("task vanished"),
+        }
+    }
+    assert_eq!(applied.len(), 1, "exactly one terminal write applies");
+    let winner = applied.remove(0);
+    assert!(winner.status.is_terminal() && winner.ended.is_some());
+    for seen in already {
+        assert_eq!(seen, winner);
+    }
+    assert_eq!(get(ledger, &task.id).await, Some(winner));
+}
+
+/// Observations update live tasks only, and never make a task terminal.
+pub async fn observe(ledger: &dyn TaskLedger) {
+    let task = create(ledger, &fresh_owner()).await;
+    let message = Some("needs approval".to_string());
+    ledger
+        .observe(
+            &task.id,
+            TaskStatus::InputRequired,
+            message.clone(),
+            NOW + 3,
+        )
+        .await
+        .expect("observe");
+    let seen = get(ledger, &task.id).await.expect("task");
+    assert_eq!(
+        (seen.status, &seen.status_message),
+        (TaskStatus::InputRequired, &message)
+    );
+    assert_eq!(seen.last_updated_at, NOW + 3);
+    ledger
+        .observe(&task.id, TaskStatus::Working, None, NOW + 4)
+        .await
+        .expect("observe");
+    let seen = get(ledger, &task.id).await.expect("task");
+    assert_eq!(
+        (seen.status, seen.status_message, seen.last_updated_at),
+        (TaskStatus::Working, None, NOW + 4)
+    );
+
+    let err = ledger
+        .observe(&task.id, TaskStatus::Completed, None, NOW + 5)
+        .await;
+    assert!(
+        matches!(err, Err(LedgerError::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert_eq!(
+        get(ledger, &task.id).await.map(|r| r.status),
+        Some(TaskStatus::Working)
+    );
+
+    let ended = end(ledger, &task.id).await;
+    ledger
+        .observe(&task.id, TaskStatus::Working, Some("late".into()), NOW + 9)
+        .await
+        .expect("observe");
+    assert_eq!(get(ledger, &task.id).await, Some(ended));
+    ledger
+        .observe(&new_id(), TaskStatus::Working, None, NOW)
+        .await
+        .expect("observe unknown");
+}
+
+/// Result reads count up per task; unknown tasks count nothing.
+pub async fn result_reads(ledger: &dyn TaskLedger) {
+    let task = create(ledger, &fresh_owner()).await;
+    let other = create(ledger, &fresh_owner()).await;
+    end(ledger, &task.id).await;
+    for expected in 1..=3 {
+        assert_eq!(
+            ledger
+                .note_result_read(&task.id)
+                .await
+                .expect("note_result_read"),
+            expected
+        );
+    }
+    let counts = join_all((0..10).map(|_| ledger.note_result_read(&other.id))).await;
+    let mut counts: Vec<u32> = counts
+        .into_iter()
+        .map(|c| c.expect("note_result_read"))
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        (1..=10).collect::<Vec<u32>>(),
+        "concurrent reads each count once"
+    );
+    assert_eq!(get(ledger, &task.id).await.map(|r| r.result_reads), Some(3));
+    assert_eq!(
+        ledger
+            .note_result_read(&new_id())
+            .await
+            .expect("note_result_read"),
+        0
+    );
+}
+
+/// `past_deadline` lists live confirmed tasks at or past their deadline, earliest first.
+pub async fn past_deadline(ledger: &dyn TaskLedger) {
+    // Deadlines far before NOW so that only this function's tasks (and leftovers of earlier
+    // runs of it) are due at `now`.
+    let now = 10_000;
+    let owner = fresh_owner();
+    let mut due = Vec::new();
+    for deadline in [5_000, 3_000, now, 9_000, now + 1, 1_000] {
+        let id = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+        let c = Confirmation {
+            deadline_at: deadline,
+            ttl_ms: NOW,
+            ..confirmation(500)
+        };
+        confirm(ledger, &id, c).await;
+        match deadline {
+            1_000 => {
+                end(ledger, &id).await;
+            }
+            d if d <= now => due.push((d, id)),
+            _ => {}
+        }
+    }
+    due.sort();
+    let expected: Vec<TaskId> = due.into_iter().map(|(_, id)| id).collect();
+    reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+
+    let listed = ledger
+        .past_deadline(now, 10_000)
+        .await
+        .expect("past_deadline");
+    assert!(
+        listed
+            .windows(2)
+            .all(|w| w[0].deadline_at <= w[1].deadline_at),
+        "ordered"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|r| r.ended.is_none() && r.deadline_at <= now)
+    );
+    let mine: Vec<TaskId> = listed
+        .into_iter()
+        .filter(|r| r.owner == owner)
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(mine, expected);
+    let limited = ledger.past_deadline(now, 2).await.expect("past_deadline");
+    assert!(limited.len() <= 2);
+    assert!(
+        ledger
+            .past_deadline(now, 0)
+            .await
+            .expect("past_deadline")
+            .is_empty()
+    );
+
+    // Leave nothing due for the next run against a shared database.
+    for id in &expected {
+        end(ledger, id).await;
+    }
+    let listed = ledger
+        .past_deadline(now, 10_000)
+        .await
+        .expect("past_deadline");
+    assert!(listed.iter().all(|r| r.owner != owner));
+}
+
+/// Retention removes tasks, terminal or not, with everything about them, and voids dead
+/// reservations; `limit` bounds each call.
+pub async fn purge_expired(ledger: &dyn TaskLedger) {
+    // Times far before NOW, so no other function's tasks are ever due.
+    let owner = fresh_owner();
+    let key = claim(30 * DAY);
+    let task = |created_at: i64, ttl_ms: i64| Confirmation {
+        ttl_ms,
+        ..confirmation(created_at)
+    };
+    let mut r = reservation(&owner, UNLIMITED);
+    r.idempotency = Some(key.clone());
+    r.now = 50;
+    let live = reserve_ok(ledger, r).await;
+    confirm(ledger, &live, task(100, 1_000)).await;
+    let done = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+    confirm(ledger, &done, task(200, 500)).await;
+    let f = Finish {
+        status: TaskStatus::Completed,
+        status_message: None,
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: Some(json!({"secret": 1})),
+            at: 300,
+        },
+    };
+    assert!(matches!(
+        ledger.finish(&done, f).await.expect("finish"),
+        FinishOutcome::Applied(_)
+    ));
+    let kept = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+    confirm(ledger, &kept, task(300, NOW)).await;
+    let dead = Reservation {
+        now: 100,
+        reservation_expires_at: 1_500,
+        ..reservation(&owner, UNLIMITED)
+    };
+    let dead = reserve_ok(ledger, dead).await;
+
+    let first = ledger
+        .purge_expired(1_099, usize::MAX)
+        .await
+        .expect("purge_expired");
+    assert!(
+        first.contains(&done) && !first.contains(&live),
+        "expires_at = created_at + ttl_ms"
+    );
+    let mut purged = first;
+    loop {
+        // Exactly at `live`'s expiry: retention ends at created_at + ttl_ms inclusive.
+        let batch = ledger.purge_expired(1_100, 1).await.expect("purge_expired");
+        assert!(batch.len() <= 1);
+        if batch.is_empty() {
+            break;
+        }
+        purged.extend(batch);
+    }
+    for id in [&live, &done] {
+        assert_eq!(purged.iter().filter(|p| *p == id).count(), 1, "purged once");
+        assert_eq!(get(ledger, id).await, None);
+        assert_eq!(
+            ledger.note_result_read(id).await.expect("note_result_read"),
+            0
+        );
+    }
+    assert!(
+        !purged.contains(&kept) && !purged.contains(&dead),
+        "reservations are not tasks"
+    );
+    assert!(get(ledger, &kept).await.is_some());
+    let late = ledger
+        .purge_expired(2_000, usize::MAX)
+        .await
+        .expect("purge_expired");
+    assert!(!late.contains(&kept) && !late.contains(&dead));
+    let err = ledger.confirm(&dead, task(1_600, NOW)).await;
+    assert!(matches!(err, Err(LedgerError::NoReservation)), "{err:?}");
+    // The idempotency key went with its task.
+    let again = Reservation {
+        idempotency: Some(key),
+        now: 2_000,
+        ..reservation(&owner, UNLIMITED)
+    };
+    reserve_ok(ledger, again).await;
+}
+
+/// `active_for` lists a principal's confirmed non-terminal tasks, narrowed by tenant/client.
+pub async fn active_for(ledger: &dyn TaskLedger) {
+    let owner = fresh_owner();
+    let (t1, t2) = (owner.tenant.clone(), unique("tenant-"));
+    let (c1, c2) = (owner.client.clone(), unique("client-"));
+    let with = |tenant: &str, client: &str| Owner {
+        tenant: tenant.into(),
+        client: client.into(),
+        ..owner.clone()
+    };
+    let a = create(ledger, &with(&t1, &c1)).await.id;
+    let b = create(ledger, &with(&t1, &c2)).await.id;
+    let c = create(ledger, &with(&t2, &c1)).await.id;
+    let ended = create(ledger, &with(&t1, &c1)).await.id;
+    end(ledger, &ended).await;
+    reserve_ok(ledger, reservation(&with(&t1, &c1), UNLIMITED)).await;
+    create(
+        ledger,
+        &Owner {
+            subject: unique("peer-"),
+            ..owner.clone()
+        },
+    )
+    .await;
+    create(
+        ledger,
+        &Owner {
+            issuer: unique("https://other.test/"),
+            ..owner.clone()
+        },
+    )
+    .await;
+
+    let query = |tenant: Option<&str>, client: Option<&str>| PrincipalFilter {
+        issuer: owner.issuer.clone(),
+        subject: owner.subject.clone(),
+        tenant: tenant.map(Into::into),
+        client: client.map(Into::into),
+    };
+    let cases = [
+        (query(None, None), vec![&a, &b, &c]),
+        (query(Some(&t1), None), vec![&a, &b]),
+        (query(None, Some(&c1)), vec![&a, &c]),
+        (query(Some(&t1), Some(&c1)), vec![&a]),
+        (query(Some(&t2), Some(&c2)), vec![]),
+        (query(Some(""), None), vec![]),
+    ];
+    for (filter, expected) in cases {
+        let found = ledger.active_for(&filter).await.expect("active_for");
+        let mut found = ids(&found);
+        found.sort();
+        let mut expected: Vec<TaskId> = expected.into_iter().cloned().collect();
+        expected.sort();
+        assert_eq!(found, expected, "{filter:?}");
+    }
+}
+
+/// Secrets are created once, stable, distinct per name, and agreed on by concurrent callers.
+pub async fn secret(ledger: &dyn TaskLedger) {
+    let name = unique("audit-");
+    let first = ledger.secret(&name).await.expect("secret");
+    assert_ne!(first, [0u8; 32]);
+    assert_eq!(ledger.secret(&name).await.expect("secret"), first);
+    assert_ne!(
+        ledger.secret(&unique("audit-")).await.expect("secret"),
+        first
+    );
+
+    let raced = unique("idempotency-");
+    let values = join_all((0..16).map(|_| ledger.secret(&raced))).await;
+    let values: Vec<[u8; 32]> = values.into_iter().map(|v| v.expect("secret")).collect();
+    assert!(
+        values.iter().all(|v| *v == values[0]),
+        "concurrent first uses agree"
+    );
+    assert_eq!(ledger.secret(&raced).await.expect("secret"), values[0]);
+}

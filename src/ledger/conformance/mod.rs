@@ -1,0 +1,225 @@
+//! Backend-independent conformance suite for [`TaskLedger`] implementations.
+//!
+//! Every function drives a ledger through the trait only and panics on the first violation, so
+//! a backend's tests just call them (or [`run_all`]) against a fresh instance. Compiled in
+//! normal builds so integration tests and other backends can reuse it; it depends on nothing
+//! test-only.
+//!
+//! Sharing one database between tests (e.g. one PostgreSQL schema for a whole test run) is
+//! supported with one exception: every function makes its own random principals, tenants,
+//! clients, idempotency keys and secret names, and only asserts on rows it created. Functions
+//! that use `now` values off the common [`NOW`] keep those rows out of each other's way:
+//! reservations meant to stay alive expire at [`FAR`], and tasks meant to stay are retained past
+//! any `now` the suite passes to `purge_expired`. The exception is [`quota_server`], which
+//! counts every active task and so needs a ledger nobody else is using. [`run_shared`] runs the
+//! rest concurrently on one ledger to prove the point. Functions leave their rows behind
+//! (including reservations alive until [`FAR`]), so a shared database only grows.
+
+use futures_util::FutureExt;
+use futures_util::future::{LocalBoxFuture, join_all};
+
+mod admission;
+mod lifecycle;
+mod records;
+
+pub use admission::{
+    idempotency, idempotency_race, idempotency_window, quota_client, quota_order, quota_principal,
+    quota_race, quota_server, quota_tenant, quota_without_tenant_or_client,
+};
+pub use lifecycle::{
+    active_for, finish_cas, finish_race, observe, past_deadline, purge_expired, result_reads,
+    secret,
+};
+pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
+
+use super::{
+    Confirmation, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner, QuotaLimits,
+    Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
+};
+
+/// The suite's usual "now" (2030).
+pub const NOW: i64 = 1_900_000_000_000;
+/// Expiry of reservations that must stay alive: later than any `now` the suite uses.
+pub const FAR: i64 = NOW * 4;
+const MINUTE: i64 = 60_000;
+const DAY: i64 = 86_400_000;
+/// Retention long enough that no `purge_expired` call in the suite removes the task.
+const KEEP: i64 = 365 * DAY;
+
+/// Limits that never bind.
+pub const UNLIMITED: QuotaLimits = QuotaLimits {
+    per_principal: u32::MAX,
+    per_tenant: u32::MAX,
+    per_client: u32::MAX,
+    per_server: u32::MAX,
+};
+
+/// Runs every function of the suite. [`quota_server`] goes first because it needs a ledger
+/// without active tasks, so `ledger` must be fresh.
+pub async fn run_all(ledger: &dyn TaskLedger) {
+    quota_server(ledger).await;
+    round_trip(ledger).await;
+    reservations_are_invisible(ledger).await;
+    release(ledger).await;
+    reservations_expire(ledger).await;
+    quota_principal(ledger).await;
+    quota_tenant(ledger).await;
+    quota_client(ledger).await;
+    quota_order(ledger).await;
+    quota_without_tenant_or_client(ledger).await;
+    quota_race(ledger).await;
+    idempotency(ledger).await;
+    idempotency_window(ledger).await;
+    idempotency_race(ledger).await;
+    finish_cas(ledger).await;
+    finish_race(ledger).await;
+    observe(ledger).await;
+    result_reads(ledger).await;
+    past_deadline(ledger).await;
+    purge_expired(ledger).await;
+    active_for(ledger).await;
+    secret(ledger).await;
+}
+
+/// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
+/// shared database sees when many test binaries use it. Safe to call on a ledger that already
+/// holds data, including from earlier calls.
+pub async fn run_shared(ledger: &dyn TaskLedger) {
+    let suite: Vec<LocalBoxFuture<'_, ()>> = vec![
+        round_trip(ledger).boxed_local(),
+        reservations_are_invisible(ledger).boxed_local(),
+        release(ledger).boxed_local(),
+        reservations_expire(ledger).boxed_local(),
+        quota_principal(ledger).boxed_local(),
+        quota_tenant(ledger).boxed_local(),
+        quota_client(ledger).boxed_local(),
+        quota_order(ledger).boxed_local(),
+        quota_without_tenant_or_client(ledger).boxed_local(),
+        quota_race(ledger).boxed_local(),
+        idempotency(ledger).boxed_local(),
+        idempotency_window(ledger).boxed_local(),
+        idempotency_race(ledger).boxed_local(),
+        finish_cas(ledger).boxed_local(),
+        finish_race(ledger).boxed_local(),
+        observe(ledger).boxed_local(),
+        result_reads(ledger).boxed_local(),
+        past_deadline(ledger).boxed_local(),
+        purge_expired(ledger).boxed_local(),
+        active_for(ledger).boxed_local(),
+        secret(ledger).boxed_local(),
+    ];
+    join_all(suite).await;
+}
+
+// Helpers
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("OS random number generator");
+    bytes
+}
+
+fn unique(prefix: &str) -> String {
+    let hex: String = random_bytes::<9>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{prefix}{hex}")
+}
+
+/// A principal nobody else uses, in its own tenant and client.
+pub fn fresh_owner() -> Owner {
+    Owner {
+        issuer: unique("https://issuer.test/"),
+        subject: unique("user-"),
+        tenant: unique("tenant-"),
+        client: unique("client-"),
+    }
+}
+
+fn new_id() -> TaskId {
+    TaskId::generate().expect("mint task id")
+}
+
+fn claim(window_ms: i64) -> IdempotencyClaim {
+    IdempotencyClaim {
+        key_hash: random_bytes(),
+        window_ms,
+    }
+}
+
+/// A reservation at [`NOW`] that stays alive until [`FAR`].
+pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
+    Reservation {
+        id: new_id(),
+        owner: owner.clone(),
+        tool: "reports.generate".into(),
+        scopes: vec!["tasks:write".into(), "reports".into()],
+        idempotency: None,
+        limits,
+        now: NOW,
+        reservation_expires_at: FAR,
+    }
+}
+
+/// A working task created at `created_at`, retained for [`KEEP`], deadline an hour later.
+pub fn confirmation(created_at: i64) -> Confirmation {
+    Confirmation {
+        upstream_id: unique("upstream-"),
+        status: TaskStatus::Working,
+        status_message: None,
+        created_at,
+        ttl_ms: KEEP,
+        deadline_at: created_at + 60 * MINUTE,
+        poll_interval_ms: Some(2_000),
+    }
+}
+
+fn finishing(status: TaskStatus, reason: EndReason, at: i64) -> Finish {
+    Finish {
+        status,
+        status_message: None,
+        ending: Ending {
+            reason,
+            by: None,
+            payload: None,
+            at,
+        },
+    }
+}
+
+async fn reserve(ledger: &dyn TaskLedger, r: Reservation) -> ReserveOutcome {
+    ledger.reserve(r).await.expect("reserve")
+}
+
+async fn reserve_ok(ledger: &dyn TaskLedger, r: Reservation) -> TaskId {
+    let id = r.id.clone();
+    assert_eq!(reserve(ledger, r).await, ReserveOutcome::Reserved);
+    id
+}
+
+async fn confirm(ledger: &dyn TaskLedger, id: &TaskId, c: Confirmation) -> TaskRecord {
+    ledger.confirm(id, c).await.expect("confirm")
+}
+
+/// Reserves (without limits) and confirms a task with [`confirmation`]`(NOW)`.
+async fn create(ledger: &dyn TaskLedger, owner: &Owner) -> TaskRecord {
+    let id = reserve_ok(ledger, reservation(owner, UNLIMITED)).await;
+    confirm(ledger, &id, confirmation(NOW)).await
+}
+
+async fn get(ledger: &dyn TaskLedger, id: &TaskId) -> Option<TaskRecord> {
+    ledger.get(id).await.expect("get")
+}
+
+async fn end(ledger: &dyn TaskLedger, id: &TaskId) -> TaskRecord {
+    let f = finishing(TaskStatus::Cancelled, EndReason::OwnerCancel, NOW + 1);
+    match ledger.finish(id, f).await.expect("finish") {
+        FinishOutcome::Applied(record) => *record,
+        other => panic!("finish of a live task: {other:?}"),
+    }
+}
+
+fn ids(records: &[TaskRecord]) -> Vec<TaskId> {
+    records.iter().map(|r| r.id.clone()).collect()
+}

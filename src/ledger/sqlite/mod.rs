@@ -1,0 +1,243 @@
+//! The embedded SQLite ledger: one file, one pod.
+//!
+//! Writes go through one dedicated thread that group-commits ([`writer`]); reads run on a small
+//! pool of separate connections, which WAL lets proceed concurrently with the writer.
+
+mod ops;
+mod schema;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError, TryLockError};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, ErrorCode};
+
+pub use self::writer::WriteStats;
+use self::writer::Writer;
+use super::{
+    Confirmation, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation, ReserveOutcome,
+    Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+};
+
+/// Read connections kept open. Reads are short point or index lookups, so a handful covers the
+/// concurrency of a sidecar on a few cores.
+const READ_CONNECTIONS: usize = 4;
+
+/// The SQLite task ledger.
+///
+/// Guarantees, beyond the [`TaskLedger`] contract: a write's `Ok` means its transaction was
+/// committed with `synchronous=FULL` (on disk); a write whose future is dropped after it was
+/// queued still happens; dropping the ledger (or [`SqliteLedger::close`]) finishes every queued
+/// write before the file is closed, blocking the dropping thread meanwhile.
+pub struct SqliteLedger {
+    // Declared before `writer` so the read connections close first and the writer's connection
+    // is the last one: SQLite then checkpoints and removes the WAL file on close.
+    readers: ReadPool,
+    writer: Writer,
+    path: PathBuf,
+}
+
+impl SqliteLedger {
+    /// Opens (creating if needed) the ledger at `path`, bringing its schema up to date. Safe to
+    /// call on an existing ledger; refuses a file written by a newer schema version. Does file
+    /// I/O on the calling thread: call it at startup or from `spawn_blocking`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let write_conn = schema::open_writer(path)?;
+        // Readers open after the writer so the file is already in WAL mode with a schema.
+        let readers = ReadPool::open(path, READ_CONNECTIONS)?;
+        let writer = Writer::spawn(write_conn)?;
+        Ok(Self {
+            readers,
+            writer,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Where the ledger lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How much the writer has done; `commands / commits` is the group-commit factor.
+    pub fn write_stats(&self) -> WriteStats {
+        self.writer.stats()
+    }
+
+    /// Finishes queued writes and closes the database, reporting a writer that died abnormally.
+    /// Blocks the calling thread until the queue is drained (normally milliseconds).
+    pub fn close(self) -> Result<()> {
+        let Self {
+            readers,
+            mut writer,
+            path: _,
+        } = self;
+        drop(readers);
+        writer.close()
+    }
+}
+
+impl fmt::Debug for SqliteLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteLedger")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Read connections, each behind its own mutex.
+///
+/// Reads run inline on the calling (tokio worker) thread rather than via `spawn_blocking`: every
+/// read is a primary-key lookup or an indexed scan whose size quotas or `limit` bound, served
+/// from the page cache in microseconds, and WAL readers never wait for the writer. A hop to the
+/// blocking pool would cost more than the query.
+struct ReadPool {
+    conns: Vec<Mutex<Connection>>,
+    next: AtomicUsize,
+}
+
+impl ReadPool {
+    fn open(path: &Path, size: usize) -> Result<Self> {
+        let conns = (0..size.max(1))
+            .map(|_| schema::open_reader(path).map(Mutex::new))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            conns,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn with<T>(&self, read: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        // A panic during an earlier read poisons the mutex but cannot have left a read-only
+        // connection in a bad state, so poisoned connections are used as they are.
+        for conn in &self.conns {
+            match conn.try_lock() {
+                Ok(guard) => return read(&guard),
+                Err(TryLockError::Poisoned(poisoned)) => return read(&poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        // All busy: queue on one of them, spreading waiters round-robin.
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        let guard = self.conns[i].lock().unwrap_or_else(PoisonError::into_inner);
+        read(&guard)
+    }
+}
+
+/// Attaches context to SQLite errors on their way into [`LedgerError`].
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T>;
+}
+
+impl<T> Ctx<T> for rusqlite::Result<T> {
+    fn ctx(self, what: &str) -> Result<T> {
+        self.map_err(|e| match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+                LedgerError::Corrupt(format!("{what}: {e}"))
+            }
+            _ => LedgerError::Storage(format!("{what}: {e}")),
+        })
+    }
+}
+
+fn require_nonterminal(status: TaskStatus, operation: &str) -> Result<()> {
+    if status.is_terminal() {
+        return Err(LedgerError::InvalidArgument(format!(
+            "{operation} takes a non-terminal status, got {}; use finish",
+            status.as_str()
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl TaskLedger for SqliteLedger {
+    async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome> {
+        self.writer
+            .call(move |conn| ops::reserve(conn, &reservation))
+            .await
+    }
+
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord> {
+        require_nonterminal(confirmation.status, "confirm")?;
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::confirm(conn, &id, &confirmation))
+            .await
+    }
+
+    async fn release(&self, id: &TaskId) -> Result<()> {
+        let id = id.as_str().to_owned();
+        self.writer.call(move |conn| ops::release(conn, &id)).await
+    }
+
+    async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
+        self.readers.with(|conn| ops::load_task(conn, id.as_str()))
+    }
+
+    async fn observe(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        status_message: Option<String>,
+        now: i64,
+    ) -> Result<()> {
+        require_nonterminal(status, "observe")?;
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::observe(conn, &id, status, status_message.as_deref(), now))
+            .await
+    }
+
+    async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome> {
+        if !finish.status.is_terminal() {
+            return Err(LedgerError::InvalidArgument(format!(
+                "finish takes a terminal status, got {}",
+                finish.status.as_str()
+            )));
+        }
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::finish(conn, &id, &finish))
+            .await
+    }
+
+    async fn note_result_read(&self, id: &TaskId) -> Result<u32> {
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::note_result_read(conn, &id))
+            .await
+    }
+
+    async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+        self.readers
+            .with(|conn| ops::past_deadline(conn, now, limit))
+    }
+
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
+        self.writer
+            .call(move |conn| ops::purge_expired(conn, now, limit))
+            .await
+    }
+
+    async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
+        self.readers.with(|conn| ops::active_for(conn, principal))
+    }
+
+    async fn secret(&self, name: &str) -> Result<[u8; 32]> {
+        if let Some(value) = self.readers.with(|conn| ops::read_secret(conn, name))? {
+            return Ok(value);
+        }
+        let mut fresh = [0u8; 32];
+        getrandom::fill(&mut fresh).map_err(|e| LedgerError::Random(e.to_string()))?;
+        let name = name.to_owned();
+        self.writer
+            .call(move |conn| ops::create_secret(conn, &name, &fresh))
+            .await
+    }
+}

@@ -1,0 +1,461 @@
+//! The ledger's statements. Every function here runs on a connection the caller chose: writes
+//! inside the writer's transaction (under a savepoint), reads on a read connection.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::Ctx;
+use crate::ledger::{
+    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
+    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+};
+
+const TASK_COLUMNS: &str = "id, upstream_id, issuer, subject, tenant, client, tool, scopes, \
+    status, status_message, created_at, last_updated_at, ttl_ms, deadline_at, poll_interval_ms, \
+    end_reason, ended_by, payload, ended_at, result_reads";
+
+/// A confirmed row as SQLite returns it, before the parsing that can find it corrupt.
+struct RawTask {
+    id: String,
+    upstream_id: Option<String>,
+    owner: Owner,
+    tool: String,
+    scopes: String,
+    status: Option<String>,
+    status_message: Option<String>,
+    created_at: Option<i64>,
+    last_updated_at: Option<i64>,
+    ttl_ms: Option<i64>,
+    deadline_at: Option<i64>,
+    poll_interval_ms: Option<i64>,
+    end_reason: Option<String>,
+    ended_by: Option<String>,
+    payload: Option<String>,
+    ended_at: Option<i64>,
+    result_reads: i64,
+}
+
+impl RawTask {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get(0)?,
+            upstream_id: row.get(1)?,
+            owner: Owner {
+                issuer: row.get(2)?,
+                subject: row.get(3)?,
+                tenant: row.get(4)?,
+                client: row.get(5)?,
+            },
+            tool: row.get(6)?,
+            scopes: row.get(7)?,
+            status: row.get(8)?,
+            status_message: row.get(9)?,
+            created_at: row.get(10)?,
+            last_updated_at: row.get(11)?,
+            ttl_ms: row.get(12)?,
+            deadline_at: row.get(13)?,
+            poll_interval_ms: row.get(14)?,
+            end_reason: row.get(15)?,
+            ended_by: row.get(16)?,
+            payload: row.get(17)?,
+            ended_at: row.get(18)?,
+            result_reads: row.get(19)?,
+        })
+    }
+
+    fn into_record(self) -> Result<TaskRecord> {
+        fn need<T>(value: Option<T>, column: &str) -> Result<T> {
+            value.ok_or_else(|| LedgerError::Corrupt(format!("confirmed task without {column}")))
+        }
+        fn json<T: serde::de::DeserializeOwned>(text: &str, column: &str) -> Result<T> {
+            serde_json::from_str(text)
+                .map_err(|e| LedgerError::Corrupt(format!("task {column} is not valid: {e}")))
+        }
+        let status_text = need(self.status, "status")?;
+        let status = TaskStatus::parse(&status_text)
+            .ok_or_else(|| LedgerError::Corrupt(format!("unknown task status {status_text:?}")))?;
+        let ended = match (self.ended_at, self.end_reason) {
+            (None, None) => None,
+            (Some(at), Some(reason)) => Some(Ending {
+                reason: EndReason::parse(&reason).ok_or_else(|| {
+                    LedgerError::Corrupt(format!("unknown end reason {reason:?}"))
+                })?,
+                by: self
+                    .ended_by
+                    .as_deref()
+                    .map(|t| json(t, "ended_by"))
+                    .transpose()?,
+                payload: self
+                    .payload
+                    .as_deref()
+                    .map(|t| json(t, "payload"))
+                    .transpose()?,
+                at,
+            }),
+            _ => return Err(LedgerError::Corrupt("half-recorded task ending".into())),
+        };
+        Ok(TaskRecord {
+            id: TaskId::from_string(self.id),
+            upstream_id: need(self.upstream_id, "upstream_id")?,
+            owner: self.owner,
+            tool: self.tool,
+            scopes: json(&self.scopes, "scopes")?,
+            status,
+            status_message: self.status_message,
+            created_at: need(self.created_at, "created_at")?,
+            last_updated_at: need(self.last_updated_at, "last_updated_at")?,
+            ttl_ms: need(self.ttl_ms, "ttl_ms")?,
+            deadline_at: need(self.deadline_at, "deadline_at")?,
+            poll_interval_ms: self.poll_interval_ms,
+            ended,
+            result_reads: u32::try_from(self.result_reads)
+                .map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))?,
+        })
+    }
+}
+
+fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| LedgerError::Storage(format!("encode {what}: {e}")))
+}
+
+/// SQLite's LIMIT is signed; anything beyond `i64::MAX` means "no limit" anyway.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn collect(rows: impl Iterator<Item = rusqlite::Result<RawTask>>) -> Result<Vec<TaskRecord>> {
+    rows.map(|raw| raw.ctx("read task row")?.into_record())
+        .collect()
+}
+
+/// A confirmed task; reservations are invisible.
+pub(super) fn load_task(conn: &Connection, id: &str) -> Result<Option<TaskRecord>> {
+    let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1 AND confirmed = 1");
+    let raw = conn
+        .prepare_cached(&sql)
+        .ctx("prepare task lookup")?
+        .query_row([id], RawTask::from_row)
+        .optional()
+        .ctx("look up task")?;
+    raw.map(RawTask::into_record).transpose()
+}
+
+fn count_active(conn: &Connection, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<i64> {
+    conn.prepare_cached(sql)
+        .ctx("prepare quota count")?
+        .query_row(args, |row| row.get(0))
+        .ctx("count active tasks")
+}
+
+pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
+    // Void expired reservations first, so neither the idempotency lookup nor the counts below
+    // can see one.
+    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
+        .ctx("prepare reservation sweep")?
+        .execute([r.now])
+        .ctx("void expired reservations")?;
+
+    if let Some(claim) = &r.idempotency {
+        let holder: Option<(String, bool, i64)> = conn
+            .prepare_cached(
+                "SELECT id, confirmed, idempotency_until FROM tasks WHERE idempotency_key = ?1",
+            )
+            .ctx("prepare idempotency lookup")?
+            .query_row([&claim.key_hash[..]], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()
+            .ctx("look up idempotency key")?;
+        if let Some((id, confirmed, until)) = holder {
+            if until > r.now {
+                if !confirmed {
+                    return Ok(ReserveOutcome::InFlight(TaskId::from_string(id)));
+                }
+                let record = load_task(conn, &id)?
+                    .ok_or_else(|| LedgerError::Corrupt("idempotency key of a lost task".into()))?;
+                return Ok(ReserveOutcome::Existing(Box::new(record)));
+            }
+            // The window lapsed: the key no longer means that task; free it for this claim.
+            conn.prepare_cached(
+                "UPDATE tasks SET idempotency_key = NULL, idempotency_until = NULL, \
+                 idempotency_window_ms = NULL WHERE id = ?1",
+            )
+            .ctx("prepare idempotency release")?
+            .execute([&id])
+            .ctx("clear lapsed idempotency key")?;
+        }
+    }
+
+    let o = &r.owner;
+    let limits = &r.limits;
+    let principal = count_active(
+        conn,
+        "SELECT COUNT(*) FROM tasks WHERE issuer = ?1 AND subject = ?2 AND ended_at IS NULL",
+        &[&o.issuer, &o.subject],
+    )?;
+    if principal >= i64::from(limits.per_principal) {
+        return Ok(ReserveOutcome::OverQuota(QuotaScope::Principal));
+    }
+    // An empty tenant/client means the token carried no such claim: there is no group to
+    // share a quota with, so only the principal and server quotas apply.
+    if !o.tenant.is_empty() {
+        let tenant = count_active(
+            conn,
+            "SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND ended_at IS NULL",
+            &[&o.tenant],
+        )?;
+        if tenant >= i64::from(limits.per_tenant) {
+            return Ok(ReserveOutcome::OverQuota(QuotaScope::Tenant));
+        }
+    }
+    if !o.client.is_empty() {
+        let client = count_active(
+            conn,
+            "SELECT COUNT(*) FROM tasks WHERE client = ?1 AND ended_at IS NULL",
+            &[&o.client],
+        )?;
+        if client >= i64::from(limits.per_client) {
+            return Ok(ReserveOutcome::OverQuota(QuotaScope::Client));
+        }
+    }
+    let server = count_active(
+        conn,
+        "SELECT COUNT(*) FROM tasks WHERE ended_at IS NULL",
+        &[],
+    )?;
+    if server >= i64::from(limits.per_server) {
+        return Ok(ReserveOutcome::OverQuota(QuotaScope::Server));
+    }
+
+    let (key, until, window) = match &r.idempotency {
+        Some(c) => (
+            Some(&c.key_hash[..]),
+            Some(r.now.saturating_add(c.window_ms)),
+            Some(c.window_ms),
+        ),
+        None => (None, None, None),
+    };
+    conn.prepare_cached(
+        "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
+         idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )
+    .ctx("prepare reservation insert")?
+    .execute(params![
+        r.id.as_str(),
+        o.issuer,
+        o.subject,
+        o.tenant,
+        o.client,
+        r.tool,
+        to_json(&r.scopes, "scopes")?,
+        key,
+        until,
+        window,
+        r.reservation_expires_at,
+    ])
+    .ctx("insert reservation")?;
+    Ok(ReserveOutcome::Reserved)
+}
+
+pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<TaskRecord> {
+    let reservation: Option<(Option<i64>, Option<i64>)> = conn
+        .prepare_cached(
+            "SELECT idempotency_until, idempotency_window_ms FROM tasks \
+             WHERE id = ?1 AND confirmed = 0",
+        )
+        .ctx("prepare reservation lookup")?
+        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()
+        .ctx("look up reservation")?;
+    let Some((until, window)) = reservation else {
+        return Err(LedgerError::NoReservation);
+    };
+    // The window runs from the task's creation, so a slow upstream does not eat into it; it
+    // never shrinks below what the reservation promised.
+    let until = match (until, window) {
+        (Some(until), Some(window)) => Some(until.max(c.created_at.saturating_add(window))),
+        (until, _) => until,
+    };
+    conn.prepare_cached(
+        "UPDATE tasks SET confirmed = 1, upstream_id = ?2, status = ?3, status_message = ?4, \
+         created_at = ?5, last_updated_at = ?5, ttl_ms = ?6, expires_at = ?7, deadline_at = ?8, \
+         poll_interval_ms = ?9, idempotency_until = ?10, reservation_expires_at = NULL \
+         WHERE id = ?1 AND confirmed = 0",
+    )
+    .ctx("prepare confirm")?
+    .execute(params![
+        id,
+        c.upstream_id,
+        c.status.as_str(),
+        c.status_message,
+        c.created_at,
+        c.ttl_ms,
+        c.created_at.saturating_add(c.ttl_ms),
+        c.deadline_at,
+        c.poll_interval_ms,
+        until,
+    ])
+    .ctx("confirm task")?;
+    load_task(conn, id)?.ok_or_else(|| LedgerError::Storage("confirmed task vanished".into()))
+}
+
+pub(super) fn release(conn: &Connection, id: &str) -> Result<()> {
+    conn.prepare_cached("DELETE FROM tasks WHERE id = ?1 AND confirmed = 0")
+        .ctx("prepare release")?
+        .execute([id])
+        .ctx("release reservation")?;
+    Ok(())
+}
+
+pub(super) fn observe(
+    conn: &Connection,
+    id: &str,
+    status: TaskStatus,
+    status_message: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE tasks SET status = ?2, status_message = ?3, last_updated_at = ?4 \
+         WHERE id = ?1 AND confirmed = 1 AND ended_at IS NULL",
+    )
+    .ctx("prepare observe")?
+    .execute(params![id, status.as_str(), status_message, now])
+    .ctx("record observed status")?;
+    Ok(())
+}
+
+pub(super) fn finish(conn: &Connection, id: &str, f: &Finish) -> Result<FinishOutcome> {
+    let Some(current) = load_task(conn, id)? else {
+        return Ok(FinishOutcome::NotFound);
+    };
+    if current.ended.is_some() {
+        return Ok(FinishOutcome::AlreadyTerminal(Box::new(current)));
+    }
+    let e = &f.ending;
+    let by = e.by.as_ref().map(|o| to_json(o, "ended_by")).transpose()?;
+    let payload = e
+        .payload
+        .as_ref()
+        .map(|p| to_json(p, "payload"))
+        .transpose()?;
+    // The `ended_at IS NULL` guard keeps this a compare-and-set even if another process
+    // shares the file (our transaction holds the write lock anyway).
+    let changed = conn
+        .prepare_cached(
+            "UPDATE tasks SET status = ?2, status_message = ?3, last_updated_at = ?4, \
+             end_reason = ?5, ended_by = ?6, payload = ?7, ended_at = ?4 \
+             WHERE id = ?1 AND confirmed = 1 AND ended_at IS NULL",
+        )
+        .ctx("prepare finish")?
+        .execute(params![
+            id,
+            f.status.as_str(),
+            f.status_message,
+            e.at,
+            e.reason.as_str(),
+            by,
+            payload
+        ])
+        .ctx("finish task")?;
+    let after = load_task(conn, id)?
+        .ok_or_else(|| LedgerError::Storage("finished task vanished".into()))?;
+    Ok(if changed == 1 {
+        FinishOutcome::Applied(Box::new(after))
+    } else {
+        FinishOutcome::AlreadyTerminal(Box::new(after))
+    })
+}
+
+pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
+    let reads: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE tasks SET result_reads = min(result_reads + 1, 4294967295) \
+             WHERE id = ?1 AND confirmed = 1 RETURNING result_reads",
+        )
+        .ctx("prepare result read")?
+        .query_row([id], |row| row.get(0))
+        .optional()
+        .ctx("count result read")?;
+    match reads {
+        None => Ok(0),
+        Some(n) => {
+            u32::try_from(n).map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))
+        }
+    }
+}
+
+pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM tasks \
+         WHERE ended_at IS NULL AND confirmed = 1 AND deadline_at <= ?1 \
+         ORDER BY deadline_at, id LIMIT ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).ctx("prepare deadline scan")?;
+    let rows = stmt
+        .query_map(params![now, sql_limit(limit)], RawTask::from_row)
+        .ctx("scan deadlines")?;
+    collect(rows)
+}
+
+pub(super) fn purge_expired(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskId>> {
+    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
+        .ctx("prepare reservation sweep")?
+        .execute([now])
+        .ctx("void expired reservations")?;
+    let mut stmt = conn
+        .prepare_cached(
+            "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
+             WHERE confirmed = 1 AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
+             RETURNING id",
+        )
+        .ctx("prepare purge")?;
+    let ids = stmt
+        .query_map(params![now, sql_limit(limit)], |row| {
+            row.get::<_, String>(0)
+        })
+        .ctx("purge expired tasks")?;
+    ids.map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
+        .collect()
+}
+
+pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM tasks \
+         WHERE issuer = ?1 AND subject = ?2 AND ended_at IS NULL AND confirmed = 1 \
+         AND (?3 IS NULL OR tenant = ?3) AND (?4 IS NULL OR client = ?4) \
+         ORDER BY created_at, id"
+    );
+    let mut stmt = conn.prepare_cached(&sql).ctx("prepare principal scan")?;
+    let rows = stmt
+        .query_map(
+            params![p.issuer, p.subject, p.tenant, p.client],
+            RawTask::from_row,
+        )
+        .ctx("scan principal's tasks")?;
+    collect(rows)
+}
+
+pub(super) fn read_secret(conn: &Connection, name: &str) -> Result<Option<[u8; 32]>> {
+    let value: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT value FROM secrets WHERE name = ?1")
+        .ctx("prepare secret lookup")?
+        .query_row([name], |row| row.get(0))
+        .optional()
+        .ctx("look up secret")?;
+    value
+        .map(|v| {
+            <[u8; 32]>::try_from(v.as_slice())
+                .map_err(|_| LedgerError::Corrupt(format!("secret {name:?} is not 32 bytes")))
+        })
+        .transpose()
+}
+
+/// Stores `fresh` under `name` unless a value exists, and returns the stored one: the first
+/// writer wins, so concurrent first uses agree.
+pub(super) fn create_secret(conn: &Connection, name: &str, fresh: &[u8; 32]) -> Result<[u8; 32]> {
+    conn.prepare_cached("INSERT INTO secrets (name, value) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
+        .ctx("prepare secret insert")?
+        .execute(params![name, &fresh[..]])
+        .ctx("store secret")?;
+    read_secret(conn, name)?.ok_or_else(|| LedgerError::Storage("stored secret vanished".into()))
+}

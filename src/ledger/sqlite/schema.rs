@@ -1,0 +1,145 @@
+//! Connection settings and the schema, versioned with `PRAGMA user_version`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::Ctx;
+use crate::ledger::{LedgerError, Result};
+
+/// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
+/// schema; never edit a step that has shipped.
+pub(super) const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for a lock held by another connection (another process on the
+/// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1];
+
+/// Version 1.
+///
+/// One `tasks` row per reservation or confirmed task, so confirming is an UPDATE and quotas are
+/// one COUNT over both. "Active" (holding a quota slot) is `ended_at IS NULL`: reservations and
+/// non-terminal tasks; expired reservations are deleted before every count, so they never hold
+/// a slot. The partial indexes cover exactly the active rows, which quotas keep small.
+const V1: &str = "
+CREATE TABLE tasks (
+    id                     TEXT PRIMARY KEY NOT NULL,
+    confirmed              INTEGER NOT NULL DEFAULT 0 CHECK (confirmed IN (0, 1)),
+    upstream_id            TEXT,
+    issuer                 TEXT NOT NULL,
+    subject                TEXT NOT NULL,
+    tenant                 TEXT NOT NULL,
+    client                 TEXT NOT NULL,
+    tool                   TEXT NOT NULL,
+    scopes                 TEXT NOT NULL,          -- JSON array of strings
+    status                 TEXT,
+    status_message         TEXT,
+    created_at             INTEGER,
+    last_updated_at        INTEGER,
+    ttl_ms                 INTEGER,
+    expires_at             INTEGER,                -- created_at + ttl_ms, saturating
+    deadline_at            INTEGER,
+    poll_interval_ms       INTEGER,
+    end_reason             TEXT,
+    ended_by               TEXT,                   -- JSON Owner
+    payload                TEXT,                   -- JSON
+    ended_at               INTEGER,                -- set iff terminal
+    result_reads           INTEGER NOT NULL DEFAULT 0,
+    idempotency_key        BLOB,
+    idempotency_until      INTEGER,
+    idempotency_window_ms  INTEGER,
+    reservation_expires_at INTEGER,                -- reservations only
+    CHECK (confirmed = 1 OR (reservation_expires_at IS NOT NULL AND ended_at IS NULL)),
+    CHECK (confirmed = 0 OR (upstream_id IS NOT NULL AND status IS NOT NULL
+        AND created_at IS NOT NULL AND last_updated_at IS NOT NULL AND ttl_ms IS NOT NULL
+        AND expires_at IS NOT NULL AND deadline_at IS NOT NULL)),
+    CHECK ((ended_at IS NULL) = (end_reason IS NULL)),
+    CHECK (idempotency_key IS NULL OR idempotency_until IS NOT NULL)
+) STRICT;
+
+CREATE INDEX tasks_active_principal ON tasks (issuer, subject) WHERE ended_at IS NULL;
+CREATE INDEX tasks_active_tenant ON tasks (tenant) WHERE ended_at IS NULL;
+CREATE INDEX tasks_active_client ON tasks (client) WHERE ended_at IS NULL;
+-- Also serves the server-wide active count (any partial index on ended_at IS NULL does).
+CREATE INDEX tasks_active_deadline ON tasks (deadline_at) WHERE ended_at IS NULL;
+CREATE INDEX tasks_expiry ON tasks (expires_at) WHERE confirmed = 1;
+CREATE INDEX tasks_reservation_expiry ON tasks (reservation_expires_at) WHERE confirmed = 0;
+-- UNIQUE: a key maps to at most one task; keys of lapsed windows are cleared before reuse.
+CREATE UNIQUE INDEX tasks_idempotency ON tasks (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+CREATE TABLE secrets (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL CHECK (length(value) = 32)
+) STRICT;
+";
+
+/// Opens the write connection, switches the file to WAL and brings the schema up to date.
+pub(super) fn open_writer(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path).ctx("open ledger database")?;
+    conn.busy_timeout(BUSY_TIMEOUT).ctx("set busy_timeout")?;
+    // WAL: readers never block the writer nor each other, and a commit is one sequential append.
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .ctx("set journal_mode")?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(LedgerError::Storage(format!(
+            "ledger database refused WAL mode (got {mode})"
+        )));
+    }
+    // FULL: in WAL mode, NORMAL may lose the last commits on power loss; confirm() promises
+    // the task survives a crash once it returns.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .ctx("set synchronous")?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .ctx("set foreign_keys")?;
+    // Purged tasks must leave nothing behind (payloads can be sensitive): zero freed space.
+    conn.pragma_update(None, "secure_delete", true)
+        .ctx("set secure_delete")?;
+    migrate(&conn)?;
+    Ok(conn)
+}
+
+/// Opens a connection for reads only. Opened read-write with `query_only` rather than with
+/// `SQLITE_OPEN_READ_ONLY`, which cannot recreate the WAL index (`-shm`) if it is missing.
+pub(super) fn open_reader(path: &Path) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).ctx("open ledger read connection")?;
+    conn.busy_timeout(BUSY_TIMEOUT).ctx("set busy_timeout")?;
+    conn.pragma_update(None, "query_only", true)
+        .ctx("set query_only")?;
+    Ok(conn)
+}
+
+fn migrate(conn: &Connection) -> Result<()> {
+    // IMMEDIATE: two processes opening a fresh file at once must not both create the schema.
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .ctx("begin migration")?;
+    let result = migrate_in_transaction(conn);
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.execute_batch(end).ctx("end migration");
+    result.and(ended)
+}
+
+fn migrate_in_transaction(conn: &Connection) -> Result<()> {
+    let version: i64 = conn
+        .pragma_query_one(None, "user_version")
+        .ctx("read user_version")?;
+    if !(0..=SCHEMA_VERSION).contains(&version) {
+        return Err(LedgerError::Storage(format!(
+            "ledger database has schema version {version}; this build supports up to \
+             {SCHEMA_VERSION} (refusing to touch a newer database)"
+        )));
+    }
+    for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        conn.execute_batch(step).ctx("migrate ledger schema")?;
+        let to = from as i64 + 1;
+        conn.pragma_update(None, "user_version", to)
+            .ctx("write user_version")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::SqliteLedger;
+use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
+use crate::ledger::{
+    EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskLedger, TaskStatus,
+};
+
+fn fresh() -> (TempDir, SqliteLedger) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = SqliteLedger::open(&dir.path().join("ledger.db")).expect("open ledger");
+    (dir, ledger)
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $name() {
+            let (_dir, ledger) = fresh();
+            conformance::$name(&ledger).await;
+        }
+    )*};
+}
+
+conformance!(
+    round_trip,
+    reservations_are_invisible,
+    release,
+    reservations_expire,
+    quota_principal,
+    quota_tenant,
+    quota_client,
+    quota_order,
+    quota_without_tenant_or_client,
+    quota_server,
+    quota_race,
+    idempotency,
+    idempotency_window,
+    idempotency_race,
+    finish_cas,
+    finish_race,
+    observe,
+    result_reads,
+    past_deadline,
+    purge_expired,
+    active_for,
+    secret,
+    run_all,
+);
+
+/// The suite's claim that it can share a database: all of it at once, twice over.
+#[tokio::test(flavor = "multi_thread")]
+async fn suite_shares_one_ledger() {
+    let (_dir, ledger) = fresh();
+    conformance::run_shared(&ledger).await;
+    conformance::run_shared(&ledger).await;
+}
+
+fn raw(path: &Path) -> Connection {
+    Connection::open(path).expect("open raw connection")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reopening_keeps_tasks_secrets_and_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let owner = fresh_owner();
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+    let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    let key = ledger.secret("audit").await.unwrap();
+    ledger.close().unwrap();
+
+    let ledger = SqliteLedger::open(&path).unwrap();
+    assert_eq!(ledger.get(&id).await.unwrap(), Some(confirmed));
+    assert_eq!(ledger.secret("audit").await.unwrap(), key);
+    drop(ledger);
+
+    let conn = raw(&path);
+    let mode: String = conn.pragma_query_one(None, "journal_mode").unwrap();
+    assert_eq!(mode, "wal");
+    let version: i64 = conn.pragma_query_one(None, "user_version").unwrap();
+    assert_eq!(version, super::schema::SCHEMA_VERSION);
+}
+
+#[test]
+fn refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    drop(SqliteLedger::open(&path).unwrap());
+    raw(&path).pragma_update(None, "user_version", 99).unwrap();
+    let err = SqliteLedger::open(&path).unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::Storage(m) if m.contains("version 99")),
+        "{err}"
+    );
+}
+
+#[test]
+fn refuses_a_file_that_is_not_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    std::fs::write(&path, vec![7u8; 8192]).unwrap();
+    let err = SqliteLedger::open(&path).unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
+}
+
+/// Payloads may be sensitive; a purge must not leave them readable in free pages.
+#[tokio::test(flavor = "multi_thread")]
+async fn purged_payloads_leave_no_trace_in_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let marker = format!(
+        "payload-marker-{}",
+        crate::ledger::TaskId::generate().unwrap()
+    );
+    let file_has_marker = || {
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Ok(wal) = std::fs::read(dir.path().join("ledger.db-wal")) {
+            bytes.extend(wal);
+        }
+        bytes.windows(marker.len()).any(|w| w == marker.as_bytes())
+    };
+
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let r = reservation(&fresh_owner(), UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let c = crate::ledger::Confirmation {
+        ttl_ms: 1_000,
+        ..confirmation(NOW)
+    };
+    ledger.confirm(&id, c).await.unwrap();
+    let f = Finish {
+        status: TaskStatus::Completed,
+        status_message: None,
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: Some(json!({ "text": marker })),
+            at: NOW + 1,
+        },
+    };
+    assert!(matches!(
+        ledger.finish(&id, f).await.unwrap(),
+        FinishOutcome::Applied(_)
+    ));
+    ledger.close().unwrap();
+    assert!(
+        file_has_marker(),
+        "control: the payload is stored in the file"
+    );
+
+    let ledger = SqliteLedger::open(&path).unwrap();
+    assert_eq!(
+        ledger.purge_expired(NOW + 1_000, 10).await.unwrap(),
+        vec![id]
+    );
+    ledger.close().unwrap();
+    assert!(!file_has_marker());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_writers_share_commits() {
+    let (_dir, ledger) = fresh();
+    let ledger: Arc<dyn TaskLedger> = Arc::new(ledger);
+    let owner = fresh_owner();
+    let spawned: Vec<_> = (0..64)
+        .map(|_| {
+            let ledger = Arc::clone(&ledger);
+            let r = reservation(&owner, UNLIMITED);
+            tokio::spawn(async move { ledger.reserve(r).await })
+        })
+        .collect();
+    for handle in spawned {
+        assert_eq!(handle.await.unwrap().unwrap(), ReserveOutcome::Reserved);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_writes_are_grouped() {
+    let (_dir, ledger) = fresh();
+    let owner = fresh_owner();
+    let writes = (0..100).map(|_| ledger.reserve(reservation(&owner, UNLIMITED)));
+    for outcome in futures_util::future::join_all(writes).await {
+        assert_eq!(outcome.unwrap(), ReserveOutcome::Reserved);
+    }
+    let stats = ledger.write_stats();
+    assert_eq!(stats.commands, 100);
+    assert!(stats.commits < stats.commands, "{stats:?}");
+}
