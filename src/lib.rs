@@ -6,7 +6,10 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod audit;
 pub mod identity;
 pub mod ledger;
 pub mod mcp;
 pub mod policy;
+pub mod sidecar;
+pub mod telemetry;

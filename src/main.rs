@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command, PolicyCommand};
+use cli::{Cli, Command, DevCommand, PolicyCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -15,6 +15,8 @@ fn main() -> ExitCode {
             cli::crdgen::run(&args.out_dir, args.stdout).map(|()| ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Check(args)) => cli::policy_check::run(args),
+        Command::Sidecar(args) => cli::sidecar::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -66,6 +66,10 @@ pub struct McpServerPolicySpec {
     /// Which token issuers are trusted and how their claims map to Lifeguard's owner key.
     pub identity: IdentitySpec,
 
+    /// What the protected container learns about each caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamSpec>,
+
     /// MCP protocol versions and browser origins accepted. Defaults accept only 2026-07-28 and
     /// requests without an `Origin` header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +173,28 @@ pub struct ClaimNames {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub scopes: Option<String>,
+}
+
+/// How requests are handed to the protected MCP container.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamSpec {
+    /// `identityHeaders` (default): the container receives `Lifeguard-Issuer`,
+    /// `Lifeguard-Subject`, `Lifeguard-Tenant`, `Lifeguard-Client` and `Lifeguard-Scopes` headers
+    /// set by the sidecar (clients can never set them) and no bearer token. `forwardToken`: the
+    /// validated token is also passed on, over loopback only, for servers that check tokens
+    /// themselves. Requests the sidecar makes on its own (deadline, revocation and admin cancels)
+    /// never carry a token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<UpstreamIdentity>,
+}
+
+/// What identifies the caller to the protected container.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum UpstreamIdentity {
+    IdentityHeaders,
+    ForwardToken,
 }
 
 /// Protocol-level acceptance rules.

@@ -1,7 +1,9 @@
 //! The `lifeguard` command line: argument definitions and thin handlers over the library.
 
 pub mod crdgen;
+pub mod dev;
 pub mod policy_check;
+pub mod sidecar;
 
 use std::path::PathBuf;
 
@@ -22,6 +24,79 @@ pub enum Command {
     /// Work with policy manifests.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run the enforcement sidecar in front of one MCP server.
+    Sidecar(SidecarArgs),
+    /// Development helpers (never needed in production).
+    #[command(subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SidecarArgs {
+    /// Standalone mode: a multi-document YAML file with one McpServerPolicy and any
+    /// CapabilityExceptions and PrincipalRevocations. Reloaded when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// MCP endpoint of the protected server, e.g. http://127.0.0.1:3000/mcp.
+    #[arg(long, value_name = "URL")]
+    pub upstream: http::Uri,
+    /// Address clients connect to; the MCP endpoint is /mcp.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// SQLite file of the task ledger (created if missing).
+    #[arg(long, value_name = "PATH")]
+    pub ledger: PathBuf,
+    /// Address of /live, /ready and /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<std::net::SocketAddr>,
+    /// Write audit events (JSON lines) to this file instead of stdout.
+    #[arg(long, value_name = "PATH")]
+    pub audit_file: Option<PathBuf>,
+    /// How long to wait for the server's response headers.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub upstream_timeout: lifeguard::api::PolicyDuration,
+    /// Log format (logs go to stderr).
+    #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
+    pub log_format: lifeguard::telemetry::LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DevCommand {
+    /// Sign a JWT with a local private key, for trying Lifeguard with a development issuer.
+    Token(DevTokenArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DevTokenArgs {
+    /// PEM private key (Ed25519 for EdDSA, RSA for RS256/PS256, P-256 for ES256).
+    #[arg(long, value_name = "PEM")]
+    pub key: PathBuf,
+    /// Signature algorithm.
+    #[arg(long, default_value = "EdDSA")]
+    pub alg: String,
+    /// Key id written into the header.
+    #[arg(long)]
+    pub kid: Option<String>,
+    #[arg(long)]
+    pub issuer: String,
+    /// Audience (the server's canonical URI).
+    #[arg(long)]
+    pub audience: String,
+    #[arg(long)]
+    pub subject: String,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub client: Option<String>,
+    /// Space-separated scopes.
+    #[arg(long, default_value = "")]
+    pub scope: String,
+    /// Lifetime of the token.
+    #[arg(long, default_value = "1h")]
+    pub ttl: lifeguard::api::PolicyDuration,
+    /// Shift `iat` (and `exp`) into the past, e.g. 2h, to make an old token.
+    #[arg(long, default_value = "0s")]
+    pub issued_ago: lifeguard::api::PolicyDuration,
 }
 
 #[derive(Debug, clap::Args)]

@@ -100,8 +100,8 @@ fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
 
 /// Extracts the bearer token from an `Authorization` header value.
 pub fn bearer_token(header: Option<&[u8]>) -> Result<&str, AuthError> {
-    let value = std::str::from_utf8(header.ok_or(AuthError::Missing)?)
-        .map_err(|_| AuthError::Malformed)?;
+    let value =
+        std::str::from_utf8(header.ok_or(AuthError::Missing)?).map_err(|_| AuthError::Malformed)?;
     let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(AuthError::Missing);
@@ -194,7 +194,10 @@ pub fn validate_token(
 }
 
 fn claim_str<'a>(claims: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
-    claims.get(name).and_then(Value::as_str).filter(|s| !s.is_empty())
+    claims
+        .get(name)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 fn identity_from_claims(

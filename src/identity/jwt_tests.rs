@@ -74,7 +74,11 @@ fn a_valid_token_yields_the_owner_key_and_scopes() {
 
 #[test]
 fn rsa_tokens_and_array_scopes_and_azp_work() {
-    let c = with(with(claims(), "scope", json!(["a", "b"])), "client_id", Value::Null);
+    let c = with(
+        with(claims(), "scope", json!(["a", "b"])),
+        "client_id",
+        Value::Null,
+    );
     let c = with(c, "azp", json!("fallback-client"));
     let token = mint_token(RSA_KEY, Algorithm::RS256, Some("test-rsa-1"), &c).unwrap();
     let id = validate(&token, &policy("")).unwrap();
@@ -94,19 +98,40 @@ fn missing_tenant_and_client_mean_empty_not_wildcard() {
 fn each_kind_of_bad_token_is_refused_with_its_reason() {
     let p = policy("");
     let cases: Vec<(String, AuthError)> = vec![
-        (ed(&with(claims(), "exp", json!(NOW - 31))), AuthError::Expired),
-        (ed(&with(claims(), "nbf", json!(NOW + 60))), AuthError::NotYetValid),
-        (ed(&with(claims(), "aud", json!("https://other/mcp"))), AuthError::WrongAudience),
-        (ed(&with(claims(), "iss", json!("https://evil.test"))), AuthError::UntrustedIssuer),
-        (ed(&with(claims(), "sub", Value::Null)), AuthError::MissingClaim("sub".into())),
-        (ed(&with(claims(), "exp", Value::Null)), AuthError::MissingClaim("exp".into())),
+        (
+            ed(&with(claims(), "exp", json!(NOW - 31))),
+            AuthError::Expired,
+        ),
+        (
+            ed(&with(claims(), "nbf", json!(NOW + 60))),
+            AuthError::NotYetValid,
+        ),
+        (
+            ed(&with(claims(), "aud", json!("https://other/mcp"))),
+            AuthError::WrongAudience,
+        ),
+        (
+            ed(&with(claims(), "iss", json!("https://evil.test"))),
+            AuthError::UntrustedIssuer,
+        ),
+        (
+            ed(&with(claims(), "sub", Value::Null)),
+            AuthError::MissingClaim("sub".into()),
+        ),
+        (
+            ed(&with(claims(), "exp", Value::Null)),
+            AuthError::MissingClaim("exp".into()),
+        ),
         (
             mint_token(ATTACKER_KEY, Algorithm::EdDSA, Some("test-ed-1"), &claims()).unwrap(),
             AuthError::BadSignature,
         ),
         (
             mint_token(ED_KEY, Algorithm::EdDSA, Some("rotated-away"), &claims()).unwrap(),
-            AuthError::UnknownKey { issuer: ISS.into(), kid: Some("rotated-away".into()) },
+            AuthError::UnknownKey {
+                issuer: ISS.into(),
+                kid: Some("rotated-away".into()),
+            },
         ),
         ("not.a.jwt".into(), AuthError::Malformed),
     ];
@@ -129,7 +154,10 @@ fn hmac_and_none_algorithms_are_never_accepted() {
         &jsonwebtoken::EncodingKey::from_secret(b"secret").unwrap(),
     )
     .unwrap();
-    assert_eq!(validate(&hs, &policy("")), Err(AuthError::DisallowedAlgorithm));
+    assert_eq!(
+        validate(&hs, &policy("")),
+        Err(AuthError::DisallowedAlgorithm)
+    );
     // `alg: none` with an empty signature.
     use base64::Engine;
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -154,7 +182,10 @@ fn bearer_header_parsing() {
     assert_eq!(bearer_token(Some(b"Bearer abc")), Ok("abc"));
     assert_eq!(bearer_token(Some(b"bearer  abc ")), Ok("abc"));
     assert_eq!(bearer_token(None), Err(AuthError::Missing));
-    assert_eq!(bearer_token(Some(b"Basic dXNlcg==")), Err(AuthError::Missing));
+    assert_eq!(
+        bearer_token(Some(b"Basic dXNlcg==")),
+        Err(AuthError::Missing)
+    );
     assert_eq!(bearer_token(Some(b"Bearer")), Err(AuthError::Malformed));
     assert_eq!(bearer_token(Some(b"Bearer ")), Err(AuthError::Malformed));
 }

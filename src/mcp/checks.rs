@@ -15,10 +15,18 @@ use super::{TASKS_EXTENSION, codes, headers, meta, methods};
 /// What a request is, as far as Lifeguard's decisions go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestKind {
-    ToolsCall { tool: String },
-    TaskGet { task_id: String },
-    TaskUpdate { task_id: String },
-    TaskCancel { task_id: String },
+    ToolsCall {
+        tool: String,
+    },
+    TaskGet {
+        task_id: String,
+    },
+    TaskUpdate {
+        task_id: String,
+    },
+    TaskCancel {
+        task_id: String,
+    },
     Listen,
     /// Anything else (`server/discover`, `tools/list`, `resources/read`, notifications…).
     Other,
@@ -39,7 +47,10 @@ pub struct RequestFacts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Violation {
     MissingVersionHeader,
-    UnsupportedVersion { requested: String, supported: Vec<String> },
+    UnsupportedVersion {
+        requested: String,
+        supported: Vec<String>,
+    },
     MissingMeta(&'static str),
     VersionMismatch,
     MissingHeader(&'static str),
@@ -246,7 +257,9 @@ pub fn check_request(
     };
     if matches!(
         kind,
-        RequestKind::TaskGet { .. } | RequestKind::TaskUpdate { .. } | RequestKind::TaskCancel { .. }
+        RequestKind::TaskGet { .. }
+            | RequestKind::TaskUpdate { .. }
+            | RequestKind::TaskCancel { .. }
     ) && !tasks
     {
         return Err(Violation::MissingTasksCapability);
@@ -302,7 +315,11 @@ fn check_param_headers(h: &HeaderMap, request: &Request) -> Result<(), Violation
         });
         let matches = match argument {
             Some(Value::String(s)) => *s == decoded,
-            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string() == decoded,
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => {
+                // Scalars mirror as their JSON text (`3`, `true`).
+                let rendered = v.to_string();
+                rendered == decoded
+            }
             _ => false,
         };
         if !matches {
@@ -335,7 +352,10 @@ mod tests {
 
     fn headers_for(method: &str, name: Option<&str>) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(headers::PROTOCOL_VERSION, HeaderValue::from_static("2026-07-28"));
+        h.insert(
+            headers::PROTOCOL_VERSION,
+            HeaderValue::from_static("2026-07-28"),
+        );
         h.insert(headers::METHOD, HeaderValue::from_str(method).unwrap());
         if let Some(name) = name {
             h.insert(headers::NAME, HeaderValue::from_str(name).unwrap());
@@ -349,12 +369,20 @@ mod tests {
 
     #[test]
     fn a_consistent_tools_call_passes() {
-        let r = request("tools/call", json!({"name": "generate_report", "arguments": {"region": "eu"}}));
+        let r = request(
+            "tools/call",
+            json!({"name": "generate_report", "arguments": {"region": "eu"}}),
+        );
         let mut h = headers_for("tools/call", Some("generate_report"));
         h.insert("mcp-param-region", HeaderValue::from_static("eu"));
         let facts = check_request(&h, &r, &versions()).unwrap();
         assert!(facts.declares_tasks);
-        assert_eq!(facts.kind, RequestKind::ToolsCall { tool: "generate_report".into() });
+        assert_eq!(
+            facts.kind,
+            RequestKind::ToolsCall {
+                tool: "generate_report".into()
+            }
+        );
     }
 
     #[test]
@@ -363,7 +391,10 @@ mod tests {
         let mut h = headers_for("tools/list", None);
         h.remove(headers::PROTOCOL_VERSION);
         assert_eq!(violation(&h, &r), Violation::MissingVersionHeader);
-        h.insert(headers::PROTOCOL_VERSION, HeaderValue::from_static("2025-11-25"));
+        h.insert(
+            headers::PROTOCOL_VERSION,
+            HeaderValue::from_static("2025-11-25"),
+        );
         let v = violation(&h, &r);
         assert!(matches!(v, Violation::UnsupportedVersion { .. }));
         let (status, error) = v.to_error();
@@ -375,10 +406,12 @@ mod tests {
     #[test]
     fn body_version_and_capabilities_are_required() {
         let mut r = request("tools/list", json!({}));
-        r.message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-08-01");
+        r.message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] =
+            json!("2026-08-01");
         let h = headers_for("tools/list", None);
         assert_eq!(violation(&h, &r), Violation::VersionMismatch);
-        r.message["params"]["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"});
+        r.message["params"]["_meta"] =
+            json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"});
         let v = violation(&h, &r);
         assert_eq!(v, Violation::MissingMeta(meta::CLIENT_CAPABILITIES));
         assert_eq!(v.to_error().1.code, codes::INVALID_PARAMS);
@@ -399,13 +432,22 @@ mod tests {
             violation(&headers_for("tasks/get", Some("lgt_other")), &r),
             Violation::HeaderMismatch("Mcp-Name")
         );
-        let ok = check_request(&headers_for("tasks/get", Some("lgt_abc")), &r, &versions()).unwrap();
-        assert_eq!(ok.kind, RequestKind::TaskGet { task_id: "lgt_abc".into() });
+        let ok =
+            check_request(&headers_for("tasks/get", Some("lgt_abc")), &r, &versions()).unwrap();
+        assert_eq!(
+            ok.kind,
+            RequestKind::TaskGet {
+                task_id: "lgt_abc".into()
+            }
+        );
     }
 
     #[test]
     fn base64_sentinel_names_are_decoded_before_comparing() {
-        let r = request("tools/call", json!({"name": "rapport_été", "arguments": {}}));
+        let r = request(
+            "tools/call",
+            json!({"name": "rapport_été", "arguments": {}}),
+        );
         let encoded = crate::mcp::header_value::encode_mirrored("rapport_été");
         let h = headers_for("tools/call", Some(&encoded));
         assert!(check_request(&h, &r, &versions()).is_ok());
@@ -413,15 +455,24 @@ mod tests {
 
     #[test]
     fn param_headers_must_match_arguments() {
-        let r = request("tools/call", json!({"name": "t", "arguments": {"Region": "eu", "count": 3}}));
+        let r = request(
+            "tools/call",
+            json!({"name": "t", "arguments": {"Region": "eu", "count": 3}}),
+        );
         let mut h = headers_for("tools/call", Some("t"));
         h.insert("mcp-param-region", HeaderValue::from_static("us"));
-        assert_eq!(violation(&h, &r), Violation::ParamHeaderMismatch("region".into()));
+        assert_eq!(
+            violation(&h, &r),
+            Violation::ParamHeaderMismatch("region".into())
+        );
         h.insert("mcp-param-region", HeaderValue::from_static("eu"));
         h.insert("mcp-param-count", HeaderValue::from_static("3"));
         assert!(check_request(&h, &r, &versions()).is_ok());
         h.insert("mcp-param-missing", HeaderValue::from_static("x"));
-        assert_eq!(violation(&h, &r), Violation::ParamHeaderMismatch("missing".into()));
+        assert_eq!(
+            violation(&h, &r),
+            Violation::ParamHeaderMismatch("missing".into())
+        );
     }
 
     #[test]

@@ -44,14 +44,20 @@ mod tests {
 
     #[test]
     fn plain_values_pass_through() {
-        assert_eq!(decode_mirrored(b"generate_report").as_deref(), Some("generate_report"));
+        assert_eq!(
+            decode_mirrored(b"generate_report").as_deref(),
+            Some("generate_report")
+        );
     }
 
     #[test]
     fn sentinel_values_are_decoded() {
         let encoded = encode_mirrored("rapport_été");
         assert!(encoded.starts_with("=?base64?"));
-        assert_eq!(decode_mirrored(encoded.as_bytes()).as_deref(), Some("rapport_été"));
+        assert_eq!(
+            decode_mirrored(encoded.as_bytes()).as_deref(),
+            Some("rapport_été")
+        );
     }
 
     #[test]

@@ -201,10 +201,19 @@ mod tests {
         let cases: [(&[u8], i64); 6] = [
             (b"{", codes::PARSE_ERROR),
             (b"[]", codes::INVALID_REQUEST),
-            (br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#, codes::INVALID_REQUEST),
+            (
+                br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
+                codes::INVALID_REQUEST,
+            ),
             (br#"{"jsonrpc":"2.0","id":1}"#, codes::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":{},"method":"m"}"#, codes::INVALID_REQUEST),
-            (br#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1]}"#, codes::INVALID_REQUEST),
+            (
+                br#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+                codes::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1]}"#,
+                codes::INVALID_REQUEST,
+            ),
         ];
         for (body, code) in cases {
             assert_eq!(parse_request(body).unwrap_err().code, code, "{body:?}");
@@ -223,11 +232,17 @@ mod tests {
             MessageKind::ForeignResponse
         );
         assert_eq!(
-            classify(&json!({"jsonrpc":"2.0","method":"notifications/progress"}), &id),
+            classify(
+                &json!({"jsonrpc":"2.0","method":"notifications/progress"}),
+                &id
+            ),
             MessageKind::Notification
         );
         assert_eq!(
-            classify(&json!({"jsonrpc":"2.0","id":1,"method":"sampling/createMessage"}), &id),
+            classify(
+                &json!({"jsonrpc":"2.0","id":1,"method":"sampling/createMessage"}),
+                &id
+            ),
             MessageKind::ServerRequest
         );
         assert_eq!(classify(&json!(3), &id), MessageKind::Invalid);

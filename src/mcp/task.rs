@@ -35,7 +35,10 @@ pub fn parse_created_task(result: &Value) -> Option<CreatedTask> {
             .get("statusMessage")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        ttl_ms: result.get("ttlMs").and_then(Value::as_i64).filter(|t| *t >= 0),
+        ttl_ms: result
+            .get("ttlMs")
+            .and_then(Value::as_i64)
+            .filter(|t| *t >= 0),
         poll_interval_ms: result
             .get("pollIntervalMs")
             .and_then(Value::as_i64)
@@ -148,7 +151,10 @@ impl TaskView<'_> {
             m.insert("statusMessage".into(), json!(msg));
         }
         m.insert("createdAt".into(), json!(iso_millis(self.created_at)));
-        m.insert("lastUpdatedAt".into(), json!(iso_millis(self.last_updated_at)));
+        m.insert(
+            "lastUpdatedAt".into(),
+            json!(iso_millis(self.last_updated_at)),
+        );
         m.insert("ttlMs".into(), json!(self.ttl_ms));
         m.insert("pollIntervalMs".into(), json!(self.poll_interval_ms));
         m
@@ -208,10 +214,11 @@ mod tests {
     #[test]
     fn reads_reported_state_with_payloads_and_input_keys() {
         let s = parse_reported_state(&json!({"status":"input_required",
-            "inputRequests":{"confirm-1":{"method":"elicitation/create"}}})).unwrap();
+            "inputRequests":{"confirm-1":{"method":"elicitation/create"}}}))
+        .unwrap();
         assert_eq!(s.input_keys, vec!["confirm-1".to_owned()]);
-        let done = parse_reported_state(&json!({"status":"completed","result":{"content":[]}}))
-            .unwrap();
+        let done =
+            parse_reported_state(&json!({"status":"completed","result":{"content":[]}})).unwrap();
         assert_eq!(done.payload, Some(json!({"content":[]})));
         let failed =
             parse_reported_state(&json!({"status":"failed","error":{"code":-1,"message":"m"}}))

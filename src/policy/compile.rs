@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::api::{
     AuditSink, CapabilityException, CapabilityMode, JwsAlgorithm, ListenNotification,
-    McpServerPolicy, PolicyDuration, PrincipalRevocation, TasksSpec,
+    McpServerPolicy, PolicyDuration, PrincipalRevocation, TasksSpec, UpstreamIdentity,
 };
 
 use super::effective::*;
@@ -243,6 +243,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
         generation: policy.metadata.generation,
         resource: policy.spec.resource.clone(),
         issuers: compile_issuers(policy),
+        upstream_identity: policy
+            .spec
+            .upstream
+            .as_ref()
+            .and_then(|u| u.identity)
+            .unwrap_or(UpstreamIdentity::IdentityHeaders),
         protocol: ProtocolRules {
             versions: policy
                 .spec

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{
     AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability, JwsAlgorithm,
-    ListenNotification, PolicyDuration, RevocationReason,
+    ListenNotification, PolicyDuration, RevocationReason, UpstreamIdentity,
 };
 
 use super::uri_pattern::UriPattern;
@@ -41,6 +41,8 @@ pub struct EffectivePolicy {
     /// Canonical server URI (required token audience, advertised resource).
     pub resource: String,
     pub issuers: Vec<TrustedIssuer>,
+    /// What the protected container learns about callers.
+    pub upstream_identity: UpstreamIdentity,
     pub protocol: ProtocolRules,
     /// `None`: no request may become a task.
     pub tasks: Option<TaskRules>,

@@ -1,0 +1,251 @@
+//! The audit trail: one JSON object per line for every decision about a task, written to stdout
+//! or a file by a dedicated writer so request handling never waits on the disk.
+//!
+//! What never appears: tokens, raw task IDs (only a keyed hash), tool arguments and results
+//! (only their size and SHA-256), prompts, model output.
+
+use std::io::Write;
+use std::path::Path;
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::ledger::{Owner, TaskId};
+
+/// Decision recorded with an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Deny,
+    /// Something happened that is neither (a lifecycle change, an anomaly).
+    Record,
+}
+
+/// One audit event.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuditEvent {
+    pub event: &'static str,
+    pub time: String,
+    pub correlation_id: String,
+    /// `namespace/name` of the policy in force.
+    pub policy: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Keyed hash of the sidecar task ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    pub decision: Decision,
+    pub reason: &'static str,
+    /// Event-specific facts (counts, sizes, hashes, the other identity of an admin action).
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub detail: Map<String, Value>,
+}
+
+impl AuditEvent {
+    /// An event with the time set to now and no identity yet.
+    pub fn new(
+        event: &'static str,
+        correlation_id: &str,
+        policy: &str,
+        decision: Decision,
+        reason: &'static str,
+    ) -> Self {
+        Self {
+            event,
+            time: format!("{:.3}", jiff::Timestamp::now()),
+            correlation_id: correlation_id.to_owned(),
+            policy: policy.to_owned(),
+            issuer: None,
+            subject: None,
+            tenant: None,
+            client: None,
+            tool: None,
+            task: None,
+            decision,
+            reason,
+            detail: Map::new(),
+        }
+    }
+
+    pub fn owner(mut self, owner: &Owner) -> Self {
+        self.issuer = Some(owner.issuer.clone());
+        self.subject = Some(owner.subject.clone());
+        self.tenant = Some(owner.tenant.clone());
+        self.client = Some(owner.client.clone());
+        self
+    }
+
+    pub fn tool(mut self, tool: &str) -> Self {
+        self.tool = Some(tool.to_owned());
+        self
+    }
+
+    pub fn task(mut self, hashed: String) -> Self {
+        self.task = Some(hashed);
+        self
+    }
+
+    pub fn detail(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.detail.insert(key.to_owned(), value.into());
+        self
+    }
+}
+
+/// Keyed hash of task IDs: stable for one ledger (the key lives in it), useless to anyone
+/// without the key, so audit lines can be correlated without exposing usable IDs.
+#[derive(Clone)]
+pub struct TaskHasher {
+    key: [u8; 32],
+}
+
+impl TaskHasher {
+    pub fn new(key: [u8; 32]) -> Self {
+        Self { key }
+    }
+
+    /// `h:` + 32 hex characters (128 bits of HMAC-SHA-256).
+    pub fn hash(&self, id: &TaskId) -> String {
+        // HMAC accepts keys of any length, so this cannot fail.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key)
+            .expect("HMAC takes any key length");
+        mac.update(id.as_str().as_bytes());
+        let digest = mac.finalize().into_bytes();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("h:{hex}")
+    }
+}
+
+/// Size and SHA-256 of a JSON value, for audit lines that must not carry the value itself.
+pub fn summarize(value: &Value) -> Value {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    serde_json::json!({"bytes": bytes.len(), "sha256": hex})
+}
+
+/// Handle for writing audit events; cheap to clone.
+#[derive(Clone)]
+pub struct AuditLog {
+    tx: mpsc::UnboundedSender<AuditEvent>,
+}
+
+/// Where audit lines go.
+pub enum AuditTarget {
+    Stdout,
+    File(std::fs::File),
+}
+
+impl AuditLog {
+    /// Starts the writer. The file is opened in append mode and created if missing.
+    pub fn open(path: Option<&Path>) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
+        let target = match path {
+            None => AuditTarget::Stdout,
+            Some(p) => AuditTarget::File(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
+            ),
+        };
+        Ok(Self::start(target))
+    }
+
+    fn start(target: AuditTarget) -> (Self, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<AuditEvent>();
+        let writer = tokio::task::spawn_blocking(move || {
+            let mut out: Box<dyn Write + Send> = match target {
+                AuditTarget::Stdout => Box::new(std::io::stdout()),
+                AuditTarget::File(f) => Box::new(f),
+            };
+            let mut buffer = Vec::with_capacity(8192);
+            while let Some(event) = rx.blocking_recv() {
+                write_line(&mut buffer, &event);
+                while let Ok(event) = rx.try_recv() {
+                    write_line(&mut buffer, &event);
+                }
+                if let Err(e) = out.write_all(&buffer).and_then(|()| out.flush()) {
+                    tracing::error!(error = %e, "writing the audit trail failed");
+                }
+                buffer.clear();
+            }
+        });
+        (Self { tx }, writer)
+    }
+
+    /// Queues an event. Never blocks; events are written in order.
+    pub fn log(&self, event: AuditEvent) {
+        if self.tx.send(event).is_err() {
+            tracing::error!("audit writer has stopped; event lost");
+        }
+    }
+}
+
+fn write_line(buffer: &mut Vec<u8>, event: &AuditEvent) {
+    if serde_json::to_writer(&mut *buffer, event).is_ok() {
+        buffer.push(b'\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_hashes_are_keyed_and_stable() {
+        let id = TaskId::from_string("lgt_abc");
+        let a = TaskHasher::new([1; 32]);
+        let b = TaskHasher::new([2; 32]);
+        assert_eq!(a.hash(&id), a.hash(&id));
+        assert_ne!(a.hash(&id), b.hash(&id));
+        assert!(a.hash(&id).starts_with("h:"));
+        assert_eq!(a.hash(&id).len(), 34);
+        assert!(!a.hash(&id).contains("abc"));
+    }
+
+    #[test]
+    fn summaries_carry_size_and_hash_only() {
+        let s = summarize(&serde_json::json!({"secret": "value"}));
+        assert_eq!(s["bytes"], 18);
+        assert_eq!(s["sha256"].as_str().unwrap().len(), 64);
+        assert!(!s.to_string().contains("value"));
+    }
+
+    #[tokio::test]
+    async fn events_are_written_as_json_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let (log, writer) = AuditLog::open(Some(&path)).unwrap();
+        log.log(AuditEvent::new("task.created", "c1", "ns/p", Decision::Allow, "ok").tool("t"));
+        log.log(AuditEvent::new(
+            "task.denied",
+            "c2",
+            "ns/p",
+            Decision::Deny,
+            "foreign_subject",
+        ));
+        drop(log);
+        writer.await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["event"], "task.created");
+        assert_eq!(lines[0]["tool"], "t");
+        assert_eq!(lines[1]["decision"], "deny");
+        assert_eq!(lines[1]["reason"], "foreign_subject");
+    }
+}

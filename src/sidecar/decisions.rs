@@ -1,0 +1,209 @@
+//! Pure authorization decisions about existing tasks.
+
+use crate::identity::Identity;
+use crate::ledger::TaskRecord;
+
+/// Why a caller may not touch a task. Clients never see this (they get the uniform "Task not
+/// found"); the audit log does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    Unknown,
+    Expired,
+    ForeignSubject,
+    ForeignTenant,
+    ForeignClient,
+}
+
+impl DenyReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Expired => "expired",
+            Self::ForeignSubject => "foreign_subject",
+            Self::ForeignTenant => "foreign_tenant",
+            Self::ForeignClient => "foreign_client",
+        }
+    }
+}
+
+/// How a caller may act on a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The caller is the task's owner: same issuer + subject, tenant and client.
+    Owner,
+    /// The caller holds the policy's admin cancel scope in the task's tenant (cancel only).
+    Admin,
+}
+
+/// What the caller wants to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Read,
+    Update,
+    Cancel,
+}
+
+/// Decides whether `caller` may perform `op` on `record`. Every check runs against the token of
+/// *this* request; nothing is remembered from earlier requests.
+pub fn authorize(
+    record: Option<&TaskRecord>,
+    caller: &Identity,
+    op: Operation,
+    admin_cancel_scope: Option<&str>,
+    now_ms: i64,
+) -> Result<Access, DenyReason> {
+    let record = record.ok_or(DenyReason::Unknown)?;
+    if now_ms >= record.expires_at() {
+        return Err(DenyReason::Expired);
+    }
+    let owner = &record.owner;
+    let same_principal =
+        owner.issuer == caller.owner.issuer && owner.subject == caller.owner.subject;
+    let same_tenant = owner.tenant == caller.owner.tenant;
+    if op == Operation::Cancel
+        && same_tenant
+        && !same_principal
+        && admin_cancel_scope.is_some_and(|scope| caller.has_scope(scope))
+    {
+        return Ok(Access::Admin);
+    }
+    if !same_principal {
+        return Err(DenyReason::ForeignSubject);
+    }
+    if !same_tenant {
+        return Err(DenyReason::ForeignTenant);
+    }
+    if owner.client != caller.owner.client {
+        return Err(DenyReason::ForeignClient);
+    }
+    Ok(Access::Owner)
+}
+
+/// Scopes the caller lacks among those the tool requires.
+pub fn missing_scopes<'a>(
+    required: impl Iterator<Item = &'a str>,
+    caller: &Identity,
+) -> Vec<&'a str> {
+    required.filter(|s| !caller.has_scope(s)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::ledger::{Owner, TaskId, TaskStatus};
+
+    fn owner(subject: &str, tenant: &str, client: &str) -> Owner {
+        Owner {
+            issuer: "https://idp".into(),
+            subject: subject.into(),
+            tenant: tenant.into(),
+            client: client.into(),
+        }
+    }
+
+    fn caller(o: Owner, scopes: &[&str]) -> Identity {
+        Identity {
+            owner: o,
+            scopes: scopes
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<BTreeSet<_>>(),
+            issued_at: None,
+            expires_at: 0,
+        }
+    }
+
+    fn record() -> TaskRecord {
+        TaskRecord {
+            id: TaskId::from_string("lgt_x"),
+            upstream_id: "task-1".into(),
+            owner: owner("alice", "t1", "console"),
+            tool: "generate_report".into(),
+            scopes: vec![],
+            status: TaskStatus::Working,
+            status_message: None,
+            created_at: 1_000,
+            last_updated_at: 1_000,
+            ttl_ms: 10_000,
+            deadline_at: 5_000,
+            poll_interval_ms: None,
+            ended: None,
+            result_reads: 0,
+        }
+    }
+
+    #[test]
+    fn only_the_exact_owner_may_read() {
+        let r = record();
+        let read = |c: &Identity| authorize(Some(&r), c, Operation::Read, None, 2_000);
+        assert_eq!(
+            read(&caller(owner("alice", "t1", "console"), &[])),
+            Ok(Access::Owner)
+        );
+        assert_eq!(
+            read(&caller(owner("bob", "t1", "console"), &[])),
+            Err(DenyReason::ForeignSubject)
+        );
+        assert_eq!(
+            read(&caller(owner("alice", "t2", "console"), &[])),
+            Err(DenyReason::ForeignTenant)
+        );
+        assert_eq!(
+            read(&caller(owner("alice", "t1", "cli"), &[])),
+            Err(DenyReason::ForeignClient)
+        );
+        let mut other_issuer = owner("alice", "t1", "console");
+        other_issuer.issuer = "https://other-idp".into();
+        assert_eq!(
+            read(&caller(other_issuer, &[])),
+            Err(DenyReason::ForeignSubject)
+        );
+    }
+
+    #[test]
+    fn unknown_and_expired_tasks_are_denied() {
+        let c = caller(owner("alice", "t1", "console"), &[]);
+        assert_eq!(
+            authorize(None, &c, Operation::Read, None, 0),
+            Err(DenyReason::Unknown)
+        );
+        assert_eq!(
+            authorize(Some(&record()), &c, Operation::Read, None, 11_000),
+            Err(DenyReason::Expired)
+        );
+    }
+
+    #[test]
+    fn admins_may_cancel_within_their_tenant_only() {
+        let r = record();
+        let admin = caller(owner("ops", "t1", "admin-cli"), &["lifeguard:tasks:admin"]);
+        let scope = Some("lifeguard:tasks:admin");
+        assert_eq!(
+            authorize(Some(&r), &admin, Operation::Cancel, scope, 2_000),
+            Ok(Access::Admin)
+        );
+        assert_eq!(
+            authorize(Some(&r), &admin, Operation::Read, scope, 2_000),
+            Err(DenyReason::ForeignSubject),
+            "admin scope does not grant reads"
+        );
+        let other_tenant = caller(owner("ops", "t2", "admin-cli"), &["lifeguard:tasks:admin"]);
+        assert_eq!(
+            authorize(Some(&r), &other_tenant, Operation::Cancel, scope, 2_000),
+            Err(DenyReason::ForeignSubject)
+        );
+        assert_eq!(
+            authorize(Some(&r), &admin, Operation::Cancel, None, 2_000),
+            Err(DenyReason::ForeignSubject),
+            "no admin scope configured means no admin"
+        );
+    }
+
+    #[test]
+    fn missing_scopes_lists_what_is_absent() {
+        let c = caller(owner("alice", "t1", "console"), &["a"]);
+        assert_eq!(missing_scopes(["a", "b"].into_iter(), &c), vec!["b"]);
+    }
+}

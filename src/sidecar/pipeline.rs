@@ -1,0 +1,237 @@
+//! The request pipeline of `POST /mcp`: policy in force → Origin → token → envelope → protocol
+//! checks → the method's handler. Each stage either passes facts on or answers.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Response;
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{self, HeaderMap};
+use serde_json::Value;
+
+use crate::audit::{AuditEvent, Decision};
+use crate::identity::{AuthError, Identity, bearer_token, validate_token};
+use crate::mcp::checks::{RequestFacts, RequestKind, check_request};
+use crate::mcp::codes;
+use crate::mcp::jsonrpc::{ErrorObject, Request, parse_request};
+use crate::telemetry::metrics::{ReasonLabels, RequestLabels};
+
+use super::relay;
+use super::respond;
+use super::state::{ActivePolicy, AppState};
+use super::tasks;
+
+/// Everything known about one authenticated, checked request.
+pub struct RequestContext {
+    pub correlation_id: String,
+    pub policy: Arc<ActivePolicy>,
+    pub identity: Identity,
+    pub request: Request,
+    pub facts: RequestFacts,
+    pub headers: HeaderMap,
+}
+
+impl RequestContext {
+    /// An audit event about this request, with the caller filled in.
+    pub fn audit(
+        &self,
+        event: &'static str,
+        decision: Decision,
+        reason: &'static str,
+    ) -> AuditEvent {
+        AuditEvent::new(
+            event,
+            &self.correlation_id,
+            &self.policy.name,
+            decision,
+            reason,
+        )
+        .owner(&self.identity.owner)
+    }
+
+    pub fn id(&self) -> Value {
+        self.request.response_id()
+    }
+}
+
+/// 128 random bits, hex: ties audit lines and logs of one request together.
+pub fn new_correlation_id() -> String {
+    let mut bytes = [0u8; 16];
+    // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn method_label(method: &str) -> &'static str {
+    use crate::mcp::methods::*;
+    match method {
+        TOOLS_CALL => TOOLS_CALL,
+        TASKS_GET => TASKS_GET,
+        TASKS_UPDATE => TASKS_UPDATE,
+        TASKS_CANCEL => TASKS_CANCEL,
+        LISTEN => LISTEN,
+        "server/discover" => "server/discover",
+        "tools/list" => "tools/list",
+        _ => "other",
+    }
+}
+
+pub async fn handle_mcp(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let correlation_id = new_correlation_id();
+    let Some(policy) = app.policy() else {
+        // Fail closed: without a policy there is nothing to enforce, so nothing passes.
+        return respond::rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Value::Null,
+            &ErrorObject::new(codes::INTERNAL_ERROR, "No policy is loaded yet"),
+        );
+    };
+
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let allowed = origin.to_str().is_ok_and(|o| {
+            policy
+                .effective
+                .protocol
+                .allowed_origins
+                .iter()
+                .any(|a| a == o)
+        });
+        if !allowed {
+            deny_metric(&app, "bad_origin");
+            return respond::json(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({"error": "origin not allowed"}),
+            );
+        }
+    }
+
+    let identity = match authenticate(&policy, &headers).await {
+        Ok(identity) => identity,
+        Err(error) => {
+            deny_metric(&app, error.reason());
+            app.audit.log(AuditEvent::new(
+                "auth.denied",
+                &correlation_id,
+                &policy.name,
+                Decision::Deny,
+                error.reason(),
+            ));
+            return respond::unauthorized(&policy.resource_metadata_url, &error);
+        }
+    };
+
+    let request = match parse_request(&body) {
+        Ok(r) => r,
+        Err(error) => {
+            deny_metric(&app, "invalid_envelope");
+            return respond::rpc_error(StatusCode::BAD_REQUEST, &Value::Null, &error);
+        }
+    };
+    let method = method_label(&request.method);
+
+    let facts = match check_request(&headers, &request, &policy.effective.protocol.versions) {
+        Ok(facts) => facts,
+        Err(violation) => {
+            deny_metric(&app, violation.reason());
+            app.metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    method,
+                    decision: "deny",
+                })
+                .inc();
+            let (status, error) = violation.to_error();
+            return respond::rpc_error(status, &request.response_id(), &error);
+        }
+    };
+
+    let ctx = RequestContext {
+        correlation_id,
+        policy,
+        identity,
+        request,
+        facts,
+        headers,
+    };
+    let response = match ctx.facts.kind.clone() {
+        RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
+        RequestKind::TaskGet { task_id } => tasks::get(&app, &ctx, &task_id).await,
+        RequestKind::TaskUpdate { task_id } => tasks::update(&app, &ctx, &task_id).await,
+        RequestKind::TaskCancel { task_id } => tasks::cancel(&app, &ctx, &task_id).await,
+        RequestKind::Listen => respond::rpc_error(
+            StatusCode::NOT_FOUND,
+            &ctx.id(),
+            &ErrorObject::new(
+                codes::METHOD_NOT_FOUND,
+                "subscriptions/listen is not available through this Lifeguard sidecar",
+            ),
+        ),
+        RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
+    };
+    let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
+        "allow"
+    } else {
+        "deny"
+    };
+    app.metrics
+        .requests
+        .get_or_create(&RequestLabels { method, decision })
+        .inc();
+    response
+}
+
+fn deny_metric(app: &AppState, reason: &'static str) {
+    app.metrics
+        .denials
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
+/// Validates the bearer token against the policy (refetching the issuer's keys once, rate
+/// limited, when the token names an unknown key) and refuses revoked principals.
+pub async fn authenticate(
+    policy: &ActivePolicy,
+    headers: &HeaderMap,
+) -> Result<Identity, AuthError> {
+    let token = bearer_token(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))?;
+    let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
+    let keys = |issuer: &crate::policy::TrustedIssuer| policy.keys.keys_for(issuer);
+    let identity = match validate_token(token, &policy.effective, &keys, now_secs) {
+        Err(AuthError::UnknownKey { issuer, .. }) => {
+            let refreshed = match policy.keys.store(&issuer) {
+                Some(store) => store.refresh_for_unknown_key().await,
+                None => false,
+            };
+            if !refreshed {
+                return Err(AuthError::UnknownKey { issuer, kid: None });
+            }
+            validate_token(token, &policy.effective, &keys, now_secs)?
+        }
+        other => other?,
+    };
+    check_revocations(policy, &identity)?;
+    Ok(identity)
+}
+
+/// Refuses tokens of a revoked principal issued at or before the revocation (or all tokens,
+/// for account-level revocations).
+pub fn check_revocations(policy: &ActivePolicy, identity: &Identity) -> Result<(), AuthError> {
+    let owner = &identity.owner;
+    let issued_at = identity
+        .issued_at
+        .and_then(|s| jiff::Timestamp::from_second(s).ok());
+    let revoked = policy.effective.revocations.iter().any(|r| {
+        r.covers(&owner.issuer, &owner.subject, &owner.tenant, &owner.client)
+            && r.refuses_token_issued_at(issued_at)
+    });
+    if revoked {
+        Err(AuthError::Revoked)
+    } else {
+        Ok(())
+    }
+}

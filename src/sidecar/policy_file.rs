@@ -1,0 +1,115 @@
+//! Standalone mode: the policy comes from a file of CRD YAML, reloaded when it changes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::identity::store::KeyRegistry;
+use crate::policy::load_standalone;
+use crate::telemetry::metrics::{ResultLabels, SidecarMetrics};
+
+use super::state::ActivePolicy;
+
+/// How often the file is checked. Reloads take effect within this interval plus the time to
+/// load new keys, well inside the one-second promise.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Loads `path` once: compile it (any error refuses the whole file) and load its issuers' keys.
+pub async fn load_policy_file(path: &Path, registry: &KeyRegistry) -> Result<ActivePolicy, String> {
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let (effective, warnings) =
+        load_standalone(&path.display().to_string(), &text, jiff::Timestamp::now())
+            .map_err(|e| e.to_string())?;
+    for warning in warnings {
+        tracing::warn!(%warning, "policy warning");
+    }
+    let base_dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let keys = registry
+        .prepare(&effective, &base_dir)
+        .await
+        .map_err(|e| format!("cannot load issuer keys: {e}"))?;
+    registry.retain(&keys);
+    Ok(ActivePolicy::new(effective, keys))
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Retry interval for a version that failed to load for reasons outside the file (keys).
+const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Watches the policy file and publishes every good version. Compares contents rather than
+/// modification times, so atomic replacements (Kubernetes' symlink swap, editors' rename) and
+/// sub-second edits are all seen. A bad version is logged and ignored; the last good policy
+/// stays in force. A version that failed is retried every few seconds (its keys may become
+/// reachable).
+pub async fn watch_policy_file(
+    path: PathBuf,
+    registry: Arc<KeyRegistry>,
+    publish: watch::Sender<Option<Arc<ActivePolicy>>>,
+    metrics: Arc<SidecarMetrics>,
+    shutdown: CancellationToken,
+) {
+    let mut applied: Option<[u8; 32]> = None;
+    let mut failed: Option<([u8; 32], std::time::Instant)> = None;
+    let mut unreadable_reported = false;
+    loop {
+        match tokio::fs::read(&path).await {
+            Ok(bytes) => {
+                unreadable_reported = false;
+                let current = digest(&bytes);
+                let retry_due = match failed {
+                    Some((d, at)) if d == current => at.elapsed() >= RETRY_INTERVAL,
+                    _ => true,
+                };
+                if applied != Some(current) && retry_due {
+                    match load_policy_file(&path, &registry).await {
+                        Ok(policy) => {
+                            tracing::info!(policy = %policy.name, hash = %policy.hash, "policy loaded");
+                            metrics
+                                .policy_reloads
+                                .get_or_create(&ResultLabels { result: "success" })
+                                .inc();
+                            metrics.policy_loaded.set(1);
+                            publish.send_replace(Some(Arc::new(policy)));
+                            applied = Some(current);
+                            failed = None;
+                        }
+                        Err(error) => {
+                            tracing::error!(
+                                file = %path.display(),
+                                %error,
+                                "policy file rejected; the previous policy stays in force"
+                            );
+                            metrics
+                                .policy_reloads
+                                .get_or_create(&ResultLabels { result: "rejected" })
+                                .inc();
+                            failed = Some((current, std::time::Instant::now()));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                if !unreadable_reported {
+                    tracing::error!(file = %path.display(), error = %e, "cannot read the policy file; the previous policy (if any) stays in force");
+                    unreadable_reported = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(POLL_INTERVAL) => {}
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! HTTP responses the sidecar produces itself.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::header::{self, HeaderValue};
+use serde_json::Value;
+
+use crate::identity::AuthError;
+use crate::mcp::codes;
+use crate::mcp::jsonrpc::{ErrorObject, error_message, result_message};
+
+/// The one answer for every task ID a caller may not see: unknown, expired, purged, or owned by
+/// another subject, tenant or client. Same status, same body (apart from the request id), same
+/// code path length: existence is information.
+pub const TASK_NOT_FOUND: &str = "Task not found";
+
+pub fn json(status: StatusCode, value: &Value) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+pub fn rpc_result(id: &Value, result: Value) -> Response {
+    json(StatusCode::OK, &result_message(id, result))
+}
+
+pub fn rpc_error(status: StatusCode, id: &Value, error: &ErrorObject) -> Response {
+    json(status, &error_message(id, error))
+}
+
+pub fn task_not_found(id: &Value) -> Response {
+    rpc_error(
+        StatusCode::BAD_REQUEST,
+        id,
+        &ErrorObject::new(codes::INVALID_PARAMS, TASK_NOT_FOUND),
+    )
+}
+
+/// `https://host/path` → `https://host/.well-known/oauth-protected-resource/path` (RFC 9728).
+pub fn resource_metadata_url(resource: &str) -> String {
+    match url::Url::parse(resource) {
+        Ok(url) => {
+            let mut base = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
+            if let Some(port) = url.port() {
+                base.push_str(&format!(":{port}"));
+            }
+            let path = url.path().trim_end_matches('/');
+            format!("{base}/.well-known/oauth-protected-resource{path}")
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// 401 with `WWW-Authenticate: Bearer …` (RFC 6750, RFC 9728). A missing token gets no error
+/// code; every other failure is `invalid_token` with one generic description, so the response
+/// does not help probe keys, issuers or revocations.
+pub fn unauthorized(metadata_url: &str, error: &AuthError) -> Response {
+    let challenge = match error {
+        AuthError::Missing => format!("Bearer resource_metadata=\"{metadata_url}\""),
+        AuthError::Expired => format!(
+            "Bearer error=\"invalid_token\", error_description=\"The access token expired\", resource_metadata=\"{metadata_url}\""
+        ),
+        _ => format!(
+            "Bearer error=\"invalid_token\", error_description=\"The access token is not valid for this server\", resource_metadata=\"{metadata_url}\""
+        ),
+    };
+    let body = match error {
+        AuthError::Missing => serde_json::json!({"error": "unauthorized"}),
+        _ => serde_json::json!({"error": "invalid_token"}),
+    };
+    let mut response = json(StatusCode::UNAUTHORIZED, &body);
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    response
+}
+
+/// 403 `insufficient_scope` naming the scopes the operation needs.
+pub fn insufficient_scope(metadata_url: &str, scopes: &[&str]) -> Response {
+    let scope = scopes.join(" ");
+    let challenge = format!(
+        "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{metadata_url}\""
+    );
+    let mut response = json(
+        StatusCode::FORBIDDEN,
+        &serde_json::json!({"error": "insufficient_scope", "scope": scope}),
+    );
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    response
+}
+
+/// A plain status with an empty body.
+pub fn status(code: StatusCode) -> Response {
+    Response::builder()
+        .status(code)
+        .body(Body::empty())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_url_follows_rfc_9728() {
+        assert_eq!(
+            resource_metadata_url("https://reports.example.com/mcp"),
+            "https://reports.example.com/.well-known/oauth-protected-resource/mcp"
+        );
+        assert_eq!(
+            resource_metadata_url("http://127.0.0.1:8080/mcp/"),
+            "http://127.0.0.1:8080/.well-known/oauth-protected-resource/mcp"
+        );
+    }
+
+    #[test]
+    fn challenges_do_not_reveal_why_a_token_failed() {
+        let url = "https://x/.well-known/oauth-protected-resource/mcp";
+        let bad_sig = unauthorized(url, &AuthError::BadSignature);
+        let revoked = unauthorized(url, &AuthError::Revoked);
+        assert_eq!(
+            bad_sig.headers().get(header::WWW_AUTHENTICATE),
+            revoked.headers().get(header::WWW_AUTHENTICATE)
+        );
+        let missing = unauthorized(url, &AuthError::Missing);
+        let h = missing
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert!(!h.contains("error="));
+        assert!(h.contains("resource_metadata=\"https://x/"));
+    }
+}

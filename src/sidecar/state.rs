@@ -1,0 +1,56 @@
+//! What every request handler shares.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::audit::{AuditLog, TaskHasher};
+use crate::identity::store::IssuerKeys;
+use crate::ledger::TaskLedger;
+use crate::policy::EffectivePolicy;
+use crate::telemetry::metrics::SidecarMetrics;
+
+use super::respond::resource_metadata_url;
+use super::upstream::Upstream;
+
+/// The policy in force with everything derived from it.
+pub struct ActivePolicy {
+    pub effective: EffectivePolicy,
+    pub keys: IssuerKeys,
+    pub hash: String,
+    /// `namespace/name`, for audit lines.
+    pub name: String,
+    pub resource_metadata_url: String,
+}
+
+impl ActivePolicy {
+    pub fn new(effective: EffectivePolicy, keys: IssuerKeys) -> Self {
+        Self {
+            hash: effective.hash(),
+            name: effective.policy.to_string(),
+            resource_metadata_url: resource_metadata_url(&effective.resource),
+            effective,
+            keys,
+        }
+    }
+}
+
+/// Shared state of the sidecar.
+pub struct AppState {
+    /// `None` until a policy is loaded: then the sidecar refuses everything (fail closed).
+    pub policy: watch::Receiver<Option<Arc<ActivePolicy>>>,
+    pub ledger: Arc<dyn TaskLedger>,
+    pub upstream: Upstream,
+    pub audit: AuditLog,
+    pub hasher: TaskHasher,
+    pub metrics: Arc<SidecarMetrics>,
+    /// Bound on waiting for the server's response headers.
+    pub upstream_timeout: std::time::Duration,
+}
+
+impl AppState {
+    /// The policy in force now.
+    pub fn policy(&self) -> Option<Arc<ActivePolicy>> {
+        self.policy.borrow().clone()
+    }
+}

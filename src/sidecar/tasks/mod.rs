@@ -1,0 +1,479 @@
+//! Task methods. Every `tasks/get`, `tasks/update` and `tasks/cancel` is authorized on its own
+//! against the ledger row and *this* request's token; an ID the caller may not see gets the one
+//! uniform "Task not found" whatever the reason.
+
+mod create;
+
+pub use create::{
+    PendingTask, QUOTA_EXCEEDED, call_tool, confirm_created_task, refuse_unexpected_task,
+};
+
+use std::time::Instant;
+
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::audit::Decision;
+use crate::ledger::{EndReason, Ending, Finish, FinishOutcome, TaskId, TaskRecord, TaskStatus};
+use crate::mcp::jsonrpc::ErrorObject;
+use crate::mcp::task::{TaskView, empty_ack, parse_reported_state, replace_task_id};
+use crate::mcp::{PROTOCOL_VERSION, TASKS_EXTENSION, codes, meta, methods};
+use crate::telemetry::metrics::{ReasonLabels, TerminalLabels};
+
+use super::decisions::{Access, Operation, authorize, missing_scopes};
+use super::forward::{client_request_headers, set_mcp_headers};
+use super::pipeline::RequestContext;
+use super::relay::{anomaly, upstream_failure};
+use super::respond;
+use super::state::AppState;
+
+pub fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+pub(crate) fn deny_metric(app: &AppState, reason: &'static str) {
+    app.metrics
+        .denials
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
+/// A task request the sidecar builds itself (its own id, the Tasks extension declared).
+pub fn sidecar_task_request(method: &str, upstream_id: &str, correlation_id: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": format!("lifeguard-{correlation_id}"),
+        "method": method,
+        "params": {
+            "taskId": upstream_id,
+            "_meta": {
+                meta::PROTOCOL_VERSION: PROTOCOL_VERSION,
+                meta::CLIENT_CAPABILITIES: {"extensions": {TASKS_EXTENSION: {}}},
+            }
+        }
+    })
+}
+
+/// The client's own message with the task ID swapped for the upstream's, and headers to match.
+fn forwarded_task_message(ctx: &RequestContext, upstream_id: &str) -> (http::HeaderMap, Value) {
+    let mut message = ctx.request.message.clone();
+    message["params"]["taskId"] = json!(upstream_id);
+    let mut headers = client_request_headers(
+        &ctx.headers,
+        &ctx.identity,
+        ctx.policy.effective.upstream_identity,
+    );
+    set_mcp_headers(&mut headers, &ctx.request.method, Some(upstream_id));
+    (headers, message)
+}
+
+/// Looks the task up and authorizes the caller; on refusal returns the uniform answer.
+async fn authorized_task(
+    app: &AppState,
+    ctx: &RequestContext,
+    task_id: &str,
+    op: Operation,
+) -> Result<(TaskRecord, Access), Response> {
+    let id = TaskId::from_string(task_id);
+    // Every ID goes through the same lookup, minted-looking or not, so the answer for a forged
+    // ID and for a foreign one take the same path.
+    let record = match app.ledger.get(&id).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "task ledger read failed");
+            return Err(respond::rpc_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &ctx.id(),
+                &ErrorObject::new(codes::INTERNAL_ERROR, "Internal error"),
+            ));
+        }
+    };
+    let tasks = ctx.policy.effective.tasks.as_ref();
+    let admin_scope = tasks.and_then(|t| t.admin_cancel_scope.as_deref());
+    match authorize(record.as_ref(), &ctx.identity, op, admin_scope, now_ms()) {
+        Ok(access) => {
+            // authorize() returns Ok only for a present record.
+            let Some(record) = record else {
+                return Err(respond::task_not_found(&ctx.id()));
+            };
+            if access == Access::Owner
+                && let Some(tasks) = tasks
+            {
+                let missing = missing_scopes(tasks.scopes_for(&record.tool), &ctx.identity);
+                if !missing.is_empty() {
+                    deny_metric(app, "scope");
+                    app.audit.log(
+                        ctx.audit("task.denied", Decision::Deny, "scope")
+                            .tool(&record.tool)
+                            .task(app.hasher.hash(&record.id))
+                            .detail("missingScopes", json!(missing)),
+                    );
+                    return Err(respond::insufficient_scope(
+                        &ctx.policy.resource_metadata_url,
+                        &missing,
+                    ));
+                }
+            }
+            Ok((record, access))
+        }
+        Err(reason) => {
+            deny_metric(app, reason.as_str());
+            let mut event = ctx
+                .audit("task.denied", Decision::Deny, reason.as_str())
+                .task(app.hasher.hash(&id))
+                .detail("method", ctx.request.method.clone());
+            if let Some(r) = &record {
+                event = event.tool(&r.tool);
+            }
+            app.audit.log(event);
+            Err(respond::task_not_found(&ctx.id()))
+        }
+    }
+}
+
+fn view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
+    let min_poll = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .map(|t| t.min_poll_interval.get().as_millis() as i64)
+        .unwrap_or(0);
+    TaskView {
+        task_id: record.id.as_str(),
+        status: record.status,
+        status_message: record.status_message.as_deref(),
+        created_at: record.created_at,
+        last_updated_at: record.last_updated_at,
+        ttl_ms: record.ttl_ms,
+        poll_interval_ms: record.poll_interval_ms.unwrap_or(min_poll).max(min_poll),
+    }
+}
+
+/// Answers a read of a terminal task from the ledger alone.
+async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskRecord) -> Response {
+    let payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
+    let result = view(record, ctx).get_result(payload);
+    audit_read(app, ctx, record, payload.is_some()).await;
+    respond::rpc_result(&ctx.id(), result)
+}
+
+async fn audit_read(app: &AppState, ctx: &RequestContext, record: &TaskRecord, has_result: bool) {
+    let hashed = app.hasher.hash(&record.id);
+    if has_result && record.status == TaskStatus::Completed {
+        let reads = app.ledger.note_result_read(&record.id).await.unwrap_or(0);
+        app.audit.log(
+            ctx.audit("task.result_read", Decision::Allow, "owner")
+                .tool(&record.tool)
+                .task(hashed)
+                .detail("reads", reads),
+        );
+    } else if sampled(ctx.policy.effective.audit.status_read_sample_percent) {
+        app.audit.log(
+            ctx.audit("task.status_read", Decision::Allow, "owner")
+                .tool(&record.tool)
+                .task(hashed)
+                .detail("status", record.status.as_str()),
+        );
+    }
+}
+
+fn sampled(percent: u8) -> bool {
+    if percent >= 100 {
+        return true;
+    }
+    let mut byte = [0u8; 1];
+    let _ = getrandom::fill(&mut byte);
+    u32::from(byte[0]) * 100 < u32::from(percent) * 256
+}
+
+/// Records a terminal state the upstream reported; returns the state to report from now on.
+async fn settle_terminal(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    finish: Finish,
+) -> Option<TaskRecord> {
+    let status = finish.status;
+    let reason = finish.ending.reason;
+    let started = Instant::now();
+    let outcome = app.ledger.finish(&record.id, finish).await;
+    app.metrics
+        .ledger_write_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match outcome {
+        Ok(FinishOutcome::Applied(after)) => {
+            app.metrics
+                .tasks_terminal
+                .get_or_create(&TerminalLabels {
+                    status: status.as_str(),
+                    reason: reason.as_str(),
+                })
+                .inc();
+            let event = match status {
+                TaskStatus::Completed => "task.completed",
+                TaskStatus::Cancelled => "task.cancelled",
+                _ => "task.failed",
+            };
+            app.audit.log(
+                ctx.audit(event, Decision::Record, reason.as_str())
+                    .tool(&record.tool)
+                    .task(app.hasher.hash(&record.id)),
+            );
+            Some(*after)
+        }
+        Ok(FinishOutcome::AlreadyTerminal(existing)) => {
+            anomaly(app, "terminal_state_changed");
+            app.audit.log(
+                ctx.audit("task.anomaly", Decision::Record, "terminal_state_changed")
+                    .tool(&record.tool)
+                    .task(app.hasher.hash(&record.id))
+                    .detail("kept", existing.status.as_str())
+                    .detail("reported", status.as_str()),
+            );
+            Some(*existing)
+        }
+        Ok(FinishOutcome::NotFound) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "recording a terminal task state failed");
+            None
+        }
+    }
+}
+
+/// `tasks/get`.
+pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Response {
+    let (record, _) = match authorized_task(app, ctx, task_id, Operation::Read).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    if record.status.is_terminal() {
+        return answer_from_ledger(app, ctx, &record).await;
+    }
+    let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
+    let (status, mut reply) = match app.upstream.call(headers, &message).await {
+        Ok(r) => r,
+        Err(e) => return upstream_failure(&ctx.id(), &e),
+    };
+    if let Some(error) = reply.get("error") {
+        if error.get("code").and_then(Value::as_i64) == Some(codes::INVALID_PARAMS) {
+            // The server forgot a task the ledger says is running (it restarted, or purged it).
+            let finish = Finish {
+                status: TaskStatus::Failed,
+                status_message: Some("The MCP server no longer knows this task".into()),
+                ending: Ending {
+                    reason: EndReason::UpstreamLost,
+                    by: None,
+                    payload: Some(json!({"code": codes::INTERNAL_ERROR,
+                                         "message": "The MCP server lost this task"})),
+                    at: now_ms(),
+                },
+            };
+            if let Some(after) = settle_terminal(app, ctx, &record, finish).await {
+                return answer_from_ledger(app, ctx, &after).await;
+            }
+        }
+        replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
+        return respond::json(status, &reply);
+    }
+    let Some(result) = reply.get("result").cloned() else {
+        return upstream_failure(
+            &ctx.id(),
+            &super::upstream::UpstreamError::BadResponse("no result".into()),
+        );
+    };
+    let Some(state) = parse_reported_state(&result) else {
+        anomaly(app, "malformed_task_state");
+        return respond::rpc_error(
+            StatusCode::BAD_GATEWAY,
+            &ctx.id(),
+            &ErrorObject::new(
+                codes::INTERNAL_ERROR,
+                "The MCP server returned a malformed task",
+            ),
+        );
+    };
+    if state.status.is_terminal() {
+        let finish = Finish {
+            status: state.status,
+            status_message: state.status_message.clone(),
+            ending: Ending {
+                reason: EndReason::Upstream,
+                by: None,
+                payload: state.payload.clone(),
+                at: now_ms(),
+            },
+        };
+        return match settle_terminal(app, ctx, &record, finish).await {
+            Some(after) => answer_from_ledger(app, ctx, &after).await,
+            None => respond::task_not_found(&ctx.id()),
+        };
+    }
+    if let Err(e) = app
+        .ledger
+        .observe(
+            &record.id,
+            state.status,
+            state.status_message.clone(),
+            now_ms(),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "caching a task status failed");
+    }
+    let mut result = result;
+    replace_task_id(&mut result, &record.upstream_id, record.id.as_str());
+    let v = view(&record, ctx);
+    result["taskId"] = json!(record.id.as_str());
+    result["ttlMs"] = json!(record.ttl_ms);
+    let upstream_poll = result
+        .get("pollIntervalMs")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    result["pollIntervalMs"] = json!(upstream_poll.max(v.poll_interval_ms));
+    audit_read(app, ctx, &record, false).await;
+    respond::rpc_result(&ctx.id(), result)
+}
+
+/// `tasks/update`: only answers to input requests that are outstanding right now reach the
+/// server.
+pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Response {
+    let (record, _) = match authorized_task(app, ctx, task_id, Operation::Update).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let hashed = app.hasher.hash(&record.id);
+    if record.status.is_terminal() {
+        app.audit.log(
+            ctx.audit("task.updated", Decision::Allow, "terminal_ignored")
+                .tool(&record.tool)
+                .task(hashed),
+        );
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    // Ask the server which input requests are outstanding now.
+    let mut probe = ctx.request.message.clone();
+    probe["method"] = json!(methods::TASKS_GET);
+    probe["id"] = json!(format!("lifeguard-{}", ctx.correlation_id));
+    probe["params"] = json!({
+        "taskId": record.upstream_id,
+        "_meta": ctx.request.params().and_then(|p| p.get("_meta")).cloned().unwrap_or(Value::Null),
+    });
+    let mut probe_headers = client_request_headers(
+        &ctx.headers,
+        &ctx.identity,
+        ctx.policy.effective.upstream_identity,
+    );
+    set_mcp_headers(
+        &mut probe_headers,
+        methods::TASKS_GET,
+        Some(&record.upstream_id),
+    );
+    let outstanding: Vec<String> = match app.upstream.call(probe_headers, &probe).await {
+        Ok((_, reply)) => reply
+            .get("result")
+            .and_then(parse_reported_state)
+            .map(|s| s.input_keys)
+            .unwrap_or_default(),
+        Err(e) => return upstream_failure(&ctx.id(), &e),
+    };
+    let responses = ctx
+        .request
+        .params()
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let offered = responses.len();
+    let kept: serde_json::Map<String, Value> = responses
+        .into_iter()
+        .filter(|(k, _)| outstanding.contains(k))
+        .collect();
+    let forwarded = kept.len();
+    app.audit.log(
+        ctx.audit("task.updated", Decision::Allow, "owner")
+            .tool(&record.tool)
+            .task(hashed)
+            .detail("inputsForwarded", forwarded)
+            .detail("inputsDropped", offered - forwarded),
+    );
+    if kept.is_empty() {
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    let (headers, mut message) = forwarded_task_message(ctx, &record.upstream_id);
+    message["params"]["inputResponses"] = Value::Object(kept);
+    match app.upstream.call(headers, &message).await {
+        Ok((status, mut reply)) => {
+            replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
+            respond::json(status, &reply)
+        }
+        Err(e) => upstream_failure(&ctx.id(), &e),
+    }
+}
+
+/// `tasks/cancel`: recorded durably first (so the task reads `cancelled` from now on, whatever
+/// the server does), then forwarded to the server, then acknowledged.
+pub async fn cancel(app: &AppState, ctx: &RequestContext, task_id: &str) -> Response {
+    let (record, access) = match authorized_task(app, ctx, task_id, Operation::Cancel).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    if record.status.is_terminal() {
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    let (reason, message) = match access {
+        Access::Owner => (EndReason::OwnerCancel, "Cancelled by its owner"),
+        Access::Admin => (EndReason::AdminCancel, "Cancelled by an administrator"),
+    };
+    let finish = Finish {
+        status: TaskStatus::Cancelled,
+        status_message: Some(message.into()),
+        ending: Ending {
+            reason,
+            by: Some(ctx.identity.owner.clone()),
+            payload: None,
+            at: now_ms(),
+        },
+    };
+    let started = Instant::now();
+    let outcome = app.ledger.finish(&record.id, finish).await;
+    app.metrics
+        .ledger_write_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match outcome {
+        Ok(FinishOutcome::Applied(_)) => {
+            app.metrics
+                .tasks_terminal
+                .get_or_create(&TerminalLabels {
+                    status: "cancelled",
+                    reason: reason.as_str(),
+                })
+                .inc();
+            let mut event = match access {
+                Access::Owner => ctx.audit("task.cancelled", Decision::Allow, "owner"),
+                Access::Admin => ctx
+                    .audit("task.admin_cancelled", Decision::Allow, "admin")
+                    .detail("taskOwner", json!(record.owner)),
+            };
+            event = event.tool(&record.tool).task(app.hasher.hash(&record.id));
+            app.audit.log(event);
+            let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
+            if let Err(e) = app.upstream.call(headers, &message).await {
+                // The ledger already says cancelled; the server learns on its next contact or
+                // when the deadline sweeper retries.
+                tracing::warn!(error = %e, "forwarding tasks/cancel failed");
+            }
+        }
+        Ok(FinishOutcome::AlreadyTerminal(_)) | Ok(FinishOutcome::NotFound) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "recording a cancellation failed");
+            return respond::rpc_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &ctx.id(),
+                &ErrorObject::new(codes::INTERNAL_ERROR, "Internal error"),
+            );
+        }
+    }
+    respond::rpc_result(&ctx.id(), empty_ack())
+}

@@ -1,0 +1,169 @@
+//! The connection to the protected MCP server over loopback: pooled HTTP/1.1, bounded bodies,
+//! JSON and SSE responses told apart.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use sse_stream::SseStream;
+
+use crate::mcp::jsonrpc::{MessageKind, classify};
+
+/// Largest JSON response accepted from the upstream.
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// A response from the protected server.
+pub enum UpstreamBody {
+    /// `application/json`, parsed.
+    Json(Value),
+    /// `text/event-stream`, not yet read.
+    Sse(SseStream<Incoming>),
+    /// No body (e.g. 202 for a notification).
+    Empty,
+    /// Anything else, read (bounded).
+    Other(Bytes),
+}
+
+pub struct UpstreamResponse {
+    pub status: StatusCode,
+    pub body: UpstreamBody,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("cannot reach the MCP server: {0}")]
+    Unreachable(String),
+    #[error("the MCP server did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the MCP server's response is unreadable: {0}")]
+    BadResponse(String),
+}
+
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    timeout: Duration,
+    metrics: Option<prometheus_client::metrics::histogram::Histogram>,
+}
+
+impl Upstream {
+    /// `uri` is the MCP endpoint of the protected server (`http://127.0.0.1:PORT/mcp`);
+    /// `timeout` bounds the wait for response headers.
+    pub fn new(
+        uri: Uri,
+        timeout: Duration,
+        metrics: Option<prometheus_client::metrics::histogram::Histogram>,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Self {
+            client,
+            uri,
+            timeout,
+            metrics,
+        }
+    }
+
+    /// POSTs one message and classifies the response.
+    pub async fn send(
+        &self,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        let mut request = http::Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+        *request.headers_mut() = headers;
+        request.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let started = Instant::now();
+        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+            .await
+            .map_err(|_| UpstreamError::Timeout(self.timeout))?
+            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+        if let Some(h) = &self.metrics {
+            h.observe(started.elapsed().as_secs_f64());
+        }
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let body = response.into_body();
+        if content_type.starts_with("text/event-stream") {
+            return Ok(UpstreamResponse {
+                status,
+                body: UpstreamBody::Sse(SseStream::new(body)),
+            });
+        }
+        let bytes = Limited::new(body, MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| UpstreamError::BadResponse(e.to_string()))?
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            UpstreamBody::Empty
+        } else if content_type.starts_with("application/json") {
+            match serde_json::from_slice(&bytes) {
+                Ok(v) => UpstreamBody::Json(v),
+                Err(_) => UpstreamBody::Other(bytes),
+            }
+        } else {
+            UpstreamBody::Other(bytes)
+        };
+        Ok(UpstreamResponse { status, body })
+    }
+
+    /// Sends a JSON-RPC request the sidecar built and returns the response message to it,
+    /// reading an SSE stream up to that response if the server streams.
+    pub async fn call(
+        &self,
+        headers: HeaderMap,
+        message: &Value,
+    ) -> Result<(StatusCode, Value), UpstreamError> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let body = Bytes::from(serde_json::to_vec(message).unwrap_or_default());
+        let response = self.send(headers, body).await?;
+        match response.body {
+            UpstreamBody::Json(v) => Ok((response.status, v)),
+            UpstreamBody::Sse(mut stream) => {
+                while let Some(event) = stream.next().await {
+                    let event = event.map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
+                    let Some(data) = event.data else { continue };
+                    let Ok(value) = serde_json::from_str::<Value>(&data) else {
+                        continue;
+                    };
+                    if classify(&value, &id) == MessageKind::ResponseToRequest {
+                        return Ok((response.status, value));
+                    }
+                }
+                Err(UpstreamError::BadResponse(
+                    "the event stream ended without a response".into(),
+                ))
+            }
+            UpstreamBody::Empty | UpstreamBody::Other(_) => Err(UpstreamError::BadResponse(
+                format!("HTTP {} without a JSON-RPC response", response.status),
+            )),
+        }
+    }
+}

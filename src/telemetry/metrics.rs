@@ -1,0 +1,127 @@
+//! Prometheus metrics of the sidecar. Labels are bounded (method, decision, reason, status):
+//! never object names, subjects or task IDs.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: &'static str,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TerminalLabels {
+    pub status: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Every metric the sidecar exports.
+pub struct SidecarMetrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub denials: Family<ReasonLabels, Counter>,
+    pub tasks_created: Counter,
+    pub tasks_terminal: Family<TerminalLabels, Counter>,
+    pub policy_reloads: Family<ResultLabels, Counter>,
+    pub policy_loaded: Gauge,
+    pub ledger_write_seconds: Histogram,
+    pub upstream_seconds: Histogram,
+    pub anomalies: Family<ReasonLabels, Counter>,
+}
+
+impl Default for SidecarMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SidecarMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lifeguard");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let denials = Family::<ReasonLabels, Counter>::default();
+        let tasks_created = Counter::default();
+        let tasks_terminal = Family::<TerminalLabels, Counter>::default();
+        let policy_reloads = Family::<ResultLabels, Counter>::default();
+        let policy_loaded = Gauge::default();
+        let ledger_write_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let upstream_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 20));
+        let anomalies = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "MCP requests by method and decision",
+            requests.clone(),
+        );
+        registry.register("denials", "Requests refused, by reason", denials.clone());
+        registry.register(
+            "tasks_created",
+            "Tasks committed to the ledger",
+            tasks_created.clone(),
+        );
+        registry.register(
+            "tasks_terminal",
+            "Tasks that reached a terminal state, by status and cause",
+            tasks_terminal.clone(),
+        );
+        registry.register(
+            "policy_reloads",
+            "Policy loads by result",
+            policy_reloads.clone(),
+        );
+        registry.register(
+            "policy_loaded",
+            "1 when a policy is in force",
+            policy_loaded.clone(),
+        );
+        registry.register(
+            "ledger_write_seconds",
+            "Durable ledger writes (reserve, confirm, finish)",
+            ledger_write_seconds.clone(),
+        );
+        registry.register(
+            "upstream_request_seconds",
+            "Time to the upstream's response headers",
+            upstream_seconds.clone(),
+        );
+        registry.register(
+            "anomalies",
+            "Upstream behaviour Lifeguard overrode (e.g. a changed terminal state)",
+            anomalies.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            denials,
+            tasks_created,
+            tasks_terminal,
+            policy_reloads,
+            policy_loaded,
+            ledger_write_seconds,
+            upstream_seconds,
+            anomalies,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

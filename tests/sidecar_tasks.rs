@@ -1,0 +1,739 @@
+//! Sidecar I, black box: the real `lifeguard sidecar` in front of the bundled example MCP
+//! server, spoken to over HTTP. Every task belongs to one issuer+subject, tenant and client, and
+//! that holds on every request.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+
+const TASK_TOOLS: &str = r#"  tasks:
+    tools: [write_rows, slow_compute, confirm_action, multi_input, failing_job, unstable_status]
+    requiredScopes: {failing_job: [jobs:run]}
+    minPollInterval: 100ms
+"#;
+
+async fn setup(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: spec.to_owned(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    (server, sidecar, client)
+}
+
+fn alice() -> User {
+    User::new("alice", "tenant-a", "console")
+}
+
+async fn create(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
+    let reply = client.call_tool(token, tool, args).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let result = reply.result();
+    assert_eq!(result["resultType"], "task", "{reply:?}");
+    result["taskId"].as_str().unwrap().to_owned()
+}
+
+async fn upstream_json(server: &ExampleServer, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", server.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
+    let (server, sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let reply = client
+        .call_tool(&token, "write_rows", json!({"count": 3, "intervalMs": 30}))
+        .await;
+    let result = reply.result().clone();
+    let id = result["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("lgt_") && id.len() == 36, "{id}");
+    assert_eq!(result["status"], "working");
+    assert_eq!(result["ttlMs"], 15 * 60 * 1000, "default TTL");
+    assert!(result["pollIntervalMs"].as_i64().unwrap() >= 100);
+    let upstream_ids: Vec<String> = upstream_json(&server, "/_example/tasks")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["taskId"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!reply.raw.contains(&upstream_ids[0]), "upstream ID leaked");
+
+    let done = client.wait_terminal(&token, &id, 5_000).await;
+    assert_eq!(done.result()["status"], "completed", "{done:?}");
+    assert_eq!(done.result()["taskId"], id);
+    assert_eq!(
+        done.result()["result"]["content"][0]["text"],
+        "wrote 3 rows"
+    );
+
+    let audit = sidecar.audit();
+    let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert!(events.contains(&"task.created"), "{events:?}");
+    assert!(events.contains(&"task.completed"), "{events:?}");
+    assert!(events.contains(&"task.result_read"), "{events:?}");
+    let created = audit.iter().find(|e| e["event"] == "task.created").unwrap();
+    assert_eq!(created["subject"], "alice");
+    assert_eq!(created["tenant"], "tenant-a");
+    assert_eq!(created["client"], "console");
+    assert_eq!(created["tool"], "write_rows");
+    assert!(created["task"].as_str().unwrap().starts_with("h:"));
+    assert!(created["detail"]["arguments"]["sha256"].is_string());
+    let raw_audit = std::fs::read_to_string(&sidecar.audit_path).unwrap();
+    assert!(!raw_audit.contains(&id), "raw task ID in the audit trail");
+    assert!(!raw_audit.contains(&token), "token in the audit trail");
+    assert!(
+        !raw_audit.contains("intervalMs"),
+        "tool arguments in the audit trail"
+    );
+}
+
+#[tokio::test]
+async fn other_principals_tenants_and_clients_get_one_identical_denial() {
+    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let owner = alice().token();
+    let id = create(
+        &client,
+        &owner,
+        "write_rows",
+        json!({"count": 200, "intervalMs": 50}),
+    )
+    .await;
+
+    let strangers = [
+        (
+            "same tenant, other user",
+            User::new("bob", "tenant-a", "console").token(),
+        ),
+        (
+            "other tenant",
+            User::new("carol", "tenant-b", "console").token(),
+        ),
+        (
+            "same user, other tenant",
+            User::new("alice", "tenant-b", "console").token(),
+        ),
+        (
+            "same user, other client",
+            User::new("alice", "tenant-a", "cli").token(),
+        ),
+    ];
+    let mut replies = Vec::new();
+    for (who, token) in &strangers {
+        for method in ["tasks/get", "tasks/cancel"] {
+            replies.push((
+                format!("{who} {method}"),
+                client.task(token, method, &id).await,
+            ));
+        }
+        let update = client
+            .request(
+                "tasks/update",
+                json!({"taskId": id, "inputResponses": {"x": {"action": "accept"}}}),
+            )
+            .token(token)
+            .send()
+            .await;
+        replies.push((format!("{who} tasks/update"), update));
+    }
+    // IDs that never existed: well-formed random, and garbage.
+    let random = format!("lgt_{}", "A".repeat(32));
+    replies.push(("random id".into(), client.get_task(&owner, &random).await));
+    replies.push(("garbage id".into(), client.get_task(&owner, "task-1").await));
+
+    let reference = replies[0].1.clone();
+    assert_eq!(reference.status, 400);
+    assert_eq!(reference.error_code(), Some(-32602));
+    for (who, reply) in &replies {
+        assert_eq!(reply.status, reference.status, "{who}");
+        assert_eq!(
+            reply.body_without_id(),
+            reference.body_without_id(),
+            "{who}"
+        );
+        assert_eq!(
+            reply.headers.get("content-type"),
+            reference.headers.get("content-type"),
+            "{who}"
+        );
+    }
+
+    // The owner's task is untouched by all of that.
+    let mine = client.get_task(&owner, &id).await;
+    assert_eq!(mine.status, 200);
+    assert_eq!(mine.result()["status"], "working");
+
+    let reasons: Vec<String> = sidecar
+        .audit()
+        .iter()
+        .filter(|e| e["event"] == "task.denied")
+        .map(|e| e["reason"].as_str().unwrap().to_owned())
+        .collect();
+    for reason in [
+        "foreign_subject",
+        "foreign_tenant",
+        "foreign_client",
+        "unknown",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} in {reasons:?}"
+        );
+    }
+    client.cancel_task(&owner, &id).await;
+}
+
+#[tokio::test]
+async fn protocol_violations_are_refused_before_reaching_the_server() {
+    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+
+    let no_version = client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .without_header("mcp-protocol-version")
+        .send()
+        .await;
+    assert_eq!(
+        (no_version.status, no_version.error_code()),
+        (400, Some(-32020))
+    );
+
+    let old = client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await;
+    assert_eq!((old.status, old.error_code()), (400, Some(-32022)));
+    assert_eq!(old.body["error"]["data"]["requested"], "2025-11-25");
+
+    let wrong_method = client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .header("mcp-method", "tools/call")
+        .send()
+        .await;
+    assert_eq!(
+        (wrong_method.status, wrong_method.error_code()),
+        (400, Some(-32020))
+    );
+
+    let id = create(&client, &token, "slow_compute", json!({"seconds": 5})).await;
+    let wrong_name = client
+        .request("tasks/get", json!({"taskId": id}))
+        .token(&token)
+        .header("mcp-name", "lgt_somebody_else")
+        .send()
+        .await;
+    assert_eq!(
+        (wrong_name.status, wrong_name.error_code()),
+        (400, Some(-32020))
+    );
+
+    let undeclared = client
+        .request("tasks/get", json!({"taskId": id}))
+        .token(&token)
+        .without_tasks()
+        .send()
+        .await;
+    assert_eq!(
+        (undeclared.status, undeclared.error_code()),
+        (400, Some(-32021))
+    );
+    assert_eq!(
+        undeclared.body["error"]["data"]["requiredCapabilities"],
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+    );
+
+    for removed in ["tasks/list", "tasks/result"] {
+        let r = client
+            .request(removed, json!({}))
+            .token(&token)
+            .send()
+            .await;
+        assert_eq!((r.status, r.error_code()), (404, Some(-32601)), "{removed}");
+    }
+
+    let no_meta = client
+        .request(
+            "tools/list",
+            json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
+        )
+        .token(&token)
+        .send()
+        .await;
+    assert_eq!((no_meta.status, no_meta.error_code()), (400, Some(-32602)));
+
+    let http = reqwest::Client::new();
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let r = http
+            .request(method.clone(), &client.url)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 405, "{method}");
+    }
+
+    // None of the refused requests reached the server.
+    let seen = upstream_json(&server, "/_example/requests").await;
+    let methods: Vec<&str> = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["mcpMethod"].as_str())
+        .collect();
+    assert!(!methods.contains(&"tools/list"), "{methods:?}");
+    assert!(!methods.contains(&"tasks/list"), "{methods:?}");
+    client.cancel_task(&token, &id).await;
+}
+
+#[tokio::test]
+async fn tokens_are_checked_on_every_request() {
+    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let missing = client.request("tools/list", json!({})).send().await;
+    assert_eq!(missing.status, 401);
+    let challenge = missing.headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        challenge.contains(
+            "resource_metadata=\"http://127.0.0.1/.well-known/oauth-protected-resource/mcp\""
+        ),
+        "{challenge}"
+    );
+
+    let user = alice();
+    let bad = [
+        user.token_with(|c| c["exp"] = json!(jiff::Timestamp::now().as_second() - 120)),
+        user.token_with(|c| c["aud"] = json!("https://elsewhere/mcp")),
+        user.token_with(|c| c["iss"] = json!("https://evil.test")),
+        {
+            let key = std::fs::read(support::fixture("keys/attacker-ed25519.pem")).unwrap();
+            let claims = json!({"iss": support::ISSUER, "aud": support::RESOURCE, "sub": "alice",
+                                "exp": jiff::Timestamp::now().as_second() + 60});
+            lifeguard::identity::mint::mint_token(
+                &key,
+                jsonwebtoken::Algorithm::EdDSA,
+                Some("test-ed-1"),
+                &claims,
+            )
+            .unwrap()
+        },
+    ];
+    for token in bad {
+        let r = client
+            .request("tools/list", json!({}))
+            .token(&token)
+            .send()
+            .await;
+        assert_eq!(r.status, 401, "{r:?}");
+        assert!(
+            r.headers["www-authenticate"]
+                .to_str()
+                .unwrap()
+                .contains("error=\"invalid_token\"")
+        );
+    }
+    let good = client
+        .request("tools/list", json!({}))
+        .token(&user.token())
+        .send()
+        .await;
+    assert_eq!(good.status, 200, "{good:?}");
+}
+
+#[tokio::test]
+async fn the_server_learns_the_caller_from_headers_only_the_sidecar_sets() {
+    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().with_scopes("a b").token();
+    let r = client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .header("lifeguard-subject", "mallory")
+        .header("lifeguard-tenant", "tenant-z")
+        .header("mcp-session-id", "stolen-session")
+        .send()
+        .await;
+    assert_eq!(r.status, 200);
+    let seen = upstream_json(&server, "/_example/requests").await;
+    let last = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|r| r["mcpMethod"] == "tools/list")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        last["authorization"], false,
+        "token must not reach the server"
+    );
+    assert_eq!(last["lifeguard"]["lifeguard-subject"], "alice");
+    assert_eq!(last["lifeguard"]["lifeguard-tenant"], "tenant-a");
+    assert_eq!(last["lifeguard"]["lifeguard-client"], "console");
+    assert_eq!(last["lifeguard"]["lifeguard-scopes"], "a b");
+    assert_eq!(last["lifeguard"]["lifeguard-initiator"], "client");
+}
+
+#[tokio::test]
+async fn tasks_only_for_declaring_clients_and_allowed_tools() {
+    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    // Not declaring the extension: the call runs synchronously.
+    let sync = client
+        .request(
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {"seconds": 0.05, "label": "x"}}),
+        )
+        .token(&token)
+        .without_tasks()
+        .send()
+        .await;
+    assert_eq!(sync.result()["resultType"], "complete", "{sync:?}");
+
+    // A tool the policy does not allow as a task: the server is not offered the extension.
+    let (server2, _sc2, restricted) = setup("  tasks:\n    tools: [write_rows]\n").await;
+    let r = restricted
+        .call_tool(
+            &token,
+            "slow_compute",
+            json!({"seconds": 0.05, "label": "y"}),
+        )
+        .await;
+    assert_eq!(r.result()["resultType"], "complete", "{r:?}");
+    assert_eq!(r.result()["content"][0]["text"], "computed y");
+    for s in [&server, &server2] {
+        let upstream_tasks = upstream_json(s, "/_example/tasks").await;
+        assert_eq!(upstream_tasks.as_array().unwrap().len(), 0);
+    }
+}
+
+#[tokio::test]
+async fn required_scopes_are_enforced_at_creation() {
+    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let without = client
+        .call_tool(&alice().token(), "failing_job", json!({}))
+        .await;
+    assert_eq!(without.status, 403);
+    let challenge = without.headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        challenge.contains("error=\"insufficient_scope\""),
+        "{challenge}"
+    );
+    assert!(challenge.contains("scope=\"jobs:run\""), "{challenge}");
+
+    let with = alice().with_scopes("jobs:run").token();
+    let id = create(&client, &with, "failing_job", json!({"afterMs": 20})).await;
+    let done = client.wait_terminal(&with, &id, 5_000).await;
+    assert_eq!(done.result()["status"], "failed");
+    assert_eq!(done.result()["error"]["message"], "job failed on purpose");
+}
+
+#[tokio::test]
+async fn updates_reach_the_server_only_for_outstanding_inputs() {
+    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let id = create(
+        &client,
+        &token,
+        "confirm_action",
+        json!({"action": "drop table"}),
+    )
+    .await;
+    let waiting = support::eventually(Duration::from_secs(5), async || {
+        let r = client.get_task(&token, &id).await;
+        (r.result()["status"] == "input_required").then_some(r)
+    })
+    .await
+    .expect("task asks for input");
+    assert!(waiting.result()["inputRequests"]["confirm-1"].is_object());
+
+    let ack = client
+        .request(
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": {
+                "confirm-1": {"action": "accept", "content": {"confirm": true}},
+                "not-asked": {"action": "accept", "content": {"confirm": false}}
+            }}),
+        )
+        .token(&token)
+        .send()
+        .await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    assert_eq!(ack.result()["resultType"], "complete");
+    let done = client.wait_terminal(&token, &id, 5_000).await;
+    assert_eq!(
+        done.result()["result"]["content"][0]["text"],
+        "confirmed drop table"
+    );
+}
+
+#[tokio::test]
+async fn cancel_is_recorded_forwarded_and_stops_the_work() {
+    let (server, sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let id = create(
+        &client,
+        &token,
+        "write_rows",
+        json!({"count": 1000, "intervalMs": 20, "label": "cancel-me"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ack = client.cancel_task(&token, &id).await;
+    assert_eq!(ack.status, 200);
+    assert_eq!(ack.result(), &json!({"resultType": "complete"}));
+    let after = client.get_task(&token, &id).await;
+    assert_eq!(after.result()["status"], "cancelled");
+
+    let rows_now = upstream_json(&server, "/_example/rows")
+        .await
+        .as_array()
+        .unwrap()
+        .len();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rows_later = upstream_json(&server, "/_example/rows")
+        .await
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(rows_now, rows_later, "rows kept landing after cancel");
+    let upstream_status = upstream_json(&server, "/_example/tasks").await[0]["status"].clone();
+    assert_eq!(upstream_status, "cancelled");
+
+    // A second cancel of a terminal task is the same empty ack.
+    let again = client.cancel_task(&token, &id).await;
+    assert_eq!(again.result(), &json!({"resultType": "complete"}));
+    let cancelled = sidecar
+        .audit()
+        .into_iter()
+        .filter(|e| e["event"] == "task.cancelled")
+        .count();
+    assert_eq!(cancelled, 1);
+}
+
+#[tokio::test]
+async fn terminal_states_never_change_whatever_the_server_says_later() {
+    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let id = create(
+        &client,
+        &token,
+        "unstable_status",
+        json!({"flipAfterMs": 200}),
+    )
+    .await;
+    let first = client.wait_terminal(&token, &id, 5_000).await;
+    assert_eq!(first.result()["status"], "completed");
+    assert_eq!(
+        first.result()["result"]["content"][0]["text"],
+        "first answer"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for _ in 0..3 {
+        let later = client.get_task(&token, &id).await;
+        assert_eq!(later.result()["status"], "completed");
+        assert_eq!(later.result()["result"], first.result()["result"]);
+    }
+    assert!(
+        sidecar
+            .audit()
+            .iter()
+            .any(|e| e["event"] == "task.completed")
+    );
+}
+
+#[tokio::test]
+async fn cancel_and_completion_racing_settle_on_one_terminal_state() {
+    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    for round in 0..8u64 {
+        let id = create(
+            &client,
+            &token,
+            "slow_compute",
+            json!({"seconds": 0.15, "label": format!("r{round}")}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(120 + round * 10)).await;
+        let (c, g1, g2) = tokio::join!(
+            client.cancel_task(&token, &id),
+            client.get_task(&token, &id),
+            client.get_task(&token, &id),
+        );
+        assert_eq!(c.status, 200);
+        let _ = (g1, g2);
+        let settled = client.wait_terminal(&token, &id, 5_000).await;
+        let status = settled.result()["status"].as_str().unwrap().to_owned();
+        assert!(status == "cancelled" || status == "completed", "{status}");
+        for _ in 0..5 {
+            let again = client.get_task(&token, &id).await;
+            assert_eq!(again.result()["status"], status.as_str(), "round {round}");
+            assert_eq!(again.result()["result"], settled.result()["result"]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn concurrency_quota_is_enforced_before_the_server_is_asked() {
+    let (server, _sidecar, client) =
+        setup("  tasks:\n    concurrency: {perPrincipal: 2}\n    minPollInterval: 1s\n").await;
+    let token = alice().token();
+    let a = create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    let b = create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    let over = client
+        .call_tool(&token, "slow_compute", json!({"seconds": 10}))
+        .await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert_eq!(over.error_code(), Some(-31429));
+    assert_eq!(over.body["error"]["data"]["scope"], "principal");
+    assert_eq!(over.headers["retry-after"], "1");
+    assert_eq!(
+        upstream_json(&server, "/_example/tasks")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Another principal is not affected; a cancelled task frees a slot.
+    create(
+        &client,
+        &User::new("bob", "tenant-a", "console").token(),
+        "slow_compute",
+        json!({"seconds": 10}),
+    )
+    .await;
+    client.cancel_task(&token, &a).await;
+    create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    client.cancel_task(&token, &b).await;
+}
+
+#[tokio::test]
+async fn sse_answers_are_relayed_with_the_task_id_rewritten() {
+    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let reply = client
+        .request(
+            "tools/call",
+            json!({"name": "write_rows", "arguments": {"count": 2, "intervalMs": 20},
+                   "_meta": {
+                       "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                       "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+                       "progressToken": "p1"
+                   }}),
+        )
+        .token(&token)
+        .accept_sse()
+        .send()
+        .await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.messages.len() >= 2, "{reply:?}");
+    assert!(
+        reply.messages[..reply.messages.len() - 1]
+            .iter()
+            .all(|m| m["method"] == "notifications/progress")
+    );
+    let id = reply.result()["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("lgt_"), "{reply:?}");
+    assert!(!reply.raw.contains("task-1"));
+    let done = client.wait_terminal(&token, &id, 5_000).await;
+    assert_eq!(done.result()["status"], "completed");
+}
+
+#[tokio::test]
+async fn tasks_survive_a_kill_dash_nine_of_the_sidecar() {
+    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    let done_id = create(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
+    client.wait_terminal(&token, &done_id, 5_000).await;
+    let cancelled_id = create(&client, &token, "slow_compute", json!({"seconds": 30})).await;
+    client.cancel_task(&token, &cancelled_id).await;
+    let running_id = create(
+        &client,
+        &token,
+        "slow_compute",
+        json!({"seconds": 0.8, "label": "survivor"}),
+    )
+    .await;
+    // Created the instant before the kill: the CreateTaskResult was returned, so it must resolve.
+    let last_id = create(
+        &client,
+        &token,
+        "slow_compute",
+        json!({"seconds": 0.3, "label": "last"}),
+    )
+    .await;
+
+    let sidecar = sidecar.restart_after_kill().await;
+    let client = McpClient::new(&sidecar.url);
+
+    let done = client.get_task(&token, &done_id).await;
+    assert_eq!(done.result()["status"], "completed", "{done:?}");
+    let cancelled = client.get_task(&token, &cancelled_id).await;
+    assert_eq!(cancelled.result()["status"], "cancelled");
+    let survivor = client.wait_terminal(&token, &running_id, 5_000).await;
+    assert_eq!(
+        survivor.result()["result"]["content"][0]["text"],
+        "computed survivor"
+    );
+    let last = client.wait_terminal(&token, &last_id, 5_000).await;
+    assert_eq!(last.result()["status"], "completed");
+    // Ownership survives too.
+    let bob = User::new("bob", "tenant-a", "console").token();
+    assert_eq!(client.get_task(&bob, &running_id).await.status, 400);
+}
+
+#[tokio::test]
+async fn policy_changes_apply_within_a_second_and_bad_files_are_ignored() {
+    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let token = alice().token();
+    create(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
+
+    let original = std::fs::read_to_string(sidecar.policy_file()).unwrap();
+    std::fs::write(
+        sidecar.policy_file(),
+        original.replace("tools: [write_rows, slow_compute,", "tools: [write_rows,"),
+    )
+    .unwrap();
+    let applied = support::eventually(Duration::from_millis(1500), async || {
+        let r = client
+            .call_tool(&token, "slow_compute", json!({"seconds": 0.05}))
+            .await;
+        (r.result()["resultType"] == "complete").then_some(())
+    })
+    .await;
+    assert!(applied.is_some(), "reload not applied:\n{}", sidecar.logs());
+
+    std::fs::write(
+        sidecar.policy_file(),
+        "apiVersion: lifeguard.dev/v1alpha1\nkind: McpServerPolicy\nspec: {{{{",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        sidecar.logs().contains("policy file rejected"),
+        "{}",
+        sidecar.logs()
+    );
+    let still = client
+        .call_tool(&token, "write_rows", json!({"count": 1, "intervalMs": 10}))
+        .await;
+    assert_eq!(
+        still.result()["resultType"],
+        "task",
+        "last good policy stays in force"
+    );
+}

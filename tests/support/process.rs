@@ -1,0 +1,238 @@
+//! Child processes: the example MCP server and the sidecar, killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::{fixture, policy_yaml};
+
+/// Path of a Cargo example binary built next to the lifeguard binary.
+pub fn example_binary(name: &str) -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_lifeguard"));
+    let path = bin
+        .parent()
+        .expect("binary has a directory")
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build examples first (cargo test builds them; or cargo build --examples)",
+        path.display()
+    );
+    path
+}
+
+/// Spawns `command`, collecting its stdout/stderr lines; returns the child and the shared line
+/// buffer, plus a receiver that gets every line as it arrives.
+fn spawn_collecting(
+    mut command: Command,
+) -> (Child, Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().expect("spawn child process");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let lines = lines.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send(line.clone());
+                lines.lock().unwrap().push(line);
+            }
+        });
+    }
+    (child, lines, rx)
+}
+
+fn wait_for_line(
+    rx: &mpsc::Receiver<String>,
+    marker: &str,
+    what: &str,
+    lines: &Arc<Mutex<Vec<String>>>,
+) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(pos) = line.find(marker) {
+                    return line[pos + marker.len()..].trim().to_owned();
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!(
+        "{what} did not print `{marker}`; output:\n{}",
+        lines.lock().unwrap().join("\n")
+    );
+}
+
+pub struct ExampleServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT/mcp`
+    pub url: String,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    pub output: Arc<Mutex<Vec<String>>>,
+}
+
+impl ExampleServer {
+    pub fn start() -> Self {
+        let mut command = Command::new(example_binary("example_server"));
+        command.args(["--listen", "127.0.0.1:0"]);
+        let (child, output, rx) = spawn_collecting(command);
+        let url = wait_for_line(&rx, "listening on ", "example server", &output);
+        let base = url.trim_end_matches("/mcp").to_owned();
+        Self {
+            child,
+            url,
+            base,
+            output,
+        }
+    }
+}
+
+impl Drop for ExampleServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Options of a test sidecar.
+#[derive(Clone, Default)]
+pub struct SidecarOptions {
+    /// YAML appended under `spec:` of the test policy.
+    pub spec: String,
+    /// Extra documents appended to the policy file.
+    pub extra_documents: String,
+}
+
+pub struct Sidecar {
+    child: Option<Child>,
+    pub dir: Arc<TempDir>,
+    pub url: String,
+    pub admin: String,
+    pub policy_path: PathBuf,
+    pub ledger_path: PathBuf,
+    pub audit_path: PathBuf,
+    pub upstream: String,
+    pub output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sidecar {
+    pub async fn start(upstream: &str, options: SidecarOptions) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let jwks = dir.path().join("jwks.json");
+        std::fs::copy(fixture("keys/issuer-jwks.json"), &jwks).unwrap();
+        let policy_path = dir.path().join("policy.yaml");
+        let mut text = policy_yaml(&jwks, &options.spec);
+        if !options.extra_documents.is_empty() {
+            text.push_str("---\n");
+            text.push_str(&options.extra_documents);
+        }
+        std::fs::write(&policy_path, text).unwrap();
+        Self::start_in(dir, policy_path, upstream).await
+    }
+
+    /// Starts (or restarts) a sidecar on an existing directory: same ledger, policy and audit.
+    pub async fn start_in(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str) -> Self {
+        let ledger_path = dir.path().join("ledger.db");
+        let audit_path = dir.path().join("audit.jsonl");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
+        command
+            .arg("sidecar")
+            .arg("--policy")
+            .arg(&policy_path)
+            .args([
+                "--upstream",
+                upstream,
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .arg("--ledger")
+            .arg(&ledger_path)
+            .arg("--audit-file")
+            .arg(&audit_path)
+            .env("RUST_LOG", "info");
+        let (child, output, rx) = spawn_collecting(command);
+        let url = wait_for_line(&rx, "listening on ", "sidecar", &output);
+        let admin = wait_for_line(&rx, "admin on ", "sidecar", &output);
+        let sidecar = Self {
+            child: Some(child),
+            dir,
+            url,
+            admin,
+            policy_path,
+            ledger_path,
+            audit_path,
+            upstream: upstream.to_owned(),
+            output,
+        };
+        sidecar.wait_ready().await;
+        sidecar
+    }
+
+    pub async fn wait_ready(&self) {
+        let ready = format!("{}/ready", self.admin);
+        let ok = super::eventually(Duration::from_secs(15), async || {
+            let r = reqwest::get(&ready).await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "sidecar never became ready:\n{}", self.logs());
+    }
+
+    pub fn logs(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    pub fn audit(&self) -> Vec<serde_json::Value> {
+        super::audit_events(&self.audit_path)
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills this sidecar hard and starts a new one on the same ledger and policy.
+    pub async fn restart_after_kill(mut self) -> Self {
+        self.kill_hard();
+        let dir = self.dir.clone();
+        let policy = self.policy_path.clone();
+        let upstream = self.upstream.clone();
+        Self::start_in(dir, policy, &upstream).await
+    }
+
+    pub fn policy_file(&self) -> &Path {
+        &self.policy_path
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill_hard();
+    }
+}
