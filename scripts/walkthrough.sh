@@ -8,7 +8,11 @@ LISTEN_ADDR=${LISTEN_ADDR:-127.0.0.1:8080}
 URL="http://$LISTEN_ADDR/mcp"
 AUDIT=target/demo/audit.jsonl
 BIN=target/debug/lifeguard
+ADMIN_ADDR=${ADMIN_ADDR:-127.0.0.1:9090}
 command -v jq >/dev/null || { echo "walkthrough.sh needs jq"; exit 1; }
+curl -fsS "http://$ADMIN_ADDR/ready" >/dev/null 2>&1 || {
+  echo "No Lifeguard demo is running: start scripts/demo.sh in another terminal first."; exit 1; }
+touch "$AUDIT"
 
 token() {
   "$BIN" dev token --key examples/standalone/dev-issuer-key.pem --kid dev-1 \

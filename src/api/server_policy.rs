@@ -210,6 +210,12 @@ pub struct ProtocolSpec {
     /// any other `Origin` get HTTP 403. Requests without `Origin` (non-browser clients) are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_origins: Option<Vec<String>>,
+    /// Accept requests that omit the `Mcp-Name` header (a present one must still equal the
+    /// body). Default `false`. A compatibility switch for clients that do not yet mirror the
+    /// task ID on `tasks/get`, `tasks/update` and `tasks/cancel` (the official Python SDK 2.3);
+    /// the sidecar always sends the header to the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_missing_name_header: Option<bool>,
 }
 
 /// Runtime bounds of MCP Tasks.

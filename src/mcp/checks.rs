@@ -177,12 +177,22 @@ pub fn declares_tasks(capabilities: &Value) -> bool {
         .is_some_and(|e| e.contains_key(TASKS_EXTENSION))
 }
 
+/// What the checks accept.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckOptions<'a> {
+    pub accepted_versions: &'a [String],
+    /// Accept requests that omit `Mcp-Name` (a present one must still match the body). A
+    /// compatibility switch for clients that do not mirror the name on every method yet.
+    pub allow_missing_name: bool,
+}
+
 /// Checks a request's headers and `_meta` against its body and the accepted versions.
 pub fn check_request(
     h: &HeaderMap,
     request: &Request,
-    accepted_versions: &[String],
+    options: CheckOptions<'_>,
 ) -> Result<RequestFacts, Violation> {
+    let accepted_versions = options.accepted_versions;
     let version = header(h, headers::PROTOCOL_VERSION).ok_or(Violation::MissingVersionHeader)?;
     let version = std::str::from_utf8(version)
         .map_err(|_| Violation::MalformedHeader("MCP-Protocol-Version"))?
@@ -236,7 +246,10 @@ pub fn check_request(
         let value = request
             .param_str(field)
             .ok_or(Violation::MissingParam(field))?;
-        check_mirrored(h, headers::NAME, "Mcp-Name", Some(value))?;
+        let tolerated_absence = options.allow_missing_name && !h.contains_key(headers::NAME);
+        if !tolerated_absence {
+            check_mirrored(h, headers::NAME, "Mcp-Name", Some(value))?;
+        }
         name_value = Some(value.to_owned());
     } else if h.contains_key(headers::NAME) {
         // A name header on a method without a name is a mismatch, not something to ignore.
@@ -336,8 +349,13 @@ mod tests {
     use super::*;
     use crate::mcp::jsonrpc::parse_request;
 
-    fn versions() -> Vec<String> {
-        vec!["2026-07-28".into()]
+    fn versions() -> CheckOptions<'static> {
+        static ACCEPTED: std::sync::LazyLock<Vec<String>> =
+            std::sync::LazyLock::new(|| vec!["2026-07-28".into()]);
+        CheckOptions {
+            accepted_versions: &ACCEPTED,
+            allow_missing_name: false,
+        }
     }
 
     fn request(method: &str, params: Value) -> Request {
@@ -364,7 +382,7 @@ mod tests {
     }
 
     fn violation(h: &HeaderMap, r: &Request) -> Violation {
-        check_request(h, r, &versions()).unwrap_err()
+        check_request(h, r, versions()).unwrap_err()
     }
 
     #[test]
@@ -375,7 +393,7 @@ mod tests {
         );
         let mut h = headers_for("tools/call", Some("generate_report"));
         h.insert("mcp-param-region", HeaderValue::from_static("eu"));
-        let facts = check_request(&h, &r, &versions()).unwrap();
+        let facts = check_request(&h, &r, versions()).unwrap();
         assert!(facts.declares_tasks);
         assert_eq!(
             facts.kind,
@@ -432,8 +450,7 @@ mod tests {
             violation(&headers_for("tasks/get", Some("lgt_other")), &r),
             Violation::HeaderMismatch("Mcp-Name")
         );
-        let ok =
-            check_request(&headers_for("tasks/get", Some("lgt_abc")), &r, &versions()).unwrap();
+        let ok = check_request(&headers_for("tasks/get", Some("lgt_abc")), &r, versions()).unwrap();
         assert_eq!(
             ok.kind,
             RequestKind::TaskGet {
@@ -450,7 +467,7 @@ mod tests {
         );
         let encoded = crate::mcp::header_value::encode_mirrored("rapport_été");
         let h = headers_for("tools/call", Some(&encoded));
-        assert!(check_request(&h, &r, &versions()).is_ok());
+        assert!(check_request(&h, &r, versions()).is_ok());
     }
 
     #[test]
@@ -467,7 +484,7 @@ mod tests {
         );
         h.insert("mcp-param-region", HeaderValue::from_static("eu"));
         h.insert("mcp-param-count", HeaderValue::from_static("3"));
-        assert!(check_request(&h, &r, &versions()).is_ok());
+        assert!(check_request(&h, &r, versions()).is_ok());
         h.insert("mcp-param-missing", HeaderValue::from_static("x"));
         assert_eq!(
             violation(&h, &r),
@@ -495,6 +512,20 @@ mod tests {
         let v = violation(&headers_for("tasks/list", None), &r);
         assert_eq!(v.to_error().0, StatusCode::NOT_FOUND);
         assert_eq!(v.to_error().1.code, codes::METHOD_NOT_FOUND);
+    }
+
+    #[test]
+    fn a_missing_name_header_can_be_tolerated_but_never_a_wrong_one() {
+        let r = request("tasks/get", json!({"taskId": "lgt_abc"}));
+        let lenient = CheckOptions {
+            allow_missing_name: true,
+            ..versions()
+        };
+        assert!(check_request(&headers_for("tasks/get", None), &r, lenient).is_ok());
+        assert_eq!(
+            check_request(&headers_for("tasks/get", Some("lgt_other")), &r, lenient).unwrap_err(),
+            Violation::HeaderMismatch("Mcp-Name")
+        );
     }
 
     #[test]

@@ -267,6 +267,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
                 .as_ref()
                 .and_then(|p| p.allowed_origins.clone())
                 .unwrap_or_default(),
+            allow_missing_name_header: policy
+                .spec
+                .protocol
+                .as_ref()
+                .and_then(|p| p.allow_missing_name_header)
+                .unwrap_or(false),
         },
         tasks: policy.spec.tasks.as_ref().and_then(compile_tasks),
         listen: policy.spec.listen.as_ref().map(compile_listen),

@@ -112,6 +112,8 @@ pub struct ProtocolRules {
     pub versions: Vec<String>,
     /// Empty: only requests without `Origin` are accepted.
     pub allowed_origins: Vec<String>,
+    /// Accept a missing `Mcp-Name` header (never a mismatched one).
+    pub allow_missing_name_header: bool,
 }
 
 /// Which tools may become tasks.

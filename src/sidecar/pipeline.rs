@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::audit::{AuditEvent, Decision};
 use crate::identity::{AuthError, Identity, bearer_token, validate_token};
-use crate::mcp::checks::{RequestFacts, RequestKind, check_request};
+use crate::mcp::checks::{CheckOptions, RequestFacts, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, Request, parse_request};
 use crate::telemetry::metrics::{ReasonLabels, RequestLabels};
@@ -134,7 +134,11 @@ pub async fn handle_mcp(
     };
     let method = method_label(&request.method);
 
-    let facts = match check_request(&headers, &request, &policy.effective.protocol.versions) {
+    let options = CheckOptions {
+        accepted_versions: &policy.effective.protocol.versions,
+        allow_missing_name: policy.effective.protocol.allow_missing_name_header,
+    };
+    let facts = match check_request(&headers, &request, options) {
         Ok(facts) => facts,
         Err(violation) => {
             deny_metric(&app, violation.reason());

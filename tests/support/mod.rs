@@ -1,9 +1,10 @@
 //! Black-box test harness: the real `lifeguard` binary, the bundled example MCP server, tokens
 //! signed with the test keys, and an MCP client that speaks 2026-07-28 over HTTP.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod client;
 pub mod process;
+pub mod python;
 
 use std::path::{Path, PathBuf};
 
