@@ -443,7 +443,7 @@ async fn required_scopes_are_enforced_at_creation() {
 
 #[tokio::test]
 async fn updates_reach_the_server_only_for_outstanding_inputs() {
-    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
     let token = alice().token();
     let id = create(
         &client,
@@ -478,6 +478,13 @@ async fn updates_reach_the_server_only_for_outstanding_inputs() {
         done.result()["result"]["content"][0]["text"],
         "confirmed drop table"
     );
+    let updated = sidecar
+        .audit()
+        .into_iter()
+        .find(|e| e["event"] == "task.updated")
+        .expect("task.updated audited");
+    assert_eq!(updated["detail"]["inputsForwarded"], 1);
+    assert_eq!(updated["detail"]["inputsDropped"], 1);
 }
 
 #[tokio::test]
@@ -584,6 +591,18 @@ async fn cancel_and_completion_racing_settle_on_one_terminal_state() {
             assert_eq!(again.result()["result"], settled.result()["result"]);
         }
     }
+}
+
+#[tokio::test]
+async fn finished_but_unpolled_tasks_free_their_quota_slot() {
+    let (_server, _sidecar, client) = setup("  tasks:\n    concurrency: {perPrincipal: 2}\n").await;
+    let token = alice().token();
+    for _ in 0..2 {
+        create(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Nobody polled them, but they finished at the server: the quota check finds out.
+    create(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
 }
 
 #[tokio::test]
@@ -734,6 +753,52 @@ async fn policy_changes_apply_within_a_second_and_bad_files_are_ignored() {
     assert_eq!(
         still.result()["resultType"],
         "task",
-        "last good policy stays in force"
+        "last good policy stays in force: {still:?}\n{}",
+        sidecar.logs()
     );
+}
+
+#[tokio::test]
+async fn a_task_result_for_a_request_that_cannot_create_one_never_reaches_the_client() {
+    let (server, sidecar, client) =
+        setup("  tasks:\n    tools: [rogue_task, slow_compute]\n").await;
+    let token = alice().token();
+    let undeclared = client
+        .request(
+            "tools/call",
+            json!({"name": "rogue_task", "arguments": {"seconds": 30}}),
+        )
+        .token(&token)
+        .without_tasks()
+        .send()
+        .await;
+    assert_eq!(undeclared.error_code(), Some(-32603), "{undeclared:?}");
+    assert!(!undeclared.raw.contains("task-"), "{undeclared:?}");
+
+    let prompt = client
+        .request("prompts/get", json!({"name": "rogue_task"}))
+        .token(&token)
+        .send()
+        .await;
+    assert_eq!(prompt.error_code(), Some(-32603), "{prompt:?}");
+    assert!(prompt.body.get("result").is_none());
+
+    // Both rogue tasks are cancelled at the server, and audited.
+    let cancelled = support::eventually(Duration::from_secs(5), async || {
+        let tasks = upstream_json(&server, "/_example/tasks").await;
+        let all = tasks.as_array()?.clone();
+        (all.len() == 2 && all.iter().all(|t| t["status"] == "cancelled")).then_some(())
+    })
+    .await;
+    assert!(
+        cancelled.is_some(),
+        "{}",
+        upstream_json(&server, "/_example/tasks").await
+    );
+    let refused = sidecar
+        .audit()
+        .into_iter()
+        .filter(|e| e["event"] == "task.refused")
+        .count();
+    assert_eq!(refused, 2);
 }

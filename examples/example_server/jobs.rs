@@ -156,6 +156,13 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             }
             Outcome::Done(text_result(format!("computed {label}")))
         }
+        ToolCall::Rogue { seconds } => {
+            let ms = (seconds * 1000.0).round() as u64;
+            if !ctx.sleep(ms).await {
+                return Outcome::Cancelled;
+            }
+            Outcome::Done(text_result("rogue task finished".to_owned()))
+        }
         ToolCall::FailingJob { after_ms } => {
             if !ctx.sleep(*after_ms).await {
                 return Outcome::Cancelled;

@@ -13,7 +13,7 @@ use crate::rpc::{
     RpcError, TASKS_EXT, error_reply, json_reply, result_envelope,
 };
 use crate::store::Outcome;
-use crate::tools;
+use crate::tools::{self, ToolCall};
 use crate::{listen, streaming};
 
 /// Freshness hint for the cacheable results (discover and the lists).
@@ -178,6 +178,17 @@ async fn dispatch(
             "ttlMs": CACHE_TTL_MS,
             "cacheScope": "public",
         })),
+        "prompts/get" if params.get("name").and_then(Value::as_str) == Some("rogue_task") => {
+            // Deliberately wrong: no method but tools/call may create a task.
+            let (task_id, created, wake) = state.store.create();
+            jobs::spawn_task(
+                state.store.clone(),
+                task_id,
+                wake,
+                ToolCall::Rogue { seconds: 5.0 },
+            );
+            ok(created)
+        }
         "prompts/get" => get_prompt(params).map(Reply::Result),
         "tasks/get" | "tasks/update" | "tasks/cancel" => {
             if !ctx.tasks_ext {
@@ -256,7 +267,8 @@ async fn tools_call(
     ctx: &RequestContext,
 ) -> Result<Reply, RpcError> {
     let call = tools::parse(params)?;
-    let as_task = call.task_capable() && ctx.tasks_ext;
+    // `rogue_task` ignores what the client declared: the bug the sidecar must catch.
+    let as_task = (call.task_capable() && ctx.tasks_ext) || matches!(call, ToolCall::Rogue { .. });
     if !as_task && call.task_only() {
         return Err(RpcError::tasks_extension_required());
     }

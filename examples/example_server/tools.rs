@@ -34,6 +34,11 @@ pub enum ToolCall {
     Unstable {
         flip_after_ms: u64,
     },
+    /// Deliberately breaks the protocol: answers with a task even when the request did not
+    /// declare the Tasks extension (so tests can show the sidecar refuses it).
+    Rogue {
+        seconds: f64,
+    },
 }
 
 impl ToolCall {
@@ -141,6 +146,14 @@ pub fn list() -> Value {
                 &[]
             )
         ),
+        tool(
+            "rogue_task",
+            "BUGGY ON PURPOSE: answers with a task even to clients that did not declare the Tasks extension.",
+            schema(
+                json!({"seconds": {"type": "number", "minimum": 0, "maximum": 86400, "default": 5}}),
+                &[]
+            )
+        ),
     ])
 }
 
@@ -238,6 +251,9 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
             }
         }
         "list_roots" => ToolCall::ListRoots,
+        "rogue_task" => ToolCall::Rogue {
+            seconds: a.number("seconds", 5.0, 86_400.0)?,
+        },
         "unstable_status" => ToolCall::Unstable {
             flip_after_ms: a.uint("flipAfterMs", 300, 3_600_000)?,
         },

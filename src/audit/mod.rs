@@ -5,7 +5,6 @@
 //! (only their size and SHA-256), prompts, model output.
 
 use std::io::Write;
-use std::path::Path;
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Serialize;
@@ -138,58 +137,96 @@ pub fn summarize(value: &Value) -> Value {
 /// Handle for writing audit events; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
-    tx: mpsc::UnboundedSender<AuditEvent>,
+    tx: mpsc::UnboundedSender<Message>,
 }
 
 /// Where audit lines go.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuditTarget {
     Stdout,
-    File(std::fs::File),
+    /// A file, opened in append mode and created if missing.
+    File(std::path::PathBuf),
+}
+
+enum Message {
+    Event(Box<AuditEvent>),
+    Retarget(AuditTarget),
+}
+
+fn open_target(target: &AuditTarget) -> std::io::Result<Box<dyn Write + Send>> {
+    Ok(match target {
+        AuditTarget::Stdout => Box::new(std::io::stdout()),
+        AuditTarget::File(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    })
 }
 
 impl AuditLog {
-    /// Starts the writer. The file is opened in append mode and created if missing.
-    pub fn open(path: Option<&Path>) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
-        let target = match path {
-            None => AuditTarget::Stdout,
-            Some(p) => AuditTarget::File(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)?,
-            ),
-        };
-        Ok(Self::start(target))
-    }
-
-    fn start(target: AuditTarget) -> (Self, tokio::task::JoinHandle<()>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<AuditEvent>();
+    /// Starts the writer on `target`. Fails when the file cannot be opened.
+    pub fn open(target: AuditTarget) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
+        let mut out = open_target(&target)?;
+        let mut current = target;
+        let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
         let writer = tokio::task::spawn_blocking(move || {
-            let mut out: Box<dyn Write + Send> = match target {
-                AuditTarget::Stdout => Box::new(std::io::stdout()),
-                AuditTarget::File(f) => Box::new(f),
-            };
             let mut buffer = Vec::with_capacity(8192);
-            while let Some(event) = rx.blocking_recv() {
-                write_line(&mut buffer, &event);
-                while let Ok(event) = rx.try_recv() {
-                    write_line(&mut buffer, &event);
+            while let Some(first) = rx.blocking_recv() {
+                let mut next = Some(first);
+                while let Some(message) = next.take().or_else(|| rx.try_recv().ok()) {
+                    match message {
+                        Message::Event(event) => write_line(&mut buffer, &event),
+                        Message::Retarget(target) if target != current => {
+                            flush(&mut out, &mut buffer);
+                            match open_target(&target) {
+                                Ok(new) => {
+                                    tracing::info!(
+                                        ?target,
+                                        "audit trail now written to a new target"
+                                    );
+                                    out = new;
+                                    current = target;
+                                }
+                                Err(e) => tracing::error!(
+                                    ?target,
+                                    error = %e,
+                                    "cannot open the new audit target; keeping the current one"
+                                ),
+                            }
+                        }
+                        Message::Retarget(_) => {}
+                    }
                 }
-                if let Err(e) = out.write_all(&buffer).and_then(|()| out.flush()) {
-                    tracing::error!(error = %e, "writing the audit trail failed");
-                }
-                buffer.clear();
+                flush(&mut out, &mut buffer);
             }
         });
-        (Self { tx }, writer)
+        Ok((Self { tx }, writer))
     }
 
     /// Queues an event. Never blocks; events are written in order.
     pub fn log(&self, event: AuditEvent) {
-        if self.tx.send(event).is_err() {
+        if self.tx.send(Message::Event(Box::new(event))).is_err() {
             tracing::error!("audit writer has stopped; event lost");
         }
     }
+
+    /// Switches where later events go (no-op when unchanged). Events queued before stay with the
+    /// old target.
+    pub fn retarget(&self, target: AuditTarget) {
+        let _ = self.tx.send(Message::Retarget(target));
+    }
+}
+
+fn flush(out: &mut Box<dyn Write + Send>, buffer: &mut Vec<u8>) {
+    if buffer.is_empty() {
+        return;
+    }
+    if let Err(e) = out.write_all(buffer).and_then(|()| out.flush()) {
+        tracing::error!(error = %e, "writing the audit trail failed");
+    }
+    buffer.clear();
 }
 
 fn write_line(buffer: &mut Vec<u8>, event: &AuditEvent) {
@@ -226,7 +263,7 @@ mod tests {
     async fn events_are_written_as_json_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        let (log, writer) = AuditLog::open(Some(&path)).unwrap();
+        let (log, writer) = AuditLog::open(AuditTarget::File(path.clone())).unwrap();
         log.log(AuditEvent::new("task.created", "c1", "ns/p", Decision::Allow, "ok").tool("t"));
         log.log(AuditEvent::new(
             "task.denied",
@@ -234,6 +271,15 @@ mod tests {
             "ns/p",
             Decision::Deny,
             "foreign_subject",
+        ));
+        let second = dir.path().join("second.jsonl");
+        log.retarget(AuditTarget::File(second.clone()));
+        log.log(AuditEvent::new(
+            "task.cancelled",
+            "c3",
+            "ns/p",
+            Decision::Allow,
+            "owner",
         ));
         drop(log);
         writer.await.unwrap();
@@ -247,5 +293,8 @@ mod tests {
         assert_eq!(lines[0]["tool"], "t");
         assert_eq!(lines[1]["decision"], "deny");
         assert_eq!(lines[1]["reason"], "foreign_subject");
+        let moved = std::fs::read_to_string(&second).unwrap();
+        assert_eq!(moved.lines().count(), 1);
+        assert!(moved.contains("task.cancelled"));
     }
 }

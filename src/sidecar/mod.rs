@@ -31,7 +31,7 @@ use http::{StatusCode, Uri};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, TaskHasher};
+use crate::audit::{AuditLog, AuditTarget, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::{SqliteLedger, TaskLedger};
 use crate::mcp::jsonrpc::MAX_REQUEST_BYTES;
@@ -73,11 +73,22 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             .await
             .context("reading the audit key from the ledger")?,
     );
-    let (audit, audit_writer) =
-        AuditLog::open(config.audit_file.as_deref()).context("opening the audit file")?;
+    let initial_target = match &config.audit_file {
+        Some(path) => AuditTarget::File(path.clone()),
+        None => AuditTarget::Stdout,
+    };
+    let (audit, audit_writer) = AuditLog::open(initial_target).context("opening the audit file")?;
     let metrics = Arc::new(SidecarMetrics::new());
     let registry = Arc::new(KeyRegistry::new(shutdown.clone()));
     let (publish, policy) = watch::channel(None);
+    if config.audit_file.is_none() {
+        // Without --audit-file, the policy's audit.sink decides where the trail goes.
+        tokio::spawn(follow_audit_sink(
+            policy.clone(),
+            audit.clone(),
+            shutdown.clone(),
+        ));
+    }
     tokio::spawn(policy_file::watch_policy_file(
         config.policy_file.clone(),
         registry.clone(),
@@ -161,5 +172,29 @@ async fn protected_resource_metadata(State(app): State<Arc<AppState>>) -> Respon
             }),
         ),
         None => respond::status(StatusCode::SERVICE_UNAVAILABLE),
+    }
+}
+
+/// Points the audit trail at the policy's `audit.sink` whenever the policy changes.
+async fn follow_audit_sink(
+    mut policy: watch::Receiver<Option<Arc<state::ActivePolicy>>>,
+    audit: AuditLog,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let target = policy.borrow_and_update().as_ref().map(|p| {
+            let rules = &p.effective.audit;
+            match (rules.sink, &rules.path) {
+                (crate::api::AuditSink::File, Some(path)) => AuditTarget::File(path.into()),
+                _ => AuditTarget::Stdout,
+            }
+        });
+        if let Some(target) = target {
+            audit.retarget(target);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = policy.changed() => if changed.is_err() { return },
+        }
     }
 }

@@ -14,8 +14,9 @@ use crate::telemetry::metrics::{ResultLabels, SidecarMetrics};
 
 use super::state::ActivePolicy;
 
-/// How often the file is checked. Reloads take effect within this interval plus the time to
-/// load new keys, well inside the one-second promise.
+/// How often the file is checked. A new version is applied once two consecutive reads agree
+/// (so a file caught half-written is never loaded), i.e. within two intervals plus the time to
+/// load new keys: well inside the one-second promise.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Loads `path` once: compile it (any error refuses the whole file) and load its issuers' keys.
@@ -61,6 +62,8 @@ pub async fn watch_policy_file(
     shutdown: CancellationToken,
 ) {
     let mut applied: Option<[u8; 32]> = None;
+    // The digest seen on the previous poll: a version must be read twice in a row to count.
+    let mut previous: Option<[u8; 32]> = None;
     let mut failed: Option<([u8; 32], std::time::Instant)> = None;
     let mut unreadable_reported = false;
     loop {
@@ -68,11 +71,13 @@ pub async fn watch_policy_file(
             Ok(bytes) => {
                 unreadable_reported = false;
                 let current = digest(&bytes);
+                let stable = previous == Some(current);
+                previous = Some(current);
                 let retry_due = match failed {
                     Some((d, at)) if d == current => at.elapsed() >= RETRY_INTERVAL,
                     _ => true,
                 };
-                if applied != Some(current) && retry_due {
+                if stable && applied != Some(current) && retry_due {
                     match load_policy_file(&path, &registry).await {
                         Ok(policy) => {
                             tracing::info!(policy = %policy.name, hash = %policy.hash, "policy loaded");
@@ -101,6 +106,7 @@ pub async fn watch_policy_file(
                 }
             }
             Err(e) => {
+                previous = None;
                 if !unreadable_reported {
                     tracing::error!(file = %path.display(), error = %e, "cannot read the policy file; the previous policy (if any) stays in force");
                     unreadable_reported = true;

@@ -133,10 +133,24 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         reservation_expires_at: now + (app.upstream_timeout + RESERVATION_GRACE).as_millis() as i64,
     };
     let started = Instant::now();
-    let outcome = app.ledger.reserve(reservation).await;
+    let mut outcome = app.ledger.reserve(reservation.clone()).await;
     app.metrics
         .ledger_write_seconds
         .observe(started.elapsed().as_secs_f64());
+    if matches!(outcome, Ok(ReserveOutcome::OverQuota(_)))
+        && super::reconcile::reconcile_principal(
+            &app,
+            &ctx.policy,
+            &ctx.correlation_id,
+            &ctx.identity.owner,
+        )
+        .await
+            > 0
+    {
+        // Some of the caller's tasks had finished at the server without anyone polling them;
+        // their slots are free now.
+        outcome = app.ledger.reserve(reservation).await;
+    }
     match outcome {
         Ok(ReserveOutcome::Reserved) => {}
         Ok(ReserveOutcome::OverQuota(scope)) => {

@@ -3,10 +3,12 @@
 //! uniform "Task not found" whatever the reason.
 
 mod create;
+mod reconcile;
 
 pub use create::{
     PendingTask, QUOTA_EXCEEDED, call_tool, confirm_created_task, refuse_unexpected_task,
 };
+pub use reconcile::refresh_from_upstream;
 
 use std::time::Instant;
 
@@ -14,7 +16,7 @@ use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::audit::Decision;
+use crate::audit::{AuditEvent, Decision};
 use crate::ledger::{EndReason, Ending, Finish, FinishOutcome, TaskId, TaskRecord, TaskStatus};
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::task::{TaskView, empty_ack, parse_reported_state, replace_task_id};
@@ -26,7 +28,7 @@ use super::forward::{client_request_headers, set_mcp_headers};
 use super::pipeline::RequestContext;
 use super::relay::{anomaly, upstream_failure};
 use super::respond;
-use super::state::AppState;
+use super::state::{ActivePolicy, AppState};
 
 pub fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
@@ -188,10 +190,13 @@ fn sampled(percent: u8) -> bool {
     u32::from(byte[0]) * 100 < u32::from(percent) * 256
 }
 
-/// Records a terminal state the upstream reported; returns the state to report from now on.
-async fn settle_terminal(
+/// Records a terminal state; returns the state to report from now on (the earlier terminal
+/// state when one was already recorded: first terminal write wins). Lifecycle audit events name
+/// the task's owner.
+pub(crate) async fn settle_terminal(
     app: &AppState,
-    ctx: &RequestContext,
+    policy: &ActivePolicy,
+    correlation_id: &str,
     record: &TaskRecord,
     finish: Finish,
 ) -> Option<TaskRecord> {
@@ -202,6 +207,12 @@ async fn settle_terminal(
     app.metrics
         .ledger_write_seconds
         .observe(started.elapsed().as_secs_f64());
+    let audit = |event: &'static str, decision: Decision, why: &'static str| {
+        AuditEvent::new(event, correlation_id, &policy.name, decision, why)
+            .owner(&record.owner)
+            .tool(&record.tool)
+            .task(app.hasher.hash(&record.id))
+    };
     match outcome {
         Ok(FinishOutcome::Applied(after)) => {
             app.metrics
@@ -216,19 +227,14 @@ async fn settle_terminal(
                 TaskStatus::Cancelled => "task.cancelled",
                 _ => "task.failed",
             };
-            app.audit.log(
-                ctx.audit(event, Decision::Record, reason.as_str())
-                    .tool(&record.tool)
-                    .task(app.hasher.hash(&record.id)),
-            );
+            app.audit
+                .log(audit(event, Decision::Record, reason.as_str()));
             Some(*after)
         }
         Ok(FinishOutcome::AlreadyTerminal(existing)) => {
             anomaly(app, "terminal_state_changed");
             app.audit.log(
-                ctx.audit("task.anomaly", Decision::Record, "terminal_state_changed")
-                    .tool(&record.tool)
-                    .task(app.hasher.hash(&record.id))
+                audit("task.anomaly", Decision::Record, "terminal_state_changed")
                     .detail("kept", existing.status.as_str())
                     .detail("reported", status.as_str()),
             );
@@ -239,6 +245,35 @@ async fn settle_terminal(
             tracing::error!(error = %e, "recording a terminal task state failed");
             None
         }
+    }
+}
+
+/// The ledger's terminal record for a state the server reported, if it is terminal.
+pub(crate) fn finish_from_report(state: &crate::mcp::task::ReportedState) -> Option<Finish> {
+    state.status.is_terminal().then(|| Finish {
+        status: state.status,
+        status_message: state.status_message.clone(),
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: state.payload.clone(),
+            at: now_ms(),
+        },
+    })
+}
+
+/// The ledger's record for a task the server no longer knows.
+pub(crate) fn finish_lost() -> Finish {
+    Finish {
+        status: TaskStatus::Failed,
+        status_message: Some("The MCP server no longer knows this task".into()),
+        ending: Ending {
+            reason: EndReason::UpstreamLost,
+            by: None,
+            payload: Some(json!({"code": codes::INTERNAL_ERROR,
+                                 "message": "The MCP server lost this task"})),
+            at: now_ms(),
+        },
     }
 }
 
@@ -259,18 +294,15 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     if let Some(error) = reply.get("error") {
         if error.get("code").and_then(Value::as_i64) == Some(codes::INVALID_PARAMS) {
             // The server forgot a task the ledger says is running (it restarted, or purged it).
-            let finish = Finish {
-                status: TaskStatus::Failed,
-                status_message: Some("The MCP server no longer knows this task".into()),
-                ending: Ending {
-                    reason: EndReason::UpstreamLost,
-                    by: None,
-                    payload: Some(json!({"code": codes::INTERNAL_ERROR,
-                                         "message": "The MCP server lost this task"})),
-                    at: now_ms(),
-                },
-            };
-            if let Some(after) = settle_terminal(app, ctx, &record, finish).await {
+            let settled = settle_terminal(
+                app,
+                &ctx.policy,
+                &ctx.correlation_id,
+                &record,
+                finish_lost(),
+            )
+            .await;
+            if let Some(after) = settled {
                 return answer_from_ledger(app, ctx, &after).await;
             }
         }
@@ -294,18 +326,9 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
             ),
         );
     };
-    if state.status.is_terminal() {
-        let finish = Finish {
-            status: state.status,
-            status_message: state.status_message.clone(),
-            ending: Ending {
-                reason: EndReason::Upstream,
-                by: None,
-                payload: state.payload.clone(),
-                at: now_ms(),
-            },
-        };
-        return match settle_terminal(app, ctx, &record, finish).await {
+    if let Some(finish) = finish_from_report(&state) {
+        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
+        return match settled {
             Some(after) => answer_from_ledger(app, ctx, &after).await,
             None => respond::task_not_found(&ctx.id()),
         };
