@@ -55,7 +55,9 @@ pub enum KeyLoadError {
 pub struct KeyStore {
     source: ResolvedSource,
     keys: RwLock<Option<Arc<KeySet>>>,
-    last_fetch: Mutex<Option<Instant>>,
+    /// When an unknown key id last forced a fetch (background and initial loads do not count,
+    /// so a key rotated in just after a scheduled refresh is still picked up at first use).
+    last_forced_fetch: Mutex<Option<Instant>>,
     fetch_lock: tokio::sync::Mutex<()>,
     http: reqwest::Client,
 }
@@ -65,7 +67,7 @@ impl KeyStore {
         Self {
             source,
             keys: RwLock::new(None),
-            last_fetch: Mutex::new(None),
+            last_forced_fetch: Mutex::new(None),
             fetch_lock: tokio::sync::Mutex::new(()),
             http,
         }
@@ -87,9 +89,6 @@ impl KeyStore {
     }
 
     async fn load_unlocked(&self) -> Result<(), KeyLoadError> {
-        if let Ok(mut last) = self.last_fetch.lock() {
-            *last = Some(Instant::now());
-        }
         let bytes = match &self.source {
             ResolvedSource::File(path) => {
                 tokio::fs::read(path)
@@ -137,18 +136,18 @@ impl KeyStore {
         Ok(body)
     }
 
-    /// Refetches after a token named an unknown key, unless a fetch happened less than
-    /// [`MIN_REFETCH_INTERVAL`] ago. Returns whether the key set changed hands (a fetch ran).
+    /// Refetches after a token named an unknown key, unless another unknown key forced a fetch
+    /// less than [`MIN_REFETCH_INTERVAL`] ago. Returns whether a fetch ran and succeeded.
     pub async fn refresh_for_unknown_key(&self) -> bool {
         let _single_flight = self.fetch_lock.lock().await;
-        let recent = self
-            .last_fetch
-            .lock()
-            .ok()
-            .and_then(|l| *l)
-            .is_some_and(|at| at.elapsed() < MIN_REFETCH_INTERVAL);
-        if recent {
-            return false;
+        {
+            let Ok(mut last) = self.last_forced_fetch.lock() else {
+                return false;
+            };
+            if last.is_some_and(|at| at.elapsed() < MIN_REFETCH_INTERVAL) {
+                return false;
+            }
+            *last = Some(Instant::now());
         }
         match self.load_unlocked().await {
             Ok(()) => true,

@@ -122,6 +122,8 @@ pub struct SidecarOptions {
     pub spec: String,
     /// Extra documents appended to the policy file.
     pub extra_documents: String,
+    /// Fetch the issuer's keys from this URL instead of the fixture JWKS file.
+    pub jwks_uri: Option<String>,
 }
 
 pub struct Sidecar {
@@ -143,6 +145,12 @@ impl Sidecar {
         std::fs::copy(fixture("keys/issuer-jwks.json"), &jwks).unwrap();
         let policy_path = dir.path().join("policy.yaml");
         let mut text = policy_yaml(&jwks, &options.spec);
+        if let Some(uri) = &options.jwks_uri {
+            text = text.replace(
+                &format!("jwksFile: {}", jwks.display()),
+                &format!("jwksUri: {uri}"),
+            );
+        }
         if !options.extra_documents.is_empty() {
             text.push_str("---\n");
             text.push_str(&options.extra_documents);
