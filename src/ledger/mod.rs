@@ -191,6 +191,9 @@ pub struct TaskRecord {
     pub ended: Option<Ending>,
     /// How many times the owner read the completed result.
     pub result_reads: u32,
+    /// `iat` (Unix seconds) of the token that created the task, when it had one: revocations
+    /// cancel the tasks their revoked tokens started.
+    pub token_issued_at: Option<i64>,
 }
 
 impl TaskRecord {
@@ -265,6 +268,8 @@ pub struct Reservation {
     pub now: i64,
     /// A reservation not confirmed or released by then is void (crash recovery).
     pub reservation_expires_at: i64,
+    /// `iat` (Unix seconds) of the creating token.
+    pub token_issued_at: Option<i64>,
 }
 
 /// Result of [`TaskLedger::reserve`].
@@ -396,6 +401,10 @@ pub trait TaskLedger: Send + Sync {
     /// Counts one read of a completed result; returns the count after this read, or 0 when
     /// there is no such confirmed task (nothing counted).
     async fn note_result_read(&self, id: &TaskId) -> Result<u32>;
+
+    /// Drops the stored payload (result or error) of a terminal task; the task stays. Used for
+    /// `deleteResultAfterRetrieval`. No effect on unknown or unfinished tasks.
+    async fn forget_payload(&self, id: &TaskId) -> Result<()>;
 
     /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first.
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;

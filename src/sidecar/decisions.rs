@@ -131,6 +131,7 @@ mod tests {
             poll_interval_ms: None,
             ended: None,
             result_reads: 0,
+            token_issued_at: None,
         }
     }
 

@@ -191,6 +191,44 @@ pub async fn result_reads(ledger: &dyn TaskLedger) {
     );
 }
 
+/// `forget_payload` drops a terminal task's result and nothing else; unfinished and unknown
+/// tasks are unaffected.
+pub async fn forget_payload(ledger: &dyn TaskLedger) {
+    let done = create(ledger, &fresh_owner()).await;
+    let finish = Finish {
+        status: TaskStatus::Completed,
+        status_message: Some("done".into()),
+        ending: Ending {
+            reason: EndReason::Upstream,
+            by: None,
+            payload: Some(json!({"content": [{"type": "text", "text": "secret result"}]})),
+            at: NOW + 5,
+        },
+    };
+    ledger.finish(&done.id, finish).await.expect("finish");
+    ledger
+        .forget_payload(&done.id)
+        .await
+        .expect("forget_payload");
+    let after = get(ledger, &done.id).await.expect("task stays");
+    assert_eq!(after.status, TaskStatus::Completed);
+    assert_eq!(after.status_message.as_deref(), Some("done"));
+    let ending = after.ended.expect("still ended");
+    assert_eq!(ending.payload, None);
+    assert_eq!(ending.reason, EndReason::Upstream);
+
+    let running = create(ledger, &fresh_owner()).await;
+    ledger
+        .forget_payload(&running.id)
+        .await
+        .expect("forget_payload");
+    assert_eq!(get(ledger, &running.id).await, Some(running));
+    ledger
+        .forget_payload(&new_id())
+        .await
+        .expect("unknown is a no-op");
+}
+
 /// `past_deadline` lists live confirmed tasks at or past their deadline, earliest first.
 pub async fn past_deadline(ledger: &dyn TaskLedger) {
     // Deadlines far before NOW so that only this function's tasks (and leftovers of earlier

@@ -27,8 +27,8 @@ pub use admission::{
     quota_race, quota_server, quota_tenant, quota_without_tenant_or_client,
 };
 pub use lifecycle::{
-    active_for, finish_cas, finish_race, observe, past_deadline, purge_expired, result_reads,
-    secret,
+    active_for, finish_cas, finish_race, forget_payload, observe, past_deadline, purge_expired,
+    result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
 
@@ -75,6 +75,7 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     finish_race(ledger).await;
     observe(ledger).await;
     result_reads(ledger).await;
+    forget_payload(ledger).await;
     past_deadline(ledger).await;
     purge_expired(ledger).await;
     active_for(ledger).await;
@@ -103,6 +104,7 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         finish_race(ledger).boxed_local(),
         observe(ledger).boxed_local(),
         result_reads(ledger).boxed_local(),
+        forget_payload(ledger).boxed_local(),
         past_deadline(ledger).boxed_local(),
         purge_expired(ledger).boxed_local(),
         active_for(ledger).boxed_local(),
@@ -159,6 +161,7 @@ pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
         limits,
         now: NOW,
         reservation_expires_at: FAR,
+        token_issued_at: Some(NOW / 1000 - 30),
     }
 }
 

@@ -43,6 +43,7 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         poll_interval_ms: Some(2_500),
         ended: None,
         result_reads: 0,
+        token_issued_at: r.token_issued_at,
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);
     assert_eq!(get(ledger, &id).await.as_ref(), Some(&expected));

@@ -214,6 +214,13 @@ impl TaskLedger for SqliteLedger {
             .await
     }
 
+    async fn forget_payload(&self, id: &TaskId) -> Result<()> {
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::forget_payload(conn, &id))
+            .await
+    }
+
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
         self.readers
             .with(|conn| ops::past_deadline(conn, now, limit))

@@ -11,7 +11,7 @@ use crate::ledger::{
 
 const TASK_COLUMNS: &str = "id, upstream_id, issuer, subject, tenant, client, tool, scopes, \
     status, status_message, created_at, last_updated_at, ttl_ms, deadline_at, poll_interval_ms, \
-    end_reason, ended_by, payload, ended_at, result_reads";
+    end_reason, ended_by, payload, ended_at, result_reads, token_issued_at";
 
 /// A confirmed row as SQLite returns it, before the parsing that can find it corrupt.
 struct RawTask {
@@ -32,6 +32,7 @@ struct RawTask {
     payload: Option<String>,
     ended_at: Option<i64>,
     result_reads: i64,
+    token_issued_at: Option<i64>,
 }
 
 impl RawTask {
@@ -59,6 +60,7 @@ impl RawTask {
             payload: row.get(17)?,
             ended_at: row.get(18)?,
             result_reads: row.get(19)?,
+            token_issued_at: row.get(20)?,
         })
     }
 
@@ -109,6 +111,7 @@ impl RawTask {
             ended,
             result_reads: u32::try_from(self.result_reads)
                 .map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))?,
+            token_issued_at: self.token_issued_at,
         })
     }
 }
@@ -236,8 +239,9 @@ pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutco
     };
     conn.prepare_cached(
         "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
-         idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at) \
-         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+         idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at, \
+         token_issued_at) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )
     .ctx("prepare reservation insert")?
     .execute(params![
@@ -252,6 +256,7 @@ pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutco
         until,
         window,
         r.reservation_expires_at,
+        r.token_issued_at,
     ])
     .ctx("insert reservation")?;
     Ok(ReserveOutcome::Reserved)
@@ -382,6 +387,17 @@ pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
             u32::try_from(n).map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))
         }
     }
+}
+
+/// Drops a terminal task's payload (its result or error); the task itself stays.
+pub(super) fn forget_payload(conn: &Connection, id: &str) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE tasks SET payload = NULL WHERE id = ?1 AND confirmed = 1 AND ended_at IS NOT NULL",
+    )
+    .ctx("prepare forget payload")?
+    .execute([id])
+    .ctx("forget payload")?;
+    Ok(())
 }
 
 pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {

@@ -10,14 +10,14 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 1;
+pub(super) const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2];
 
 /// Version 1.
 ///
@@ -25,7 +25,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1];
 /// one COUNT over both. "Active" (holding a quota slot) is `ended_at IS NULL`: reservations and
 /// non-terminal tasks; expired reservations are deleted before every count, so they never hold
 /// a slot. The partial indexes cover exactly the active rows, which quotas keep small.
-const V1: &str = "
+pub(super) const V1: &str = "
 CREATE TABLE tasks (
     id                     TEXT PRIMARY KEY NOT NULL,
     confirmed              INTEGER NOT NULL DEFAULT 0 CHECK (confirmed IN (0, 1)),
@@ -76,6 +76,12 @@ CREATE TABLE secrets (
     name  TEXT PRIMARY KEY NOT NULL,
     value BLOB NOT NULL CHECK (length(value) = 32)
 ) STRICT;
+";
+
+/// Version 2: the `iat` of the token that created a task, so a session revocation cancels
+/// exactly the work its revoked tokens started (and none a fresh token started later).
+const V2: &str = "
+ALTER TABLE tasks ADD COLUMN token_issued_at INTEGER;
 ";
 
 /// Opens the write connection, switches the file to WAL and brings the schema up to date.

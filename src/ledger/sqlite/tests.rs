@@ -46,6 +46,7 @@ conformance!(
     finish_race,
     observe,
     result_reads,
+    forget_payload,
     past_deadline,
     purge_expired,
     active_for,
@@ -195,4 +196,34 @@ async fn queued_writes_are_grouped() {
     let stats = ledger.write_stats();
     assert_eq!(stats.commands, 100);
     assert!(stats.commits < stats.commands, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_1_ledger_is_migrated_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    {
+        let conn = raw(&path);
+        conn.execute_batch(super::schema::V1).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "INSERT INTO tasks (id, confirmed, upstream_id, issuer, subject, tenant, client, tool, \
+             scopes, status, created_at, last_updated_at, ttl_ms, expires_at, deadline_at) \
+             VALUES ('lgt_old', 1, 'u1', 'i', 's', 't', 'c', 'tool', '[]', 'working', 1, 1, \
+             1000000000000, 1000000000001, 2)",
+            [],
+        )
+        .unwrap();
+    }
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let old = ledger
+        .get(&crate::ledger::TaskId::from_string("lgt_old"))
+        .await
+        .unwrap()
+        .expect("v1 task survives the migration");
+    assert_eq!(old.token_issued_at, None);
+    let version: i64 = raw(&path)
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, super::schema::SCHEMA_VERSION);
 }

@@ -131,6 +131,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         limits,
         now,
         reservation_expires_at: now + (app.upstream_timeout + RESERVATION_GRACE).as_millis() as i64,
+        token_issued_at: ctx.identity.issued_at,
     };
     let started = Instant::now();
     let mut outcome = app.ledger.reserve(reservation.clone()).await;
