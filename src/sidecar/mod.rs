@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod decisions;
 pub mod forward;
+pub mod lifecycle;
 pub mod pipeline;
 pub mod policy_file;
 pub mod relay;
@@ -54,6 +55,8 @@ pub struct SidecarConfig {
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
 const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
+/// Name of the ledger secret that keys idempotency hashes.
+const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
 /// Runs the sidecar until `shutdown` fires.
 pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<()> {
@@ -77,6 +80,10 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         Some(path) => AuditTarget::File(path.clone()),
         None => AuditTarget::Stdout,
     };
+    let idempotency_secret = ledger
+        .secret(IDEMPOTENCY_SECRET)
+        .await
+        .context("reading the idempotency key from the ledger")?;
     let (audit, audit_writer) = AuditLog::open(initial_target).context("opening the audit file")?;
     let metrics = Arc::new(SidecarMetrics::new());
     let registry = Arc::new(KeyRegistry::new(shutdown.clone()));
@@ -108,8 +115,16 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         audit,
         hasher,
         metrics,
+        idempotency_secret,
         upstream_timeout: config.upstream_timeout,
     });
+
+    tokio::spawn(lifecycle::sweep(app.clone(), shutdown.clone()));
+    tokio::spawn(lifecycle::apply_revocations(
+        app.clone(),
+        app.policy.clone(),
+        shutdown.clone(),
+    ));
 
     let mcp = Router::new()
         .route("/mcp", post(pipeline::handle_mcp))

@@ -44,6 +44,8 @@ pub struct AppState {
     pub audit: AuditLog,
     pub hasher: TaskHasher,
     pub metrics: Arc<SidecarMetrics>,
+    /// Keys idempotency hashes (a ledger secret, shared by replicas).
+    pub idempotency_secret: [u8; 32],
     /// Bound on waiting for the server's response headers.
     pub upstream_timeout: std::time::Duration,
 }

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use crate::audit::{Decision, summarize};
 use crate::ledger::{
-    Confirmation, QuotaLimits, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskStatus,
+    Confirmation, IdempotencyClaim, QuotaLimits, Reservation, ReserveOutcome, TaskId, TaskLedger,
+    TaskStatus,
 };
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::task::{parse_created_task, replace_task_id};
@@ -122,39 +123,53 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         per_client: tasks.concurrency.per_client,
         per_server: tasks.concurrency.per_server,
     };
+    let arguments = ctx
+        .request
+        .params()
+        .and_then(|p| p.get("arguments"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let material = match super::idempotency::key_material(
+        &ctx.headers,
+        tasks.derive_idempotency_key,
+        &arguments,
+    ) {
+        Ok(m) => m,
+        Err(e) => {
+            return respond::rpc_error(
+                StatusCode::BAD_REQUEST,
+                &id,
+                &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+            );
+        }
+    };
+    let idempotency = material.map(|m| IdempotencyClaim {
+        key_hash: super::idempotency::claim_hash(
+            &app.idempotency_secret,
+            &ctx.identity.owner,
+            &tool,
+            &m,
+        ),
+        window_ms: tasks.idempotency_window.get().as_millis() as i64,
+    });
     let reservation = Reservation {
         id: task_id.clone(),
         owner: ctx.identity.owner.clone(),
         tool: tool.clone(),
         scopes: ctx.identity.scopes.iter().cloned().collect(),
-        idempotency: None,
+        idempotency,
         limits,
         now,
         reservation_expires_at: now + (app.upstream_timeout + RESERVATION_GRACE).as_millis() as i64,
         token_issued_at: ctx.identity.issued_at,
     };
-    let started = Instant::now();
-    let mut outcome = app.ledger.reserve(reservation.clone()).await;
-    app.metrics
-        .ledger_write_seconds
-        .observe(started.elapsed().as_secs_f64());
-    if matches!(outcome, Ok(ReserveOutcome::OverQuota(_)))
-        && super::reconcile::reconcile_principal(
-            &app,
-            &ctx.policy,
-            &ctx.correlation_id,
-            &ctx.identity.owner,
-        )
-        .await
-            > 0
-    {
-        // Some of the caller's tasks had finished at the server without anyone polling them;
-        // their slots are free now.
-        outcome = app.ledger.reserve(reservation).await;
-    }
+    let outcome = match reserve_slot(&app, &ctx, reservation).await {
+        Ok(o) => o,
+        Err(e) => return internal_error(&id, &e.to_string()),
+    };
     match outcome {
-        Ok(ReserveOutcome::Reserved) => {}
-        Ok(ReserveOutcome::OverQuota(scope)) => {
+        ReserveOutcome::Reserved => {}
+        ReserveOutcome::OverQuota(scope) => {
             deny_metric(&app, "quota");
             app.audit.log(
                 ctx.audit("task.denied", Decision::Deny, "quota")
@@ -176,11 +191,24 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
             }
             return response;
         }
-        Ok(ReserveOutcome::Existing(_) | ReserveOutcome::InFlight(_)) => {
-            // No idempotency claim was made, so the ledger cannot answer with an existing task.
-            return internal_error(&id, "unexpected idempotency outcome");
+        ReserveOutcome::Existing(record) => {
+            app.audit.log(
+                ctx.audit("task.deduplicated", Decision::Allow, "idempotency_key")
+                    .tool(&tool)
+                    .task(app.hasher.hash(&record.id)),
+            );
+            return respond::rpc_result(&id, super::view(&record, &ctx).create_result());
         }
-        Err(e) => return internal_error(&id, &e.to_string()),
+        ReserveOutcome::InFlight(_) => {
+            return respond::rpc_error(
+                StatusCode::CONFLICT,
+                &id,
+                &ErrorObject::new(
+                    codes::INTERNAL_ERROR,
+                    "An identical request is still being processed; retry",
+                ),
+            );
+        }
     }
 
     let pending = PendingTask {
@@ -207,6 +235,49 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     });
     work.await
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+}
+
+/// Reserves a slot, resolving the two outcomes that can change by waiting or asking:
+/// an identical request in flight (wait for it to become a task or be released) and an
+/// exhausted quota (ask the server whether the caller's unpolled tasks finished).
+async fn reserve_slot(
+    app: &AppState,
+    ctx: &RequestContext,
+    reservation: Reservation,
+) -> crate::ledger::Result<ReserveOutcome> {
+    let deadline = Instant::now() + app.upstream_timeout;
+    let mut reconciled = false;
+    loop {
+        let started = Instant::now();
+        let outcome = app.ledger.reserve(reservation.clone()).await?;
+        app.metrics
+            .ledger_write_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            ReserveOutcome::InFlight(other) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if let Some(record) = app.ledger.get(&other).await? {
+                    return Ok(ReserveOutcome::Existing(Box::new(record)));
+                }
+            }
+            ReserveOutcome::OverQuota(_) if !reconciled => {
+                reconciled = true;
+                let freed = super::reconcile::reconcile_principal(
+                    app,
+                    &ctx.policy,
+                    &ctx.correlation_id,
+                    &ctx.identity.owner,
+                )
+                .await;
+                if freed == 0 {
+                    return Ok(outcome);
+                }
+                // Some of the caller's tasks had finished at the server without anyone
+                // polling them; their slots are free now.
+            }
+            other => return Ok(other),
+        }
+    }
 }
 
 fn internal_error(id: &Value, detail: &str) -> Response {
@@ -268,7 +339,9 @@ pub async fn confirm_created_task(
         status_message: created.status_message.clone(),
         created_at: now,
         ttl_ms: ttl.as_millis() as i64,
-        deadline_at: pending.started_ms + deadline.as_millis() as i64,
+        // A task cannot outlive its retention: past its TTL nobody could read it anyway.
+        deadline_at: (pending.started_ms + deadline.as_millis() as i64)
+            .min(now + ttl.as_millis() as i64),
         poll_interval_ms: Some(poll_ms),
     };
     let started = Instant::now();
@@ -292,6 +365,24 @@ pub async fn confirm_created_task(
         .and_then(|p| p.get("arguments"))
         .cloned()
         .unwrap_or(Value::Null);
+    // A revocation may have arrived while the server was creating the task: it must not slip
+    // through the gap between the token check and the ledger write.
+    if let Some(current) = app.policy()
+        && let Some(rule) = current
+            .effective
+            .revocations
+            .iter()
+            .find(|r| crate::sidecar::lifecycle::revokes_task(r, &record))
+    {
+        crate::sidecar::lifecycle::cancel_for_revocation(
+            app,
+            &current,
+            &ctx.correlation_id,
+            &record,
+            rule,
+        )
+        .await;
+    }
     app.audit.log(
         ctx.audit("task.created", Decision::Allow, "created")
             .tool(&pending.tool)

@@ -3,12 +3,13 @@
 //! uniform "Task not found" whatever the reason.
 
 mod create;
+mod idempotency;
 mod reconcile;
 
 pub use create::{
     PendingTask, QUOTA_EXCEEDED, call_tool, confirm_created_task, refuse_unexpected_task,
 };
-pub use reconcile::refresh_from_upstream;
+pub use reconcile::{cancel_at_server, owner_identity, refresh_from_upstream};
 
 use std::time::Instant;
 
@@ -154,24 +155,45 @@ fn view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
 }
 
 /// Answers a read of a terminal task from the ledger alone.
-async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskRecord) -> Response {
-    let payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
-    let result = view(record, ctx).get_result(payload);
-    audit_read(app, ctx, record, payload.is_some()).await;
-    respond::rpc_result(&ctx.id(), result)
-}
+/// Status message of a completed task whose result was read once under
+/// `deleteResultAfterRetrieval`.
+pub const RESULT_DELETED: &str = "The result was deleted after it was retrieved";
 
-async fn audit_read(app: &AppState, ctx: &RequestContext, record: &TaskRecord, has_result: bool) {
+/// Answers a read from the ledger alone: terminal tasks, and unfinished tasks polled faster
+/// than `minPollInterval`.
+async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskRecord) -> Response {
     let hashed = app.hasher.hash(&record.id);
-    if has_result && record.status == TaskStatus::Completed {
+    let mut payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
+    let completed = record.status == TaskStatus::Completed;
+    let read_once = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .is_some_and(|t| t.delete_result_after_retrieval);
+    if completed && payload.is_some() {
         let reads = app.ledger.note_result_read(&record.id).await.unwrap_or(0);
-        app.audit.log(
-            ctx.audit("task.result_read", Decision::Allow, "owner")
-                .tool(&record.tool)
-                .task(hashed)
-                .detail("reads", reads),
-        );
-    } else if sampled(ctx.policy.effective.audit.status_read_sample_percent) {
+        // Under read-once, only the read that counted first gets the result, even when two
+        // reads race; the ledger then forgets it.
+        if read_once && reads > 1 {
+            payload = None;
+        } else {
+            app.audit.log(
+                ctx.audit("task.result_read", Decision::Allow, "owner")
+                    .tool(&record.tool)
+                    .task(hashed.clone())
+                    .detail("reads", reads),
+            );
+        }
+        if read_once && let Err(e) = app.ledger.forget_payload(&record.id).await {
+            tracing::error!(error = %e, "deleting a retrieved result failed");
+        }
+    }
+    let mut result = view(record, ctx).get_result(payload);
+    if completed && payload.is_none() {
+        result["statusMessage"] = json!(RESULT_DELETED);
+    }
+    if payload.is_none() && sampled(ctx.policy.effective.audit.status_read_sample_percent) {
         app.audit.log(
             ctx.audit("task.status_read", Decision::Allow, "owner")
                 .tool(&record.tool)
@@ -179,6 +201,7 @@ async fn audit_read(app: &AppState, ctx: &RequestContext, record: &TaskRecord, h
                 .detail("status", record.status.as_str()),
         );
     }
+    respond::rpc_result(&ctx.id(), result)
 }
 
 fn sampled(percent: u8) -> bool {
@@ -190,6 +213,14 @@ fn sampled(percent: u8) -> bool {
     u32::from(byte[0]) * 100 < u32::from(percent) * 256
 }
 
+/// A terminal transition as recorded.
+pub(crate) struct Settled {
+    /// The state to report from now on.
+    pub record: TaskRecord,
+    /// Whether this call ended the task (false: it was already terminal; first write wins).
+    pub applied: bool,
+}
+
 /// Records a terminal state; returns the state to report from now on (the earlier terminal
 /// state when one was already recorded: first terminal write wins). Lifecycle audit events name
 /// the task's owner.
@@ -199,7 +230,7 @@ pub(crate) async fn settle_terminal(
     correlation_id: &str,
     record: &TaskRecord,
     finish: Finish,
-) -> Option<TaskRecord> {
+) -> Option<Settled> {
     let status = finish.status;
     let reason = finish.ending.reason;
     let started = Instant::now();
@@ -222,29 +253,50 @@ pub(crate) async fn settle_terminal(
                     reason: reason.as_str(),
                 })
                 .inc();
-            let event = match status {
-                TaskStatus::Completed => "task.completed",
-                TaskStatus::Cancelled => "task.cancelled",
-                _ => "task.failed",
-            };
+            let event = lifecycle_event(status, reason);
             app.audit
                 .log(audit(event, Decision::Record, reason.as_str()));
-            Some(*after)
+            Some(Settled {
+                record: *after,
+                applied: true,
+            })
         }
         Ok(FinishOutcome::AlreadyTerminal(existing)) => {
-            anomaly(app, "terminal_state_changed");
-            app.audit.log(
-                audit("task.anomaly", Decision::Record, "terminal_state_changed")
-                    .detail("kept", existing.status.as_str())
-                    .detail("reported", status.as_str()),
-            );
-            Some(*existing)
+            // A server reporting a different end than the one recorded breaks terminal
+            // immutability: keep the first, audit the second. Races between the sidecar's own
+            // ends (deadline, revocation, cancel) are not anomalies.
+            if reason == EndReason::Upstream && existing.status != status {
+                anomaly(app, "terminal_state_changed");
+                app.audit.log(
+                    audit("task.anomaly", Decision::Record, "terminal_state_changed")
+                        .detail("kept", existing.status.as_str())
+                        .detail("reported", status.as_str()),
+                );
+            }
+            Some(Settled {
+                record: *existing,
+                applied: false,
+            })
         }
         Ok(FinishOutcome::NotFound) => None,
         Err(e) => {
             tracing::error!(error = %e, "recording a terminal task state failed");
             None
         }
+    }
+}
+
+/// The audit event of a terminal transition: ends the sidecar imposed (owner, admin, deadline,
+/// revocation) are cancellations whatever status they leave; the rest follow the status.
+pub(crate) fn lifecycle_event(status: TaskStatus, reason: EndReason) -> &'static str {
+    match (reason, status) {
+        (EndReason::AdminCancel, _) => "task.admin_cancelled",
+        (EndReason::OwnerCancel | EndReason::Deadline | EndReason::Revocation, _) => {
+            "task.cancelled"
+        }
+        (_, TaskStatus::Completed) => "task.completed",
+        (_, TaskStatus::Cancelled) => "task.cancelled",
+        _ => "task.failed",
     }
 }
 
@@ -286,6 +338,18 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     if record.status.is_terminal() {
         return answer_from_ledger(app, ctx, &record).await;
     }
+    // Polls faster than minPollInterval get the state last learned from the server. Not for
+    // input_required: its outstanding input requests are not cached.
+    let min_poll = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .map(|t| t.min_poll_interval.get().as_millis() as i64)
+        .unwrap_or(0);
+    if record.status == TaskStatus::Working && now_ms() - record.last_updated_at < min_poll {
+        return answer_from_ledger(app, ctx, &record).await;
+    }
     let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
     let (status, mut reply) = match app.upstream.call(headers, &message).await {
         Ok(r) => r,
@@ -302,8 +366,8 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
                 finish_lost(),
             )
             .await;
-            if let Some(after) = settled {
-                return answer_from_ledger(app, ctx, &after).await;
+            if let Some(settled) = settled {
+                return answer_from_ledger(app, ctx, &settled.record).await;
             }
         }
         replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
@@ -329,7 +393,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     if let Some(finish) = finish_from_report(&state) {
         let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
         return match settled {
-            Some(after) => answer_from_ledger(app, ctx, &after).await,
+            Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
             None => respond::task_not_found(&ctx.id()),
         };
     }
@@ -355,7 +419,14 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         .and_then(Value::as_i64)
         .unwrap_or(0);
     result["pollIntervalMs"] = json!(upstream_poll.max(v.poll_interval_ms));
-    audit_read(app, ctx, &record, false).await;
+    if sampled(ctx.policy.effective.audit.status_read_sample_percent) {
+        app.audit.log(
+            ctx.audit("task.status_read", Decision::Allow, "owner")
+                .tool(&record.tool)
+                .task(app.hasher.hash(&record.id))
+                .detail("status", state.status.as_str()),
+        );
+    }
     respond::rpc_result(&ctx.id(), result)
 }
 

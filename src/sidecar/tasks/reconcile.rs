@@ -46,11 +46,15 @@ pub async fn refresh_from_upstream(
         .and_then(serde_json::Value::as_i64)
         == Some(codes::INVALID_PARAMS)
     {
-        return settle_terminal(app, policy, correlation_id, record, finish_lost()).await;
+        return settle_terminal(app, policy, correlation_id, record, finish_lost())
+            .await
+            .map(|s| s.record);
     }
     let state = reply.get("result").and_then(parse_reported_state)?;
     if let Some(finish) = finish_from_report(&state) {
-        return settle_terminal(app, policy, correlation_id, record, finish).await;
+        return settle_terminal(app, policy, correlation_id, record, finish)
+            .await
+            .map(|s| s.record);
     }
     if state.status != record.status || state.status_message != record.status_message {
         let _ = app
@@ -97,4 +101,24 @@ pub async fn reconcile_principal(
         .flatten()
         .filter(|r| r.status.is_terminal())
         .count()
+}
+
+/// Asks the server to stop a task the ledger ended on its own authority (deadline,
+/// revocation): cooperative, best effort, as the sidecar and never with a token.
+pub async fn cancel_at_server(
+    app: &AppState,
+    correlation_id: &str,
+    record: &TaskRecord,
+    reason: &str,
+) {
+    let mut headers = sidecar_request_headers(&owner_identity(record), reason);
+    set_mcp_headers(
+        &mut headers,
+        methods::TASKS_CANCEL,
+        Some(&record.upstream_id),
+    );
+    let message = sidecar_task_request(methods::TASKS_CANCEL, &record.upstream_id, correlation_id);
+    if let Err(e) = app.upstream.call(headers, &message).await {
+        tracing::warn!(error = %e, reason, "asking the server to cancel a task failed");
+    }
 }
