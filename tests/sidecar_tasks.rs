@@ -149,9 +149,11 @@ async fn other_principals_tenants_and_clients_get_one_identical_denial() {
             .await;
         replies.push((format!("{who} tasks/update"), update));
     }
-    // IDs that never existed: well-formed random, and garbage.
-    let random = format!("lgt_{}", "A".repeat(32));
-    replies.push(("random id".into(), client.get_task(&owner, &random).await));
+    // IDs that never existed: an attacker iterating well-formed IDs, and garbage.
+    for _ in 0..25 {
+        let random = lifeguard::ledger::TaskId::generate().unwrap().to_string();
+        replies.push(("random id".into(), client.get_task(&owner, &random).await));
+    }
     replies.push(("garbage id".into(), client.get_task(&owner, "task-1").await));
 
     let reference = replies[0].1.clone();

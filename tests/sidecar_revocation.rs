@@ -1,0 +1,257 @@
+//! Revocation, black box: a PrincipalRevocation added to the standalone policy file refuses the
+//! principal's old tokens, cancels the work they started and stops its writes within a second.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+
+const SPEC: &str = "  tasks:\n    minPollInterval: 50ms\n";
+
+fn revocation(name: &str, subject: &str, reason: &str, revoked_before: jiff::Timestamp) -> String {
+    format!(
+        r#"---
+apiVersion: lifeguard.dev/v1alpha1
+kind: PrincipalRevocation
+metadata: {{name: {name}}}
+spec:
+  issuer: {}
+  subject: {subject}
+  revokedBefore: "{revoked_before}"
+  reason: {reason}
+  source: {{kind: manual}}
+"#,
+        support::ISSUER
+    )
+}
+
+fn append(sidecar: &Sidecar, text: &str) {
+    let mut policy = std::fs::read_to_string(sidecar.policy_file()).unwrap();
+    policy.push_str(text);
+    // Write-and-rename, as kubectl, kubelet and editors do.
+    let tmp = sidecar.policy_file().with_extension("tmp");
+    std::fs::write(&tmp, policy).unwrap();
+    std::fs::rename(&tmp, sidecar.policy_file()).unwrap();
+}
+
+fn with_iat(user: &User, iat: i64) -> String {
+    user.token_with(|c| {
+        c["iat"] = json!(iat);
+        c["nbf"] = json!(iat - 5);
+    })
+}
+
+async fn rows(server: &ExampleServer, label: &str) -> usize {
+    let all: Value = reqwest::get(format!("{}/_example/rows", server.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["label"] == label)
+        .count()
+}
+
+#[tokio::test]
+async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones() {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: SPEC.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    let alice = User::new("alice", "tenant-a", "console");
+    let bob = User::new("bob", "tenant-a", "console");
+    let now = jiff::Timestamp::now().as_second();
+    let old_token = with_iat(&alice, now - 60);
+    let bob_token = bob.token();
+
+    let alice_task = client
+        .call_tool(
+            &old_token,
+            "write_rows",
+            json!({"count": 1000, "intervalMs": 20, "label": "alice"}),
+        )
+        .await
+        .result()["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bob_task = client
+        .call_tool(
+            &bob_token,
+            "write_rows",
+            json!({"count": 1000, "intervalMs": 20, "label": "bob"}),
+        )
+        .await
+        .result()["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    let started = Instant::now();
+    append(
+        &sidecar,
+        &revocation("alice-session", "alice", "sessionRevoked", revoked_before),
+    );
+
+    // Within a second: the old token is refused…
+    let refused = support::eventually(Duration::from_secs(2), async || {
+        let r = client.get_task(&old_token, &alice_task).await;
+        (r.status == 401).then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "old token still accepted:\n{}",
+        sidecar.logs()
+    );
+    // …and her task reads cancelled (to a fresh token, issued after revokedBefore).
+    let fresh = alice.token();
+    let cancelled = support::eventually(Duration::from_secs(2), async || {
+        let r = client.get_task(&fresh, &alice_task).await;
+        (r.result()["status"] == "cancelled").then_some(r)
+    })
+    .await
+    .expect("task cancelled by the revocation");
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        started.elapsed()
+    );
+    let message = cancelled.result()["statusMessage"].as_str().unwrap();
+    assert!(message.contains("revoked"), "{message}");
+
+    // No row lands after that, plus one server poll interval; Bob is untouched.
+    let at_cancel = rows(&server, "alice").await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(rows(&server, "alice").await, at_cancel);
+    assert!(rows(&server, "bob").await > 0);
+    let bobs = client.get_task(&bob_token, &bob_task).await;
+    assert_eq!(bobs.result()["status"], "working");
+
+    // A fresh token works again (session-revocation semantics) and can start new work, which
+    // the revocation does not touch.
+    let new_task = client
+        .call_tool(&fresh, "slow_compute", json!({"seconds": 30}))
+        .await;
+    assert_eq!(new_task.result()["resultType"], "task", "{new_task:?}");
+
+    let applied = support::eventually(Duration::from_secs(2), async || {
+        sidecar
+            .audit()
+            .into_iter()
+            .find(|e| e["event"] == "revocation.applied")
+    })
+    .await
+    .expect("revocation.applied audited");
+    assert_eq!(applied["detail"]["tasksCancelled"], 1);
+    assert_eq!(applied["detail"]["revocation"], "alice-session");
+    assert!(
+        sidecar
+            .audit()
+            .iter()
+            .any(|e| e["event"] == "auth.denied" && e["reason"] == "revoked")
+    );
+    client.cancel_task(&bob_token, &bob_task).await;
+}
+
+#[tokio::test]
+async fn an_account_disabled_revocation_refuses_every_token_until_removed() {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: SPEC.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    let alice = User::new("alice", "tenant-a", "console");
+    let task = client
+        .call_tool(&alice.token(), "slow_compute", json!({"seconds": 30}))
+        .await
+        .result()["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let original = std::fs::read_to_string(sidecar.policy_file()).unwrap();
+    append(
+        &sidecar,
+        &revocation(
+            "alice-disabled",
+            "alice",
+            "accountDisabled",
+            jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600),
+        ),
+    );
+    let refused = support::eventually(Duration::from_secs(2), async || {
+        // Even a token minted right now.
+        let r = client.get_task(&alice.token(), &task).await;
+        (r.status == 401).then_some(())
+    })
+    .await;
+    assert!(refused.is_some());
+
+    // Removing the object lets her back in; the task stays cancelled.
+    let tmp = sidecar.policy_file().with_extension("tmp");
+    std::fs::write(&tmp, original).unwrap();
+    std::fs::rename(&tmp, sidecar.policy_file()).unwrap();
+    let back = support::eventually(Duration::from_secs(2), async || {
+        let r = client.get_task(&alice.token(), &task).await;
+        (r.status == 200).then_some(r)
+    })
+    .await
+    .expect("token accepted again after the revocation was removed");
+    assert_eq!(back.result()["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn owner_cancel_stops_writes_before_the_task_reads_cancelled_plus_one_interval() {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: SPEC.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    let token = User::new("alice", "t", "c").token();
+    for round in 0..3 {
+        let label = format!("owner-{round}");
+        let id = client
+            .call_tool(
+                &token,
+                "write_rows",
+                json!({"count": 1000, "intervalMs": 10, "label": label}),
+            )
+            .await
+            .result()["taskId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        tokio::time::sleep(Duration::from_millis(50 + round * 30)).await;
+        client.cancel_task(&token, &id).await;
+        assert_eq!(
+            client.get_task(&token, &id).await.result()["status"],
+            "cancelled"
+        );
+        let at_cancel = rows(&server, &label).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(rows(&server, &label).await, at_cancel, "round {round}");
+    }
+}
