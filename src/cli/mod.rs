@@ -58,6 +58,9 @@ pub struct SidecarArgs {
     /// Log format (logs go to stderr).
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
+    /// Threads serving requests. Default: one per CPU the container may use.
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,9 +17,11 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = builder.enable_all().build()?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();

@@ -1,5 +1,6 @@
 //! Who is calling: bearer JWTs validated locally against the policy's trusted issuers.
 
+pub mod cache;
 pub mod jwt;
 pub mod keys;
 pub mod mint;

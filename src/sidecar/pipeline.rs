@@ -30,6 +30,8 @@ pub struct RequestContext {
     pub request: Request,
     pub facts: RequestFacts,
     pub headers: HeaderMap,
+    /// The request body as received, forwarded unchanged when nothing in it needs rewriting.
+    pub body: Bytes,
 }
 
 impl RequestContext {
@@ -60,7 +62,13 @@ pub fn new_correlation_id() -> String {
     let mut bytes = [0u8; 16];
     // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
     let _ = getrandom::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0x0f)] as char);
+    }
+    out
 }
 
 fn method_label(method: &str) -> &'static str {
@@ -161,6 +169,7 @@ pub async fn handle_mcp(
         request,
         facts,
         headers,
+        body,
     };
     let response = match ctx.facts.kind.clone() {
         RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
@@ -204,6 +213,10 @@ pub async fn authenticate(
 ) -> Result<Identity, AuthError> {
     let token = bearer_token(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))?;
     let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
+    if let Some(identity) = policy.tokens.get(token, now_secs) {
+        check_revocations(policy, &identity)?;
+        return Ok(identity);
+    }
     let keys = |issuer: &crate::policy::TrustedIssuer| policy.keys.keys_for(issuer);
     let identity = match validate_token(token, &policy.effective, &keys, now_secs) {
         Err(AuthError::UnknownKey { issuer, .. }) => {
@@ -218,6 +231,7 @@ pub async fn authenticate(
         }
         other => other?,
     };
+    policy.tokens.insert(token, &identity);
     check_revocations(policy, &identity)?;
     Ok(identity)
 }

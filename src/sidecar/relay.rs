@@ -44,7 +44,7 @@ pub async fn forward_plain(app: Arc<AppState>, ctx: RequestContext) -> Response 
         &ctx.identity,
         ctx.policy.effective.upstream_identity,
     );
-    let body = Bytes::from(serde_json::to_vec(&ctx.request.message).unwrap_or_default());
+    let body = ctx.body.clone();
     send_and_relay(app, Arc::new(ctx), headers, body, FinalAction::Plain).await
 }
 
@@ -72,7 +72,21 @@ pub async fn send_and_relay(
         Err(e) => return upstream_failure(&id, &e),
     };
     match response.body {
-        UpstreamBody::Json(message) => {
+        UpstreamBody::Json(bytes) => {
+            // Most answers are not tasks: those are passed on byte for byte, without building a
+            // JSON tree. (A task answer to a request that may not create one is still caught:
+            // the peek reads `result.resultType`.)
+            if !peek_is_task(&bytes) {
+                drop(action); // releases a reservation that did not become a task
+                return respond::raw_json(response.status, bytes);
+            }
+            let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
+                return respond::rpc_error(
+                    StatusCode::BAD_GATEWAY,
+                    &id,
+                    &ErrorObject::new(codes::INTERNAL_ERROR, "The MCP server's answer is not JSON"),
+                );
+            };
             let mut action = action;
             let message = finish_message(&app, &ctx, &mut action, message).await;
             respond::json(response.status, &message)
@@ -186,6 +200,28 @@ fn relay_sse(
         .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))
         .body(Body::new(body))
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+}
+
+/// Whether a JSON-RPC response's `result.resultType` is `task`, read without building a tree.
+/// Unparseable bodies count as tasks so they take the careful path.
+pub fn peek_is_task(bytes: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow, default)]
+        result: Option<PeekResult<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PeekResult<'a> {
+        #[serde(rename = "resultType", borrow, default)]
+        result_type: Option<std::borrow::Cow<'a, str>>,
+    }
+    match serde_json::from_slice::<Peek<'_>>(bytes) {
+        Ok(peek) => peek
+            .result
+            .and_then(|r| r.result_type)
+            .is_some_and(|t| t == "task"),
+        Err(_) => true,
+    }
 }
 
 pub fn anomaly(app: &AppState, reason: &'static str) {

@@ -28,6 +28,19 @@ pub fn json(status: StatusCode, value: &Value) -> Response {
         .into_response()
 }
 
+/// A JSON body passed on as received.
+pub fn raw_json(status: StatusCode, body: bytes::Bytes) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
 pub fn rpc_result(id: &Value, result: Value) -> Response {
     json(StatusCode::OK, &result_message(id, result))
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::audit::{AuditLog, TaskHasher};
+use crate::identity::cache::TokenCache;
 use crate::identity::store::IssuerKeys;
 use crate::ledger::TaskLedger;
 use crate::policy::EffectivePolicy;
@@ -21,6 +22,8 @@ pub struct ActivePolicy {
     /// `namespace/name`, for audit lines.
     pub name: String,
     pub resource_metadata_url: String,
+    /// Tokens that validated under this policy version.
+    pub tokens: TokenCache,
 }
 
 impl ActivePolicy {
@@ -31,6 +34,7 @@ impl ActivePolicy {
             resource_metadata_url: resource_metadata_url(&effective.resource),
             effective,
             keys,
+            tokens: TokenCache::default(),
         }
     }
 }

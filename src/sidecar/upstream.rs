@@ -22,8 +22,8 @@ pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 /// A response from the protected server.
 pub enum UpstreamBody {
-    /// `application/json`, parsed.
-    Json(Value),
+    /// `application/json`, as received (bounded); parse on demand.
+    Json(Bytes),
     /// `text/event-stream`, not yet read.
     Sse(SseStream<Incoming>),
     /// No body (e.g. 202 for a notification).
@@ -124,10 +124,7 @@ impl Upstream {
         let body = if bytes.is_empty() {
             UpstreamBody::Empty
         } else if content_type.starts_with("application/json") {
-            match serde_json::from_slice(&bytes) {
-                Ok(v) => UpstreamBody::Json(v),
-                Err(_) => UpstreamBody::Other(bytes),
-            }
+            UpstreamBody::Json(bytes)
         } else {
             UpstreamBody::Other(bytes)
         };
@@ -145,7 +142,9 @@ impl Upstream {
         let body = Bytes::from(serde_json::to_vec(message).unwrap_or_default());
         let response = self.send(headers, body).await?;
         match response.body {
-            UpstreamBody::Json(v) => Ok((response.status, v)),
+            UpstreamBody::Json(bytes) => serde_json::from_slice(&bytes)
+                .map(|v| (response.status, v))
+                .map_err(|e| UpstreamError::BadResponse(e.to_string())),
             UpstreamBody::Sse(mut stream) => {
                 while let Some(event) = stream.next().await {
                     let event = event.map_err(|e| UpstreamError::BadResponse(e.to_string()))?;

@@ -101,10 +101,12 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     let headers = client_request_headers(&ctx.headers, &ctx.identity, policy.upstream_identity);
     if !task_allowed {
         // The server must not create a task it was not offered; a task result is refused.
-        if ctx.facts.declares_tasks {
+        let body = if ctx.facts.declares_tasks {
             strip_tasks_extension(&mut message);
-        }
-        let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
+            Bytes::from(serde_json::to_vec(&message).unwrap_or_default())
+        } else {
+            ctx.body.clone()
+        };
         return send_and_relay(app, Arc::new(ctx), headers, body, FinalAction::Plain).await;
     }
     // `task_allowed` implies a tasks section.
