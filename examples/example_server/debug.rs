@@ -85,7 +85,8 @@ fn bad_request(message: &str) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
 }
 
-/// `POST /_example/emit {"kind": ..., "uri"?: ...}`: pushes a notification to the listen
+/// `POST /_example/emit {"kind": ..., "uri"?: ..., "count"?: N}`: pushes a notification (N
+/// times) to the listen
 /// streams subscribed to it.
 pub async fn emit(State(state): State<AppState>, body: Bytes) -> Response {
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
@@ -108,6 +109,25 @@ pub async fn emit(State(state): State<AppState>, body: Bytes) -> Response {
             );
         }
     };
-    state.store.emit(event);
-    Json(json!({"ok": true})).into_response()
+    // `count` repeats the notification (for flooding a slow listener), yielding now and then so
+    // listeners keep up with the broadcast channel instead of lagging.
+    let count = body
+        .get("count")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .min(1_000_000);
+    if count == 1 {
+        state.store.emit(event);
+    } else {
+        let store = state.store.clone();
+        tokio::spawn(async move {
+            for i in 0..count {
+                store.emit(event.clone());
+                if i % 32 == 31 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        });
+    }
+    Json(json!({"ok": true, "count": count})).into_response()
 }

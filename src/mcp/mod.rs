@@ -9,6 +9,7 @@
 pub mod checks;
 pub mod header_value;
 pub mod jsonrpc;
+pub mod listen;
 pub mod task;
 
 /// The protocol revision Lifeguard enforces.

@@ -21,4 +21,5 @@ pub use check::{
 pub use compile::{Compilation, CompileInput, ObjectKind, ObjectProblem, ObjectRef, compile};
 pub use effective::*;
 pub use problem::{Problem, Severity};
+pub use uri_pattern::UriPattern;
 pub use validate::CompileMode;

@@ -159,6 +159,17 @@ async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule)
             cancelled += 1;
         }
     }
+    // Streams opened with a refused token end now (the listener must re-listen with a fresh
+    // token, which the pipeline checks like any request).
+    let streams_closed = app.streams.close_where(
+        |owner, issued_at| {
+            rule.covers(&owner.issuer, &owner.subject, &owner.tenant, &owner.client)
+                && rule.refuses_token_issued_at(
+                    issued_at.and_then(|s| jiff::Timestamp::from_second(s).ok()),
+                )
+        },
+        super::listen::CloseReason::Revoked,
+    );
     app.audit.log(
         AuditEvent::new(
             "revocation.applied",
@@ -172,7 +183,7 @@ async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule)
         .detail("subject", rule.subject.clone())
         .detail("revocationReason", json!(rule.reason))
         .detail("tasksCancelled", cancelled)
-        .detail("streamsClosed", 0)
+        .detail("streamsClosed", streams_closed)
         .detail("elapsedMs", started.elapsed().as_millis() as u64),
     );
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod decisions;
 pub mod forward;
 pub mod lifecycle;
+pub mod listen;
 pub mod pipeline;
 pub mod policy_file;
 pub mod relay;
@@ -116,6 +117,8 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         hasher,
         metrics,
         idempotency_secret,
+        streams: Arc::new(listen::StreamRegistry::default()),
+        shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,
     });
 

@@ -176,14 +176,7 @@ pub async fn handle_mcp(
         RequestKind::TaskGet { task_id } => tasks::get(&app, &ctx, &task_id).await,
         RequestKind::TaskUpdate { task_id } => tasks::update(&app, &ctx, &task_id).await,
         RequestKind::TaskCancel { task_id } => tasks::cancel(&app, &ctx, &task_id).await,
-        RequestKind::Listen => respond::rpc_error(
-            StatusCode::NOT_FOUND,
-            &ctx.id(),
-            &ErrorObject::new(
-                codes::METHOD_NOT_FOUND,
-                "subscriptions/listen is not available through this Lifeguard sidecar",
-            ),
-        ),
+        RequestKind::Listen => super::listen::listen(app.clone(), ctx).await,
         RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
     };
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {

@@ -50,6 +50,10 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// Open listen streams.
+    pub streams: Arc<super::listen::StreamRegistry>,
+    /// Fires when the sidecar shuts down (listen streams end gracefully).
+    pub shutdown: tokio_util::sync::CancellationToken,
     /// Bound on waiting for the server's response headers.
     pub upstream_timeout: std::time::Duration,
 }

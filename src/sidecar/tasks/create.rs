@@ -199,7 +199,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
                     .tool(&tool)
                     .task(app.hasher.hash(&record.id)),
             );
-            return respond::rpc_result(&id, super::view(&record, &ctx).create_result());
+            return respond::rpc_result(&id, super::task_view(&record, &ctx).create_result());
         }
         ReserveOutcome::InFlight(_) => {
             return respond::rpc_error(

@@ -135,7 +135,8 @@ async fn authorized_task(
     }
 }
 
-fn view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
+/// The ledger's view of a task as the caller's policy presents it.
+pub(crate) fn task_view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
     let min_poll = ctx
         .policy
         .effective
@@ -189,7 +190,7 @@ async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskR
             tracing::error!(error = %e, "deleting a retrieved result failed");
         }
     }
-    let mut result = view(record, ctx).get_result(payload);
+    let mut result = task_view(record, ctx).get_result(payload);
     if completed && payload.is_none() {
         result["statusMessage"] = json!(RESULT_DELETED);
     }
@@ -411,7 +412,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     }
     let mut result = result;
     replace_task_id(&mut result, &record.upstream_id, record.id.as_str());
-    let v = view(&record, ctx);
+    let v = task_view(&record, ctx);
     result["taskId"] = json!(record.id.as_str());
     result["ttlMs"] = json!(record.ttl_ms);
     let upstream_poll = result

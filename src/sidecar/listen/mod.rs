@@ -1,0 +1,276 @@
+//! `subscriptions/listen`: each stream is authorized on its own, bound to the caller's identity
+//! and the request id, filtered to what the policy allows and the caller owns, and re-checked on
+//! every event.
+
+pub mod registry;
+mod stream;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::StatusCode;
+use http::header::{self, HeaderValue};
+use serde_json::{Value, json};
+use sse_stream::{Sse, SseBody};
+use tokio::sync::mpsc;
+
+use crate::audit::Decision;
+use crate::ledger::TaskId;
+use crate::mcp::jsonrpc::ErrorObject;
+use crate::mcp::listen::{
+    FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result,
+};
+use crate::mcp::{TASKS_EXTENSION, codes, methods};
+
+use super::decisions::{Operation, authorize};
+use super::forward::{client_request_headers, set_mcp_headers};
+use super::pipeline::RequestContext;
+use super::respond;
+use super::state::AppState;
+use super::tasks::{QUOTA_EXCEEDED, now_ms};
+use super::upstream::UpstreamBody;
+
+pub use registry::{CloseReason, StreamRegistry};
+
+/// Frames buffered per stream before the listener counts as a slow consumer and is cut off:
+/// memory per stream stays bounded whatever the server emits.
+pub const STREAM_BUFFER: usize = 16;
+/// How long the server may take to acknowledge a listen request.
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn deny(
+    ctx: &RequestContext,
+    app: &AppState,
+    status: StatusCode,
+    error: ErrorObject,
+    reason: &'static str,
+) -> Response {
+    app.audit
+        .log(ctx.audit("listen.denied", Decision::Deny, reason));
+    respond::rpc_error(status, &ctx.id(), &error)
+}
+
+/// A response streaming `frames`: the listener's side of the stream.
+fn sse_response(rx: mpsc::Receiver<Value>) -> Response {
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| {
+            (
+                Ok::<_, Infallible>(Sse::default().event("message").data(frame.to_string())),
+                rx,
+            )
+        })
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        )
+        .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))
+        .body(Body::new(SseBody::new(events)))
+        .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+}
+
+/// Handles `subscriptions/listen`.
+pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
+    let Some(rules) = ctx.policy.effective.listen.clone() else {
+        return deny(
+            &ctx,
+            &app,
+            StatusCode::NOT_FOUND,
+            ErrorObject::new(
+                codes::METHOD_NOT_FOUND,
+                "subscriptions/listen is not enabled for this server",
+            ),
+            "not_enabled",
+        );
+    };
+    let asked = match ListenFilter::parse_request(
+        ctx.request.params().and_then(|p| p.get("notifications")),
+        ctx.facts.declares_tasks,
+    ) {
+        Ok(f) => f,
+        Err(FilterError::TaskIdsWithoutExtension) => {
+            return deny(
+                &ctx,
+                &app,
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(
+                    codes::MISSING_CAPABILITY,
+                    FilterError::TaskIdsWithoutExtension.to_string(),
+                )
+                .with_data(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+                "missing_tasks_capability",
+            );
+        }
+        Err(e) => {
+            return deny(
+                &ctx,
+                &app,
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(codes::INVALID_PARAMS, format!("Invalid params: {e}")),
+                "invalid_filter",
+            );
+        }
+    };
+    let mut allowed = asked.allowed_by(&rules);
+
+    // Task IDs: only tasks this caller owns, in the server's IDs. Foreign and unknown IDs are
+    // dropped alike, so the acknowledgement cannot tell them apart.
+    let mut to_sidecar: HashMap<String, TaskId> = HashMap::new();
+    let now = now_ms();
+    for id in std::mem::take(&mut allowed.task_ids) {
+        let id = TaskId::from_string(id);
+        let record = app.ledger.get(&id).await.ok().flatten();
+        if authorize(record.as_ref(), &ctx.identity, Operation::Read, None, now).is_ok()
+            && let Some(record) = record
+        {
+            allowed.task_ids.insert(record.upstream_id.clone());
+            to_sidecar.insert(record.upstream_id, id);
+        }
+    }
+
+    let Some(slot) = app.streams.open(
+        &ctx.identity.owner,
+        ctx.identity.issued_at,
+        rules.max_streams_per_principal,
+    ) else {
+        return deny(
+            &ctx,
+            &app,
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorObject::new(QUOTA_EXCEEDED, "Too many open listen streams")
+                .with_data(json!({"scope": "streams"})),
+            "stream_quota",
+        );
+    };
+
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let subscription_id = ctx.id();
+    if allowed.is_empty() {
+        // Nothing the caller may receive: acknowledge the empty subscription and end.
+        let _ = tx.try_send(acknowledgement(&ListenFilter::default(), &subscription_id));
+        let _ = tx.try_send(final_result(&subscription_id));
+        app.audit
+            .log(ctx.audit("listen.closed", Decision::Allow, "nothing_to_deliver"));
+        drop(slot);
+        return sse_response(rx);
+    }
+
+    let mut message = ctx.request.message.clone();
+    message["params"]["notifications"] = allowed.to_wire();
+    let mut headers = client_request_headers(
+        &ctx.headers,
+        &ctx.identity,
+        ctx.policy.effective.upstream_identity,
+    );
+    set_mcp_headers(&mut headers, methods::LISTEN, None);
+    headers.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
+    let upstream = match app.upstream.send(headers, body).await {
+        Ok(r) => r,
+        Err(e) => return super::relay::upstream_failure(&subscription_id, &e),
+    };
+    let mut events = match upstream.body {
+        UpstreamBody::Sse(events) => events,
+        UpstreamBody::Json(bytes) => {
+            // The server refused the listen request: pass its error on.
+            return respond::raw_json(upstream.status, bytes);
+        }
+        _ => {
+            return respond::rpc_error(
+                StatusCode::BAD_GATEWAY,
+                &subscription_id,
+                &ErrorObject::new(
+                    codes::INTERNAL_ERROR,
+                    "The MCP server did not open a stream",
+                ),
+            );
+        }
+    };
+
+    // The server's acknowledgement must come first; nothing is forwarded before it.
+    let acked = tokio::time::timeout(ACK_TIMEOUT, async {
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { return None };
+            let Some(data) = event.data else { continue };
+            let Ok(frame) = serde_json::from_str::<Value>(&data) else {
+                continue;
+            };
+            if classify_event(&frame) == ListenEvent::Acknowledged {
+                return Some(ListenFilter::parse_ack(
+                    frame.pointer("/params/notifications"),
+                ));
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(upstream_ack) = acked else {
+        return respond::rpc_error(
+            StatusCode::BAD_GATEWAY,
+            &subscription_id,
+            &ErrorObject::new(
+                codes::INTERNAL_ERROR,
+                "The MCP server did not acknowledge the subscription",
+            ),
+        );
+    };
+    let upstream_filter = allowed.intersect(&upstream_ack);
+    let mut client_filter = upstream_filter.clone();
+    client_filter.task_ids = upstream_filter
+        .task_ids
+        .iter()
+        .filter_map(|u| to_sidecar.get(u).map(|id| id.as_str().to_owned()))
+        .collect();
+    let _ = tx.try_send(acknowledgement(&client_filter, &subscription_id));
+    app.audit.log(
+        ctx.audit("listen.opened", Decision::Allow, "accepted")
+            .detail("toolsListChanged", client_filter.tools_list_changed)
+            .detail("promptsListChanged", client_filter.prompts_list_changed)
+            .detail("resourcesListChanged", client_filter.resources_list_changed)
+            .detail(
+                "resourceSubscriptions",
+                json!(client_filter.resource_subscriptions),
+            )
+            .detail("tasks", client_filter.task_ids.len())
+            .detail(
+                "dropped",
+                entries(&asked).saturating_sub(entries(&client_filter)),
+            ),
+    );
+
+    let pump = stream::Pump {
+        app: app.clone(),
+        ctx: Arc::new(ctx),
+        slot,
+        tx,
+        events,
+        upstream_filter,
+        client_filter,
+        to_sidecar,
+        max_duration: rules.max_stream_duration.get(),
+    };
+    tokio::spawn(pump.run());
+    sse_response(rx)
+}
+
+/// How many subscriptions a filter holds.
+fn entries(f: &ListenFilter) -> usize {
+    usize::from(f.tools_list_changed)
+        + usize::from(f.prompts_list_changed)
+        + usize::from(f.resources_list_changed)
+        + f.resource_subscriptions.len()
+        + f.task_ids.len()
+}

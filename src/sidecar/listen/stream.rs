@@ -1,0 +1,180 @@
+//! One open listen stream: reads the server's events, re-checks each one against the
+//! subscription, the policy in force and the ledger, and delivers it to the listener, until
+//! something ends the stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use sse_stream::SseStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::audit::Decision;
+use crate::ledger::TaskId;
+use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
+use crate::mcp::task::{parse_reported_state, replace_task_id};
+
+use super::super::decisions::{Operation, authorize};
+use super::super::pipeline::RequestContext;
+use super::super::state::AppState;
+use super::super::tasks::{finish_from_report, now_ms, settle_terminal, task_view};
+use super::registry::{CloseReason, StreamSlot};
+
+pub(super) struct Pump {
+    pub app: Arc<AppState>,
+    pub ctx: Arc<RequestContext>,
+    pub slot: StreamSlot,
+    pub tx: mpsc::Sender<Value>,
+    pub events: SseStream<Incoming>,
+    /// What the server was asked for and acknowledged, in its task IDs.
+    pub upstream_filter: ListenFilter,
+    /// What the listener was acknowledged, in the sidecar's task IDs.
+    pub client_filter: ListenFilter,
+    /// Server task ID → sidecar task ID, for the subscribed tasks.
+    pub to_sidecar: HashMap<String, TaskId>,
+    pub max_duration: Duration,
+}
+
+enum Step {
+    Continue,
+    Close(CloseReason),
+}
+
+impl Pump {
+    pub async fn run(mut self) {
+        let started = Instant::now();
+        let end_by_duration = started + self.max_duration;
+        let token_left = (self.ctx.identity.expires_at - jiff::Timestamp::now().as_second()).max(0);
+        let end_by_token = started + Duration::from_secs(token_left as u64);
+        let mut policy = self.app.policy.clone();
+        policy.borrow_and_update();
+        let mut delivered = 0u64;
+        let mut dropped = 0u64;
+        let reason = loop {
+            let step = tokio::select! {
+                _ = self.app.shutdown.cancelled() => Step::Close(CloseReason::Shutdown),
+                changed = self.slot.close.changed() => match (changed, *self.slot.close.borrow()) {
+                    (Ok(()), Some(reason)) => Step::Close(reason),
+                    _ => Step::Continue,
+                },
+                _ = tokio::time::sleep_until(end_by_token) => Step::Close(CloseReason::TokenExpired),
+                _ = tokio::time::sleep_until(end_by_duration) => Step::Close(CloseReason::MaxDuration),
+                changed = policy.changed() => {
+                    let still = changed.is_ok() && policy.borrow_and_update().as_ref().is_some_and(|p| {
+                        p.effective.listen.as_ref().is_some_and(|rules| {
+                            let mut without_tasks = self.client_filter.clone();
+                            without_tasks.task_ids.clear();
+                            without_tasks.still_allowed_by(rules)
+                                && (self.client_filter.task_ids.is_empty()
+                                    || rules.notifications.contains(&crate::api::ListenNotification::TaskIds))
+                        })
+                    });
+                    if still { Step::Continue } else { Step::Close(CloseReason::PolicyChanged) }
+                }
+                _ = self.tx.closed() => Step::Close(CloseReason::ClientClosed),
+                event = self.events.next() => match event {
+                    Some(Ok(event)) => match event.data.and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
+                        Some(frame) => match self.filter(frame).await {
+                            Some(frame) => match self.tx.try_send(frame) {
+                                Ok(()) => { delivered += 1; Step::Continue }
+                                Err(mpsc::error::TrySendError::Full(_)) => Step::Close(CloseReason::SlowConsumer),
+                                Err(mpsc::error::TrySendError::Closed(_)) => Step::Close(CloseReason::ClientClosed),
+                            },
+                            None => { dropped += 1; Step::Continue }
+                        },
+                        None => { dropped += 1; Step::Continue }
+                    },
+                    Some(Err(_)) | None => Step::Close(CloseReason::UpstreamEnded),
+                },
+            };
+            if let Step::Close(reason) = step {
+                break reason;
+            }
+        };
+        if reason.graceful() {
+            let _ = self.tx.try_send(final_result(&self.ctx.id()));
+        }
+        self.app.audit.log(
+            self.ctx
+                .audit("listen.closed", Decision::Record, reason.as_str())
+                .detail("delivered", delivered)
+                .detail("dropped", dropped)
+                .detail("openMs", started.elapsed().as_millis() as u64),
+        );
+    }
+
+    /// The frame to deliver for a server event, or `None` to drop it.
+    async fn filter(&self, frame: Value) -> Option<Value> {
+        let event = classify_event(&frame);
+        if !self.upstream_filter.admits(&event) {
+            return None;
+        }
+        let mut frame = match event {
+            ListenEvent::Task(upstream_id) => self.task_frame(&upstream_id, frame).await?,
+            // Only notification kinds the subscription admits get here; the policy in force is
+            // re-checked by the policy watcher, which ends the stream when it withdraws them.
+            _ => frame,
+        };
+        tag(&mut frame, &self.ctx.id());
+        Some(frame)
+    }
+
+    /// A `notifications/tasks` frame, re-checked against the ledger: the task must still exist
+    /// and belong to the listener; its IDs are the sidecar's; a terminal state is the ledger's.
+    async fn task_frame(&self, upstream_id: &str, mut frame: Value) -> Option<Value> {
+        let id = self.to_sidecar.get(upstream_id)?;
+        let mut record = self.app.ledger.get(id).await.ok().flatten()?;
+        authorize(
+            Some(&record),
+            &self.ctx.identity,
+            Operation::Read,
+            None,
+            now_ms(),
+        )
+        .ok()?;
+        let params = frame.get("params").cloned().unwrap_or(Value::Null);
+        // The server reporting an end teaches the ledger (first terminal write wins).
+        if !record.status.is_terminal()
+            && let Some(finish) = parse_reported_state(&params)
+                .as_ref()
+                .and_then(finish_from_report)
+            && let Some(settled) = settle_terminal(
+                &self.app,
+                &self.ctx.policy,
+                &self.ctx.correlation_id,
+                &record,
+                finish,
+            )
+            .await
+        {
+            record = settled.record;
+        }
+        let params = if record.status.is_terminal() {
+            let payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
+            let mut state = task_view(&record, &self.ctx).get_result(payload);
+            if let Some(o) = state.as_object_mut() {
+                o.remove("resultType");
+            }
+            state
+        } else {
+            let mut params = params;
+            replace_task_id(&mut params, upstream_id, id.as_str());
+            params["taskId"] = json!(id.as_str());
+            params["ttlMs"] = json!(record.ttl_ms);
+            params
+        };
+        let meta = frame.pointer("/params/_meta").cloned().map(|mut meta| {
+            replace_task_id(&mut meta, upstream_id, id.as_str());
+            meta
+        });
+        frame["params"] = params;
+        if let Some(meta) = meta {
+            frame["params"]["_meta"] = meta;
+        }
+        Some(frame)
+    }
+}

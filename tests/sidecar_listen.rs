@@ -1,0 +1,413 @@
+//! Sidecar III, listen half, black box: every `subscriptions/listen` stream is acknowledged
+//! first, tagged with its subscription id, filtered to what the policy allows and the listener
+//! owns, and closed when its token, its policy or its principal's access ends.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::listen::ListenStream;
+use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+
+const SUB_ID: &str = "io.modelcontextprotocol/subscriptionId";
+const SPEC: &str = r#"  tasks:
+    minPollInterval: 50ms
+  listen:
+    notifications: [toolsListChanged, resourcesListChanged, resourceSubscriptions, taskIds]
+    resourceSubscriptions: {allow: ["example://team-a/*"]}
+    maxStreamsPerPrincipal: 3
+    maxStreamDuration: 30s
+"#;
+
+async fn setup(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: spec.to_owned(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    (server, sidecar, client)
+}
+
+async fn emit(server: &ExampleServer, body: Value) {
+    reqwest::Client::new()
+        .post(format!("{}/_example/emit", server.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn create(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
+    let reply = client.call_tool(token, tool, args).await;
+    reply.result()["taskId"].as_str().unwrap().to_owned()
+}
+
+const SHORT: Duration = Duration::from_millis(300);
+const LONG: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn the_acknowledgement_comes_first_and_every_frame_carries_the_subscription_id() {
+    let (server, _sidecar, client) = setup(SPEC).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    for id in [json!(42), json!("sub-α")] {
+        let mut stream = ListenStream::open(
+            &client.url,
+            &token,
+            id.clone(),
+            json!({"toolsListChanged": true, "resourceSubscriptions": ["example://team-a/r1"]}),
+            true,
+        )
+        .await;
+        assert_eq!(stream.status, 200);
+        let ack = stream.next(LONG).await.expect("acknowledgement");
+        assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+        assert_eq!(ack["params"]["_meta"][SUB_ID], id);
+        assert_eq!(
+            ack["params"]["notifications"],
+            json!({"toolsListChanged": true, "resourceSubscriptions": ["example://team-a/r1"]})
+        );
+        emit(&server, json!({"kind": "toolsListChanged"})).await;
+        let event = stream.next(LONG).await.expect("tools list changed");
+        assert_eq!(event["method"], "notifications/tools/list_changed");
+        assert_eq!(event["params"]["_meta"][SUB_ID], id);
+    }
+}
+
+#[tokio::test]
+async fn filters_are_narrowed_to_what_the_policy_allows_and_the_listener_owns() {
+    let (server, _sidecar, client) = setup(SPEC).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let bob = User::new("bob", "tenant-a", "console").token();
+    let alices_task = create(&client, &alice, "slow_compute", json!({"seconds": 30})).await;
+    let bobs_task = create(&client, &bob, "slow_compute", json!({"seconds": 30})).await;
+    let forged = format!("lgt_{}", "Q".repeat(32));
+
+    let mut stream = ListenStream::open(
+        &client.url,
+        &alice,
+        json!(1),
+        json!({
+            "promptsListChanged": true,               // not allowed by the policy
+            "resourceSubscriptions": ["example://team-a/mine", "example://team-b/theirs"],
+            "taskIds": [alices_task, bobs_task, forged],
+        }),
+        true,
+    )
+    .await;
+    let ack = stream.next(LONG).await.expect("acknowledgement");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"resourceSubscriptions": ["example://team-a/mine"], "taskIds": [alices_task]}),
+        "foreign and forged task IDs are dropped alike, and so are foreign URIs"
+    );
+    // Events for what was dropped never arrive.
+    emit(&server, json!({"kind": "promptsListChanged"})).await;
+    emit(
+        &server,
+        json!({"kind": "resourceUpdated", "uri": "example://team-b/theirs"}),
+    )
+    .await;
+    emit(
+        &server,
+        json!({"kind": "resourceUpdated", "uri": "example://team-a/mine"}),
+    )
+    .await;
+    let event = stream.next(LONG).await.expect("allowed resource update");
+    assert_eq!(event["params"]["uri"], "example://team-a/mine");
+    client.cancel_task(&bob, &bobs_task).await;
+    assert!(
+        stream.next(SHORT).await.is_none(),
+        "nothing about bob's task"
+    );
+}
+
+#[tokio::test]
+async fn two_principals_never_see_each_others_task_events() {
+    let (_server, _sidecar, client) = setup(SPEC).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let bob = User::new("bob", "tenant-a", "console").token();
+    let a = create(
+        &client,
+        &alice,
+        "write_rows",
+        json!({"count": 3, "intervalMs": 100, "label": "a"}),
+    )
+    .await;
+    let b = create(
+        &client,
+        &bob,
+        "write_rows",
+        json!({"count": 3, "intervalMs": 100, "label": "b"}),
+    )
+    .await;
+    let mut alice_stream = ListenStream::open(
+        &client.url,
+        &alice,
+        json!("a"),
+        json!({"taskIds": [a, b]}),
+        true,
+    )
+    .await;
+    let mut bob_stream = ListenStream::open(
+        &client.url,
+        &bob,
+        json!("b"),
+        json!({"taskIds": [a, b]}),
+        true,
+    )
+    .await;
+    let alice_frames = alice_stream.drain(Duration::from_millis(900)).await;
+    let bob_frames = bob_stream.drain(Duration::from_millis(900)).await;
+    let task_ids = |frames: &[Value]| -> Vec<String> {
+        frames
+            .iter()
+            .filter(|f| f["method"] == "notifications/tasks")
+            .map(|f| f["params"]["taskId"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let seen_by_alice = task_ids(&alice_frames);
+    let seen_by_bob = task_ids(&bob_frames);
+    assert!(
+        !seen_by_alice.is_empty() && seen_by_alice.iter().all(|t| *t == a),
+        "{seen_by_alice:?}"
+    );
+    assert!(
+        !seen_by_bob.is_empty() && seen_by_bob.iter().all(|t| *t == b),
+        "{seen_by_bob:?}"
+    );
+    let raw = serde_json::to_string(&alice_frames).unwrap();
+    assert!(!raw.contains("task-"), "upstream IDs leaked: {raw}");
+    // The last state alice saw is the completed result, in her IDs.
+    let last = alice_frames
+        .iter()
+        .rev()
+        .find(|f| f["method"] == "notifications/tasks")
+        .unwrap();
+    assert_eq!(last["params"]["status"], "completed");
+    assert_eq!(
+        last["params"]["result"]["content"][0]["text"],
+        "wrote 3 rows"
+    );
+}
+
+#[tokio::test]
+async fn invalid_filters_and_undeclared_task_ids_are_refused() {
+    let (_server, sidecar, client) = setup(SPEC).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let undeclared = ListenStream::open(
+        &client.url,
+        &token,
+        json!(1),
+        json!({"taskIds": ["x"]}),
+        false,
+    )
+    .await;
+    assert_eq!(undeclared.status, 400);
+    let body = undeclared.body().await;
+    assert_eq!(body["error"]["code"], -32021);
+    let unknown = ListenStream::open(
+        &client.url,
+        &token,
+        json!(2),
+        json!({"everything": true}),
+        true,
+    )
+    .await;
+    assert_eq!(unknown.status, 400);
+    assert_eq!(unknown.body().await["error"]["code"], -32602);
+    assert!(
+        sidecar
+            .audit()
+            .iter()
+            .any(|e| e["event"] == "listen.denied")
+    );
+}
+
+#[tokio::test]
+async fn streams_are_capped_per_principal_and_closed_ends_free_the_slot() {
+    let (server, sidecar, client) = setup(SPEC).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let mut open = Vec::new();
+    for i in 0..3 {
+        let mut s = ListenStream::open(
+            &client.url,
+            &token,
+            json!(i),
+            json!({"toolsListChanged": true}),
+            true,
+        )
+        .await;
+        s.next(LONG).await.expect("ack");
+        open.push(s);
+    }
+    let fourth = ListenStream::open(
+        &client.url,
+        &token,
+        json!(9),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    assert_eq!(fourth.status, 429);
+    // An abrupt close (the client just goes away) frees the slot and the upstream stream.
+    drop(open.pop());
+    let reopened = support::eventually(LONG, async || {
+        let mut s = ListenStream::open(
+            &client.url,
+            &token,
+            json!(10),
+            json!({"toolsListChanged": true}),
+            true,
+        )
+        .await;
+        (s.status == 200 && s.next(LONG).await.is_some()).then_some(s)
+    })
+    .await;
+    assert!(reopened.is_some());
+    let closed = support::eventually(LONG, async || {
+        emit(&server, json!({"kind": "toolsListChanged"})).await;
+        sidecar
+            .audit()
+            .into_iter()
+            .find(|e| e["event"] == "listen.closed" && e["reason"] == "client_closed")
+    })
+    .await;
+    assert!(closed.is_some(), "abrupt close not noticed");
+}
+
+#[tokio::test]
+async fn token_expiry_and_max_duration_end_streams_gracefully() {
+    let (_server, _sidecar, client) =
+        setup(&SPEC.replace("maxStreamDuration: 30s", "maxStreamDuration: 1s")).await;
+    let user = User::new("alice", "tenant-a", "console");
+    let mut by_duration = ListenStream::open(
+        &client.url,
+        &user.token(),
+        json!("d"),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    let expiring = user.token_with(|c| c["exp"] = json!(jiff::Timestamp::now().as_second() + 1));
+    let mut by_token = ListenStream::open(
+        &client.url,
+        &expiring,
+        json!("t"),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    for (stream, id) in [(&mut by_duration, "d"), (&mut by_token, "t")] {
+        let frames = stream.drain(Duration::from_secs(3)).await;
+        let last = frames.last().expect("frames");
+        assert_eq!(last["id"], id, "{frames:?}");
+        assert_eq!(last["result"]["resultType"], "complete");
+        assert_eq!(last["result"]["_meta"][SUB_ID], id);
+    }
+}
+
+#[tokio::test]
+async fn revocation_and_policy_withdrawal_close_streams() {
+    let (_server, sidecar, client) = setup(SPEC).await;
+    let now = jiff::Timestamp::now().as_second();
+    let alice = User::new("alice", "tenant-a", "console");
+    let old = alice.token_with(|c| c["iat"] = json!(now - 60));
+    let bob = User::new("bob", "tenant-a", "console").token();
+    let mut alice_stream = ListenStream::open(
+        &client.url,
+        &old,
+        json!("a"),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    let mut bob_stream = ListenStream::open(
+        &client.url,
+        &bob,
+        json!("b"),
+        json!({"resourceSubscriptions": ["example://team-a/x"]}),
+        true,
+    )
+    .await;
+    alice_stream.next(LONG).await.expect("ack");
+    bob_stream.next(LONG).await.expect("ack");
+
+    let policy = std::fs::read_to_string(sidecar.policy_file()).unwrap();
+    let revoked = format!(
+        "{policy}---\napiVersion: lifeguard.dev/v1alpha1\nkind: PrincipalRevocation\nmetadata: {{name: alice}}\nspec:\n  issuer: {}\n  subject: alice\n  revokedBefore: \"{}\"\n  reason: sessionRevoked\n  source: {{kind: manual}}\n",
+        support::ISSUER,
+        jiff::Timestamp::from_second(now - 10).unwrap()
+    );
+    let tmp = sidecar.policy_file().with_extension("tmp");
+    std::fs::write(&tmp, &revoked).unwrap();
+    std::fs::rename(&tmp, sidecar.policy_file()).unwrap();
+    let frames = alice_stream.drain(Duration::from_secs(2)).await;
+    assert_eq!(
+        frames.last().map(|f| f["id"].clone()),
+        Some(json!("a")),
+        "{frames:?}"
+    );
+
+    // The policy stops allowing bob's resource subscriptions: his stream ends.
+    let withdrawn = revoked.replace("example://team-a/*", "example://team-c/*");
+    std::fs::write(&tmp, withdrawn).unwrap();
+    std::fs::rename(&tmp, sidecar.policy_file()).unwrap();
+    let frames = bob_stream.drain(Duration::from_secs(2)).await;
+    assert_eq!(
+        frames.last().map(|f| f["id"].clone()),
+        Some(json!("b")),
+        "{frames:?}"
+    );
+    let reasons: Vec<String> = sidecar
+        .audit()
+        .iter()
+        .filter(|e| e["event"] == "listen.closed")
+        .map(|e| e["reason"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(reasons.contains(&"revoked".to_owned()), "{reasons:?}");
+    assert!(
+        reasons.contains(&"policy_changed".to_owned()),
+        "{reasons:?}"
+    );
+    let applied = sidecar
+        .audit()
+        .into_iter()
+        .find(|e| e["event"] == "revocation.applied")
+        .unwrap();
+    assert_eq!(applied["detail"]["streamsClosed"], 1);
+}
+
+#[tokio::test]
+async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
+    let (server, sidecar, client) = setup(SPEC).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let mut stream = ListenStream::open(
+        &client.url,
+        &token,
+        json!(1),
+        json!({"resourceSubscriptions": ["example://team-a/flood"]}),
+        true,
+    )
+    .await;
+    stream.next(LONG).await.expect("ack");
+    // Flood without reading.
+    emit(
+        &server,
+        json!({"kind": "resourceUpdated", "uri": "example://team-a/flood", "count": 200000}),
+    )
+    .await;
+    let cut = support::eventually(Duration::from_secs(20), async || {
+        sidecar
+            .audit()
+            .into_iter()
+            .find(|e| e["event"] == "listen.closed" && e["reason"] == "slow_consumer")
+    })
+    .await;
+    assert!(cut.is_some(), "slow consumer never cut off");
+}
