@@ -103,7 +103,13 @@ impl Template {
     }
 
     /// `tools/call` of `tool`.
-    pub fn tool_call(endpoint: &Endpoint, token: &str, tool: &str, args: Value, tasks: bool) -> Self {
+    pub fn tool_call(
+        endpoint: &Endpoint,
+        token: &str,
+        tool: &str,
+        args: Value,
+        tasks: bool,
+    ) -> Self {
         Self::mcp(
             endpoint,
             token,
@@ -280,7 +286,9 @@ impl Conn {
 
 /// Whether a response is a JSON-RPC success: HTTP 200, a `result`, and not a tool error.
 pub fn is_success(status: u16, body: &[u8]) -> bool {
-    status == 200 && find(body, b"\"result\"").is_some() && find(body, b"\"isError\":true").is_none()
+    status == 200
+        && find(body, b"\"result\"").is_some()
+        && find(body, b"\"isError\":true").is_none()
 }
 
 /// A short description of a failed response, for the error report.

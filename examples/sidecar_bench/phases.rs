@@ -20,8 +20,25 @@ pub struct Snapshot {
     sidecar: u64,
     server: u64,
     client: u64,
+    /// user + nice + system ticks of all CPUs, and steal ticks (/proc/stat).
+    machine: (u64, u64),
     upstream: (f64, f64),
     ledger: (f64, f64),
+}
+
+/// Busy (user + nice + system) and steal ticks of the whole machine.
+pub fn machine_ticks() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    (at(0) + at(1) + at(2), at(7))
 }
 
 impl Snapshot {
@@ -30,6 +47,7 @@ impl Snapshot {
             sidecar: sidecar.proc.cpu_ticks(),
             server: server.proc.cpu_ticks(),
             client: cpu_ticks("/proc/self/stat"),
+            machine: machine_ticks(),
             ..Self::default()
         };
         if with_metrics {
@@ -52,6 +70,9 @@ pub struct Usage {
     pub sidecar_ticks: u64,
     pub server_ticks: u64,
     pub client_ticks: u64,
+    /// CPU of everything else on the machine (other processes: noise), and hypervisor steal.
+    pub other_ticks: u64,
+    pub steal_ticks: u64,
     /// Upstream round trips seen by the sidecar: total seconds, count.
     pub upstream: (f64, f64),
     /// Durable ledger writes timed by the sidecar: total seconds, count.
@@ -62,7 +83,15 @@ impl Usage {
     fn add(&mut self, before: &Snapshot, after: &Snapshot) {
         self.sidecar_ticks += after.sidecar.saturating_sub(before.sidecar);
         self.server_ticks += after.server.saturating_sub(before.server);
-        self.client_ticks += after.client.saturating_sub(before.client);
+        let (client, sidecar, server) = (
+            after.client.saturating_sub(before.client),
+            after.sidecar.saturating_sub(before.sidecar),
+            after.server.saturating_sub(before.server),
+        );
+        self.client_ticks += client;
+        let busy = after.machine.0.saturating_sub(before.machine.0);
+        self.other_ticks += busy.saturating_sub(client + sidecar + server);
+        self.steal_ticks += after.machine.1.saturating_sub(before.machine.1);
         self.upstream.0 += after.upstream.0 - before.upstream.0;
         self.upstream.1 += after.upstream.1 - before.upstream.1;
         self.ledger.0 += after.ledger.0 - before.ledger.0;
@@ -88,7 +117,12 @@ pub struct Lane {
 }
 
 impl Lane {
-    pub fn new(name: &'static str, through_sidecar: bool, endpoint: &Endpoint, template: Template) -> Self {
+    pub fn new(
+        name: &'static str,
+        through_sidecar: bool,
+        endpoint: &Endpoint,
+        template: Template,
+    ) -> Self {
         Self {
             name,
             through_sidecar,
@@ -118,7 +152,11 @@ impl Lane {
             match timed(conn, self.template.bytes()).await {
                 Ok((status, ns)) => {
                     if !is_success(status, conn.body()) {
-                        self.errors.record(format!("{}: {}", self.name, describe_failure(status, conn.body())));
+                        self.errors.record(format!(
+                            "{}: {}",
+                            self.name,
+                            describe_failure(status, conn.body())
+                        ));
                         continue;
                     }
                     if record {
@@ -127,7 +165,9 @@ impl Lane {
                     if self.collect_task_ids {
                         match conn.body_json().and_then(|v| task_id_of(&v)) {
                             Some(id) => self.task_ids.push(id),
-                            None => self.errors.record(format!("{}: no taskId in the answer", self.name)),
+                            None => self
+                                .errors
+                                .record(format!("{}: no taskId in the answer", self.name)),
                         }
                     }
                 }
@@ -193,7 +233,12 @@ pub async fn latency_rounds(
 
 /// Polls `tasks/get` of each task until it is terminal (unmeasured): tasks of `slow_compute`
 /// with `seconds: 0` finish at once, so this frees their quota slots and leaves completed rows.
-pub async fn settle(endpoint: &Endpoint, token: &str, ids: &[String], errors: &mut Errors) -> Result<()> {
+pub async fn settle(
+    endpoint: &Endpoint,
+    token: &str,
+    ids: &[String],
+    errors: &mut Errors,
+) -> Result<()> {
     let mut conn = Conn::connect(endpoint.addr).await?;
     settle_on(&mut conn, endpoint, token, ids, errors).await
 }
@@ -312,7 +357,14 @@ pub async fn throughput_rounds(
             let (endpoint, template, load) = &mut loads[i];
             let with_metrics = endpoint.addr == sidecar.endpoint.addr;
             let before = Snapshot::take(server, sidecar, with_metrics).await;
-            closed_loop(endpoint, template, connections, per_load / rounds as u32, load).await?;
+            closed_loop(
+                endpoint,
+                template,
+                connections,
+                per_load / rounds as u32,
+                load,
+            )
+            .await?;
             let after = Snapshot::take(server, sidecar, with_metrics).await;
             load.usage.add(&before, &after);
         }
@@ -333,7 +385,12 @@ pub struct Fill {
 /// Fills the ledger through the sidecar until it holds `tasks` more rows: `connections`
 /// workers, each creating `slow_compute` tasks (seconds 0) as one of `tokens`' principals and
 /// polling each to completion, so every row ends up a completed task with its result stored.
-pub async fn fill(endpoint: &Endpoint, tokens: &[String], tasks: u64, connections: usize) -> Result<Fill> {
+pub async fn fill(
+    endpoint: &Endpoint,
+    tokens: &[String],
+    tasks: u64,
+    connections: usize,
+) -> Result<Fill> {
     let started = Instant::now();
     let remaining = Arc::new(AtomicU64::new(tasks));
     let shared = Arc::new(Mutex::new(Fill::default()));
@@ -348,7 +405,16 @@ pub async fn fill(endpoint: &Endpoint, tokens: &[String], tasks: u64, connection
             let mut errors = Errors::default();
             let mut created = 0u64;
             let mut sample = Vec::new();
-            let outcome = fill_worker(&endpoint, &token, principal, &remaining, &mut created, &mut sample, &mut errors).await;
+            let outcome = fill_worker(
+                &endpoint,
+                &token,
+                principal,
+                &remaining,
+                &mut created,
+                &mut sample,
+                &mut errors,
+            )
+            .await;
             if let Err(e) = outcome {
                 errors.record(format!("fill: {e:#}"));
             }
@@ -385,18 +451,32 @@ async fn fill_worker(
         n += 1;
         create.set_id(n);
         let status = conn.send(create.bytes()).await?;
-        let Some(id) = conn.body_json().filter(|_| status == 200).and_then(|v| task_id_of(&v)) else {
-            errors.record(format!("fill create: {}", describe_failure(status, conn.body())));
+        let Some(id) = conn
+            .body_json()
+            .filter(|_| status == 200)
+            .and_then(|v| task_id_of(&v))
+        else {
+            errors.record(format!(
+                "fill create: {}",
+                describe_failure(status, conn.body())
+            ));
             if errors.count > 100 {
                 anyhow::bail!("too many failures");
             }
             continue;
         };
         *created += 1;
-        if *created % 10 == 0 {
+        if created.is_multiple_of(10) {
             sample.push((principal, id.clone()));
         }
-        settle_on(&mut conn, endpoint, token, std::slice::from_ref(&id), errors).await?;
+        settle_on(
+            &mut conn,
+            endpoint,
+            token,
+            std::slice::from_ref(&id),
+            errors,
+        )
+        .await?;
     }
     Ok(())
 }

@@ -61,7 +61,13 @@ impl Keys {
     }
 
     /// A token for `subject` in `tenant` via `client`, valid for 6 hours.
-    pub fn token(&self, alg: Algorithm, subject: &str, tenant: &str, client: &str) -> Result<String> {
+    pub fn token(
+        &self,
+        alg: Algorithm,
+        subject: &str,
+        tenant: &str,
+        client: &str,
+    ) -> Result<String> {
         let now = jiff::Timestamp::now().as_second();
         let claims = json!({
             "iss": ISSUER, "aud": RESOURCE, "sub": subject, "tid": tenant, "client_id": client,
@@ -109,7 +115,10 @@ impl Proc {
     pub fn logs(&self) -> String {
         let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
         let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        format!("--- {} stdout\n{out}--- {} stderr\n{err}", self.name, self.name)
+        format!(
+            "--- {} stdout\n{out}--- {} stderr\n{err}",
+            self.name, self.name
+        )
     }
 
     /// Waits for a line containing `marker` in either log; returns the rest of that line.
@@ -125,11 +134,19 @@ impl Proc {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                bail!("{} exited ({status}) before printing `{marker}`:\n{}", self.name, self.logs());
+                bail!(
+                    "{} exited ({status}) before printing `{marker}`:\n{}",
+                    self.name,
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        bail!("{} did not print `{marker}` within 60 s:\n{}", self.name, self.logs())
+        bail!(
+            "{} did not print `{marker}` within 60 s:\n{}",
+            self.name,
+            self.logs()
+        )
     }
 
     /// Fails if the process has exited.
@@ -292,7 +309,12 @@ pub fn cpu_ticks(stat_path: &str) -> u64 {
         return 0;
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let num = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     num(11) + num(12)
 }
 

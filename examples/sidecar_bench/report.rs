@@ -35,7 +35,10 @@ fn first_line_value(path: &str, key: &str) -> Option<String> {
 impl Machine {
     pub fn probe(ledger_dir: &Path, repo: &Path) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpus = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+        let cpus = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count();
         let (fs, dev) = filesystem_of(ledger_dir);
         let git = std::process::Command::new("git")
             .arg("-C")
@@ -47,7 +50,8 @@ impl Machine {
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
         Self {
-            cpu: first_line_value("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".into()),
+            cpu: first_line_value("/proc/cpuinfo", "model name")
+                .unwrap_or_else(|| "unknown".into()),
             cpus,
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|s| s.trim().to_owned())
@@ -58,7 +62,11 @@ impl Machine {
             ledger_fs: fs,
             ledger_dev: dev,
             ledger_path: ledger_dir.display().to_string(),
-            build: if cfg!(debug_assertions) { "debug" } else { "release" },
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
             git,
             started: jiff::Timestamp::now().to_string(),
         }
@@ -102,6 +110,8 @@ pub struct LaneResult {
     pub name: String,
     pub summary: Summary,
     pub usage: Usage,
+    /// Wall time of the measured requests.
+    pub secs: f64,
 }
 
 /// One throughput endpoint's outcome.
@@ -178,6 +188,8 @@ pub struct Results {
     pub components: Components,
     pub targets: Vec<Target>,
     pub errors: Errors,
+    /// Cores' worth of CPU other processes used in the second before the run.
+    pub preflight_other_cores: f64,
 }
 
 fn cpu_us_per_request(ticks: u64, ticks_per_sec: u64, requests: u64) -> f64 {
@@ -185,6 +197,11 @@ fn cpu_us_per_request(ticks: u64, ticks_per_sec: u64, requests: u64) -> f64 {
         return 0.0;
     }
     ticks as f64 * 1e6 / ticks_per_sec.max(1) as f64 / requests as f64
+}
+
+/// Cores' worth of CPU used by other processes while a lane ran (noise indicator).
+fn cores(ticks: u64, ticks_per_sec: u64, secs: f64) -> f64 {
+    ticks as f64 / ticks_per_sec.max(1) as f64 / secs.max(1e-9)
 }
 
 fn mean_us(total_secs: f64, count: f64) -> String {
@@ -204,21 +221,64 @@ impl Results {
     pub fn table(&self) -> String {
         let m = &self.machine;
         let mut o = String::new();
-        let _ = writeln!(o, "== Lifeguard sidecar benchmark ({} mode, {} build) ==", self.mode, m.build);
+        let _ = writeln!(
+            o,
+            "== Lifeguard sidecar benchmark ({} mode, {} build) ==",
+            self.mode, m.build
+        );
         let _ = writeln!(
             o,
             "machine: {}, {} logical CPUs, Linux {}, {} RAM; commit {}; {}",
-            m.cpu, m.cpus, m.kernel, mib(m.mem_total_kib), m.git, m.started
+            m.cpu,
+            m.cpus,
+            m.kernel,
+            mib(m.mem_total_kib),
+            m.git,
+            m.started
         );
-        let _ = writeln!(o, "ledger:  {} on {} ({})", m.ledger_path, m.ledger_fs, m.ledger_dev);
-        let _ = writeln!(o, "tokens:  RS256 unless noted; JWT validation on every request\n");
-
-        let _ = writeln!(o, "latency, sequential requests on one keep-alive connection (µs)");
+        if self.mode == "smoke" || m.build == "debug" {
+            let _ = writeln!(
+                o,
+                "NOTE:    {} mode, {} build: checks that every phase works; the numbers mean little",
+                self.mode, m.build
+            );
+        }
         let _ = writeln!(
             o,
-            "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7} {:>7} {:>7} {:>7} {:>7}",
-            "phase", "n", "p50", "p90", "p99", "p99.9", "max", "mean",
-            "cpu sc", "cpu srv", "cpu cli", "ups rt", "ledg w"
+            "ledger:  {} on {} ({})",
+            m.ledger_path, m.ledger_fs, m.ledger_dev
+        );
+        let _ = writeln!(
+            o,
+            "tokens:  RS256 unless noted; JWT validation on every request"
+        );
+        let _ = writeln!(
+            o,
+            "noise:   other processes used {:.2} cores in the second before the run\n",
+            self.preflight_other_cores
+        );
+
+        let _ = writeln!(
+            o,
+            "latency, sequential requests on one keep-alive connection (µs)"
+        );
+        let _ = writeln!(
+            o,
+            "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+            "phase",
+            "n",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "mean",
+            "cpu sc",
+            "cpu srv",
+            "cpu cli",
+            "ups rt",
+            "ledg w",
+            "other"
         );
         for lane in &self.latency {
             let s = &lane.summary;
@@ -226,20 +286,34 @@ impl Results {
             let u = &lane.usage;
             let _ = writeln!(
                 o,
-                "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7.1} {:>7.1} {:>7.1} {:>7} {:>7}",
-                lane.name, s.n, us(s.p50), us(s.p90), us(s.p99), us(s.p999), us(s.max), us(s.mean),
+                "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7.1} {:>7.1} {:>7.1} {:>7} {:>7} {:>6.2}",
+                lane.name,
+                s.n,
+                us(s.p50),
+                us(s.p90),
+                us(s.p99),
+                us(s.p999),
+                us(s.max),
+                us(s.mean),
                 cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, n),
                 cpu_us_per_request(u.server_ticks, self.ticks_per_sec, n),
                 cpu_us_per_request(u.client_ticks, self.ticks_per_sec, n),
                 mean_us(u.upstream.0, u.upstream.1),
                 mean_us(u.ledger.0, u.ledger.1),
+                cores(u.other_ticks, self.ticks_per_sec, lane.secs),
             );
             if let Some((_, added)) = self.added.iter().find(|(l, _)| *l == lane.name) {
                 let _ = writeln!(
                     o,
                     "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
-                    "  = added by the sidecar", "", us_signed(added.p50), us_signed(added.p90),
-                    us_signed(added.p99), us_signed(added.p999), "", us_signed(added.mean)
+                    "  = added by the sidecar",
+                    "",
+                    us_signed(added.p50),
+                    us_signed(added.p90),
+                    us_signed(added.p99),
+                    us_signed(added.p999),
+                    "",
+                    us_signed(added.mean)
                 );
             }
         }
@@ -247,34 +321,61 @@ impl Results {
             o,
             "  (cpu sc/srv/cli: CPU µs per request of sidecar/example server/bench client; \
              ups rt: mean upstream round trip and ledg w: mean durable ledger write, both as \
-             timed by the sidecar's own /metrics, µs)\n"
+             timed by the sidecar's own /metrics, µs; other: cores used by other processes \
+             meanwhile, i.e. noise)\n"
         );
 
         let _ = writeln!(o, "throughput, closed loop, greet (µs latency under load)");
         let _ = writeln!(
             o,
-            "{:<30} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7} {:>7}",
-            "endpoint", "req/s", "requests", "secs", "p50", "p99", "p99.9", "cpu sc", "cpu srv", "cpu cli"
+            "{:<30} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7} {:>7} {:>6}",
+            "endpoint",
+            "req/s",
+            "requests",
+            "secs",
+            "p50",
+            "p99",
+            "p99.9",
+            "cpu sc",
+            "cpu srv",
+            "cpu cli",
+            "other"
         );
         for l in &self.throughput {
             let u = &l.usage;
             let _ = writeln!(
                 o,
-                "{:<30} {:>10.0} {:>9} {:>8.1} {:>8} {:>8} {:>8} | {:>7.1} {:>7.1} {:>7.1}",
-                l.name, l.rps, l.requests, l.secs, us(l.summary.p50), us(l.summary.p99),
+                "{:<30} {:>10.0} {:>9} {:>8.1} {:>8} {:>8} {:>8} | {:>7.1} {:>7.1} {:>7.1} {:>6.2}",
+                l.name,
+                l.rps,
+                l.requests,
+                l.secs,
+                us(l.summary.p50),
+                us(l.summary.p99),
                 us(l.summary.p999),
                 cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, l.requests),
                 cpu_us_per_request(u.server_ticks, self.ticks_per_sec, l.requests),
                 cpu_us_per_request(u.client_ticks, self.ticks_per_sec, l.requests),
+                cores(u.other_ticks, self.ticks_per_sec, l.secs),
             );
         }
         if let [direct, sidecar] = &self.throughput[..] {
-            let _ = writeln!(o, "  ratio via sidecar / direct: {:.3}\n", sidecar.rps / direct.rps.max(1e-9));
+            let _ = writeln!(
+                o,
+                "  ratio via sidecar / direct: {:.3}\n",
+                sidecar.rps / direct.rps.max(1e-9)
+            );
         }
 
         let _ = writeln!(o, "memory of the sidecar (/proc/PID/status)");
         for (state, s) in &self.memory {
-            let _ = writeln!(o, "  {:<58} VmRSS {:>10}   VmHWM {:>10}", state, mib(s.rss_kib), mib(s.hwm_kib));
+            let _ = writeln!(
+                o,
+                "  {:<58} VmRSS {:>10}   VmHWM {:>10}",
+                state,
+                mib(s.rss_kib),
+                mib(s.hwm_kib)
+            );
         }
         let _ = writeln!(o, "  ledger: {}\n", self.ledger);
         if let Some(s) = &self.read_pass {
@@ -282,7 +383,10 @@ impl Results {
                 o,
                 "tasks/get of completed tasks at full ledger (answered from the ledger): \
                  n {} p50 {} p99 {} p99.9 {} µs\n",
-                s.n, us(s.p50), us(s.p99), us(s.p999)
+                s.n,
+                us(s.p50),
+                us(s.p99),
+                us(s.p999)
             );
         }
 
@@ -291,7 +395,11 @@ impl Results {
             let _ = writeln!(
                 o,
                 "  {:<42} n {:>6}  p50 {:>8}  p99 {:>8}  p99.9 {:>8}",
-                name, s.n, us(s.p50), us(s.p99), us(s.p999)
+                name,
+                s.n,
+                us(s.p50),
+                us(s.p99),
+                us(s.p999)
             );
         }
         let _ = writeln!(o, "\ntargets");
@@ -299,7 +407,11 @@ impl Results {
             let _ = writeln!(o, "{}", t.line());
         }
         if self.errors.count > 0 {
-            let _ = writeln!(o, "\nFAILED: {} request(s) failed; first ones:", self.errors.count);
+            let _ = writeln!(
+                o,
+                "\nFAILED: {} request(s) failed; first ones:",
+                self.errors.count
+            );
             for e in &self.errors.examples {
                 let _ = writeln!(o, "  {e}");
             }
@@ -310,8 +422,10 @@ impl Results {
     }
 
     pub fn to_json(&self) -> Value {
-        let usage = |u: &Usage, n: u64| {
+        let usage = |u: &Usage, n: u64, secs: f64| {
             json!({
+                "other_processes_cores": cores(u.other_ticks, self.ticks_per_sec, secs),
+                "steal_cores": cores(u.steal_ticks, self.ticks_per_sec, secs),
                 "sidecar_cpu_us_per_request": cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, n),
                 "server_cpu_us_per_request": cpu_us_per_request(u.server_ticks, self.ticks_per_sec, n),
                 "client_cpu_us_per_request": cpu_us_per_request(u.client_ticks, self.ticks_per_sec, n),
@@ -325,15 +439,16 @@ impl Results {
             "mode": self.mode,
             "machine": self.machine.to_json(),
             "config": self.config,
+            "preflight_other_processes_cores": self.preflight_other_cores,
             "latency": self.latency.iter().map(|l| json!({
                 "phase": l.name, "latency": l.summary.to_json(),
-                "usage": usage(&l.usage, l.summary.n as u64),
+                "seconds": l.secs, "usage": usage(&l.usage, l.summary.n as u64, l.secs),
             })).collect::<Vec<_>>(),
             "added": self.added.iter().map(|(name, a)| json!({"phase": name, "added": a.to_json()}))
                 .collect::<Vec<_>>(),
             "throughput": self.throughput.iter().map(|l| json!({
                 "endpoint": l.name, "requests_per_second": l.rps, "requests": l.requests,
-                "seconds": l.secs, "latency": l.summary.to_json(), "usage": usage(&l.usage, l.requests),
+                "seconds": l.secs, "latency": l.summary.to_json(), "usage": usage(&l.usage, l.requests, l.secs),
             })).collect::<Vec<_>>(),
             "memory": self.memory.iter().map(|(state, s)| json!({"state": state, "status": s.to_json()}))
                 .collect::<Vec<_>>(),
@@ -345,4 +460,100 @@ impl Results {
             "passed": self.errors.count == 0,
         })
     }
+}
+
+/// The issue's targets, checked against what was measured.
+pub fn targets(
+    latency: &[LaneResult],
+    added: &[(String, Added)],
+    throughput: &[LoadResult],
+    memory: &[(String, ProcStatus)],
+    rows: u64,
+) -> Vec<Target> {
+    let added_of = |name: &str| {
+        added
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a.clone())
+            .unwrap_or_default()
+    };
+    let p99_of = |name: &str| {
+        latency
+            .iter()
+            .find(|l| l.name == name)
+            .map_or(0, |l| l.summary.p99)
+    };
+    let rss_mib = |i: usize| {
+        memory
+            .get(i)
+            .map_or(0.0, |(_, s)| s.rss_kib as f64 / 1024.0)
+    };
+    let greet = added_of("greet via sidecar");
+    let get = added_of("tasks/get via sidecar (running task)");
+    let ratio = match throughput {
+        [direct, sidecar] => sidecar.rps / direct.rps.max(1e-9),
+        _ => 0.0,
+    };
+    let t = |name, measured: f64, limit, unit, at_least| Target {
+        name,
+        measured,
+        limit,
+        unit,
+        at_least,
+        not_applicable: None,
+    };
+    vec![
+        t(
+            "greet added latency p50",
+            greet.p50 as f64 / 1e3,
+            100.0,
+            "µs",
+            false,
+        ),
+        t(
+            "greet added latency p99",
+            greet.p99 as f64 / 1e3,
+            1000.0,
+            "µs",
+            false,
+        ),
+        t(
+            "throughput via sidecar / direct (32 conns)",
+            ratio,
+            0.6,
+            "×",
+            true,
+        ),
+        t(
+            "tasks/get added latency p50",
+            get.p50 as f64 / 1e3,
+            150.0,
+            "µs",
+            false,
+        ),
+        t(
+            "durable task creation p99 (absolute, via sidecar)",
+            p99_of("task creation via sidecar (durable)") as f64 / 1e6,
+            5.0,
+            "ms",
+            false,
+        ),
+        t(
+            "sidecar VmRSS idle (after start)",
+            rss_mib(0),
+            20.0,
+            "MiB",
+            false,
+        ),
+        Target {
+            not_applicable: (rows < 100_000).then(|| format!("only {rows} rows in this run")),
+            ..t(
+                "sidecar VmRSS with 100,000 ledger rows",
+                rss_mib(2),
+                64.0,
+                "MiB",
+                false,
+            )
+        },
+    ]
 }

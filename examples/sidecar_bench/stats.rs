@@ -128,7 +128,10 @@ mod tests {
     fn nearest_rank() {
         let mut v: Vec<u64> = (1..=1000).rev().collect();
         let s = Summary::of(&mut v);
-        assert_eq!((s.p50, s.p99, s.p999, s.max, s.min), (500, 990, 999, 1000, 1));
+        assert_eq!(
+            (s.p50, s.p99, s.p999, s.max, s.min),
+            (500, 990, 999, 1000, 1)
+        );
         assert_eq!(percentile(&[7], 0.999), 7);
         assert_eq!(percentile(&[], 0.5), 0);
     }
