@@ -377,7 +377,21 @@ impl Results {
                 mib(s.hwm_kib)
             );
         }
-        let _ = writeln!(o, "  ledger: {}\n", self.ledger);
+        let l = &self.ledger;
+        let num = |k: &str| l[k].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            o,
+            "  ledger: {} rows ({} active), {:.1} MB database + {:.1} MB WAL; {} rows filled in \
+             {:.1} s ({:.0} rows/s): {}\n",
+            num("rows"),
+            num("active_rows"),
+            num("db_bytes") / 1e6,
+            num("wal_bytes") / 1e6,
+            num("filled_rows"),
+            num("fill_seconds"),
+            num("fill_rows_per_second"),
+            l["content"].as_str().unwrap_or_default()
+        );
         if let Some(s) = &self.read_pass {
             let _ = writeln!(
                 o,
