@@ -1,0 +1,185 @@
+//! Performance benchmark of the Lifeguard sidecar: the bundled example MCP server measured
+//! directly and through the sidecar (JWT validation on every request, SQLite ledger on disk),
+//! side by side in one run. Reports, never asserts, the targets; exits non-zero only when
+//! requests failed (1) or the processes could not be set up (2).
+//!
+//! Full run: `scripts/bench.sh` (release build). CI: `sidecar_bench --smoke` (seconds).
+//! Methodology and results: docs/performance.md.
+
+mod client;
+mod components;
+mod phases;
+mod procs;
+mod report;
+mod run;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+
+use report::Machine;
+use run::{Binaries, Plan};
+
+/// Lifeguard sidecar benchmark: direct vs. through the sidecar, side by side.
+#[derive(Debug, Parser)]
+#[command(name = "sidecar_bench")]
+struct Args {
+    /// Run every phase tiny (seconds, for CI); exits non-zero only on errors.
+    #[arg(long)]
+    smoke: bool,
+    /// The lifeguard binary [default: target/<profile>/lifeguard next to this program].
+    #[arg(long)]
+    lifeguard: Option<PathBuf>,
+    /// The example server [default: target/<profile>/examples/example_server].
+    #[arg(long)]
+    example_server: Option<PathBuf>,
+    /// Directory for the ledger, policy and logs; must be on disk [default: target/bench-tmp].
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Results file [default: target/bench/results.json, or results-smoke.json].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Sequential requests per lane in each latency phase.
+    #[arg(long)]
+    latency_samples: Option<usize>,
+    /// Task creations per lane.
+    #[arg(long)]
+    create_samples: Option<usize>,
+    /// Seconds of closed-loop load per endpoint.
+    #[arg(long)]
+    throughput_secs: Option<f64>,
+    /// Concurrent connections of the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Ledger rows to reach before measuring memory.
+    #[arg(long)]
+    rows: Option<u64>,
+    /// Extra environment for the sidecar process, KEY=VALUE (repeatable), for experiments
+    /// such as TOKIO_WORKER_THREADS=1. Recorded in the results.
+    #[arg(long = "sidecar-env", value_name = "KEY=VALUE")]
+    sidecar_env: Vec<String>,
+    /// Keep the work directory (ledger, audit trail, logs) after the run.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sidecar_bench: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(failed) => {
+            eprintln!("sidecar_bench: FAILED, {failed} request(s) failed");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("sidecar_bench: setup failed: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// target/ (this program runs from target/<profile>/examples/).
+fn target_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating this program")?;
+    exe.ancestors()
+        .nth(3)
+        .map(Path::to_owned)
+        .context("this program is not inside target/<profile>/examples/")
+}
+
+fn binary(given: Option<PathBuf>, default: PathBuf) -> Result<PathBuf> {
+    let path = given.unwrap_or(default);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build it first (cargo build --release --bin lifeguard --example example_server)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+async fn run(args: Args) -> Result<u64> {
+    let plan = Plan::new(&args);
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = target_dir()?;
+    let profile_dir = std::env::current_exe()?
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_owned)
+        .context("profile directory")?;
+    let lifeguard = binary(args.lifeguard.clone(), profile_dir.join("lifeguard"))?;
+    let example = binary(
+        args.example_server.clone(),
+        profile_dir.join("examples/example_server"),
+    )?;
+    let mode = if args.smoke { "smoke" } else { "full" };
+    let base = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| target.join("bench-tmp"));
+    let work = base.join(format!("{mode}-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        target.join("bench").join(if args.smoke {
+            "results-smoke.json"
+        } else {
+            "results.json"
+        })
+    });
+
+    let machine = Machine::probe(&work, &repo);
+    if machine.ledger_in_memory() {
+        eprintln!(
+            "warning: {} is on {}: the ledger is not on disk",
+            work.display(),
+            machine.ledger_fs
+        );
+    }
+    eprintln!("sidecar_bench: {mode} run; work dir {}", work.display());
+    let mut sidecar_env = Vec::new();
+    for pair in &args.sidecar_env {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--sidecar-env takes KEY=VALUE, got {pair}"))?;
+        sidecar_env.push((k.to_owned(), v.to_owned()));
+    }
+    let bins = Binaries {
+        lifeguard,
+        example,
+        sidecar_env,
+    };
+    let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
+    let results = match results {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sidecar_bench: logs kept in {}", work.display());
+            return Err(e);
+        }
+    };
+    print!("{}", results.table());
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&results.to_json()).context("serializing results")?;
+    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    println!("results: {}", out.display());
+    if args.keep || results.errors.count > 0 {
+        println!("work dir kept: {}", work.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    Ok(results.errors.count)
+}

@@ -1,0 +1,573 @@
+//! The machine, the targets, the human-readable table and the JSON file.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::components::{self, Components};
+use crate::phases::Usage;
+use crate::procs::ProcStatus;
+use crate::stats::{Added, Errors, Summary, us, us_signed};
+
+/// Where the bench ran.
+pub struct Machine {
+    pub cpu: String,
+    pub cpus: usize,
+    pub kernel: String,
+    pub mem_total_kib: u64,
+    pub ledger_fs: String,
+    pub ledger_dev: String,
+    pub ledger_path: String,
+    pub build: &'static str,
+    pub git: String,
+    pub started: String,
+}
+
+fn first_line_value(path: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+}
+
+impl Machine {
+    pub fn probe(ledger_dir: &Path, repo: &Path) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpus = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count();
+        let (fs, dev) = filesystem_of(ledger_dir);
+        let git = std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Self {
+            cpu: first_line_value("/proc/cpuinfo", "model name")
+                .unwrap_or_else(|| "unknown".into()),
+            cpus,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default(),
+            mem_total_kib: first_line_value("/proc/meminfo", "MemTotal")
+                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+                .unwrap_or(0),
+            ledger_fs: fs,
+            ledger_dev: dev,
+            ledger_path: ledger_dir.display().to_string(),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            git,
+            started: jiff::Timestamp::now().to_string(),
+        }
+    }
+
+    /// Whether the ledger directory is on a memory file system (the ledger must be on disk).
+    pub fn ledger_in_memory(&self) -> bool {
+        matches!(self.ledger_fs.as_str(), "tmpfs" | "ramfs")
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "cpu_model": self.cpu, "logical_cpus": self.cpus, "kernel": self.kernel,
+            "mem_total_kib": self.mem_total_kib, "ledger_filesystem": self.ledger_fs,
+            "ledger_device": self.ledger_dev, "ledger_dir": self.ledger_path,
+            "build": self.build, "git_commit": self.git, "started": self.started,
+        })
+    }
+}
+
+/// File system type and device of the mount holding `dir` (longest matching mount point).
+fn filesystem_of(dir: &Path) -> (String, String) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 || !dir.starts_with(f[1]) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(len, _, _)| f[1].len() > *len) {
+            best = Some((f[1].len(), f[2].to_owned(), f[0].to_owned()));
+        }
+    }
+    best.map(|(_, fs, dev)| (fs, dev))
+        .unwrap_or_else(|| ("unknown".into(), "unknown".into()))
+}
+
+/// One latency lane's outcome.
+pub struct LaneResult {
+    pub name: String,
+    pub summary: Summary,
+    pub usage: Usage,
+    /// Wall time of the measured requests.
+    pub secs: f64,
+}
+
+/// One throughput endpoint's outcome.
+pub struct LoadResult {
+    pub name: String,
+    pub rps: f64,
+    pub summary: Summary,
+    pub usage: Usage,
+    pub requests: u64,
+    pub secs: f64,
+}
+
+/// A target from the issue, and what was measured against it.
+pub struct Target {
+    pub name: &'static str,
+    pub measured: f64,
+    pub limit: f64,
+    pub unit: &'static str,
+    /// `true` for "at least" targets (throughput ratio).
+    pub at_least: bool,
+    /// Why the measurement does not speak to the target (e.g. a smoke run with few rows).
+    pub not_applicable: Option<String>,
+}
+
+impl Target {
+    pub fn verdict(&self) -> &'static str {
+        if self.not_applicable.is_some() {
+            "N/A"
+        } else if (self.at_least && self.measured >= self.limit)
+            || (!self.at_least && self.measured <= self.limit)
+        {
+            "PASS"
+        } else {
+            "MISS"
+        }
+    }
+
+    fn line(&self) -> String {
+        let cmp = if self.at_least { "≥" } else { "≤" };
+        let (m, l, u) = (self.measured, self.limit, self.unit);
+        let detail = match self.verdict() {
+            "PASS" => format!("margin {:.2} {u}", (l - m).abs()),
+            "MISS" => format!("off by {:.2} {u}, {:.2}× the limit", (m - l).abs(), m / l),
+            _ => self.not_applicable.clone().unwrap_or_default(),
+        };
+        format!(
+            "  [{}] {}: measured {m:.2} {u} (target {cmp} {l} {u}; {detail})",
+            self.verdict(),
+            self.name
+        )
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "target": self.name, "measured": self.measured, "limit": self.limit,
+            "unit": self.unit, "comparison": if self.at_least { ">=" } else { "<=" },
+            "verdict": self.verdict(), "note": self.not_applicable,
+        })
+    }
+}
+
+/// Everything one run produced.
+pub struct Results {
+    pub mode: &'static str,
+    pub machine: Machine,
+    pub config: Value,
+    pub ticks_per_sec: u64,
+    pub latency: Vec<LaneResult>,
+    pub added: Vec<(String, Added)>,
+    pub throughput: Vec<LoadResult>,
+    pub memory: Vec<(String, ProcStatus)>,
+    pub ledger: Value,
+    pub read_pass: Option<Summary>,
+    pub components: Components,
+    pub targets: Vec<Target>,
+    pub errors: Errors,
+    /// Cores' worth of CPU other processes used in the second before the run.
+    pub preflight_other_cores: f64,
+}
+
+fn cpu_us_per_request(ticks: u64, ticks_per_sec: u64, requests: u64) -> f64 {
+    if requests == 0 {
+        return 0.0;
+    }
+    ticks as f64 * 1e6 / ticks_per_sec.max(1) as f64 / requests as f64
+}
+
+/// Cores' worth of CPU used by other processes while a lane ran (noise indicator).
+fn cores(ticks: u64, ticks_per_sec: u64, secs: f64) -> f64 {
+    ticks as f64 / ticks_per_sec.max(1) as f64 / secs.max(1e-9)
+}
+
+fn mean_us(total_secs: f64, count: f64) -> String {
+    if count <= 0.0 {
+        "-".into()
+    } else {
+        format!("{:.1}", total_secs * 1e6 / count)
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+impl Results {
+    /// The human-readable report.
+    pub fn table(&self) -> String {
+        let m = &self.machine;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "== Lifeguard sidecar benchmark ({} mode, {} build) ==",
+            self.mode, m.build
+        );
+        let _ = writeln!(
+            o,
+            "machine: {}, {} logical CPUs, Linux {}, {} RAM; commit {}; {}",
+            m.cpu,
+            m.cpus,
+            m.kernel,
+            mib(m.mem_total_kib),
+            m.git,
+            m.started
+        );
+        if self.mode == "smoke" || m.build == "debug" {
+            let _ = writeln!(
+                o,
+                "NOTE:    {} mode, {} build: checks that every phase works; the numbers mean little",
+                self.mode, m.build
+            );
+        }
+        let _ = writeln!(
+            o,
+            "ledger:  {} on {} ({})",
+            m.ledger_path, m.ledger_fs, m.ledger_dev
+        );
+        let _ = writeln!(
+            o,
+            "tokens:  RS256 unless noted; JWT validation on every request"
+        );
+        let _ = writeln!(
+            o,
+            "noise:   other processes used {:.2} cores in the second before the run\n",
+            self.preflight_other_cores
+        );
+
+        let _ = writeln!(
+            o,
+            "latency, sequential requests on one keep-alive connection (µs)"
+        );
+        let _ = writeln!(
+            o,
+            "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+            "phase",
+            "n",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "mean",
+            "cpu sc",
+            "cpu srv",
+            "cpu cli",
+            "ups rt",
+            "ledg w",
+            "other"
+        );
+        for lane in &self.latency {
+            let s = &lane.summary;
+            let n = s.n as u64;
+            let u = &lane.usage;
+            let _ = writeln!(
+                o,
+                "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} | {:>7.1} {:>7.1} {:>7.1} {:>7} {:>7} {:>6.2}",
+                lane.name,
+                s.n,
+                us(s.p50),
+                us(s.p90),
+                us(s.p99),
+                us(s.p999),
+                us(s.max),
+                us(s.mean),
+                cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, n),
+                cpu_us_per_request(u.server_ticks, self.ticks_per_sec, n),
+                cpu_us_per_request(u.client_ticks, self.ticks_per_sec, n),
+                mean_us(u.upstream.0, u.upstream.1),
+                mean_us(u.ledger.0, u.ledger.1),
+                cores(u.other_ticks, self.ticks_per_sec, lane.secs),
+            );
+            if let Some((_, added)) = self.added.iter().find(|(l, _)| *l == lane.name) {
+                let _ = writeln!(
+                    o,
+                    "{:<44} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
+                    "  = added by the sidecar",
+                    "",
+                    us_signed(added.p50),
+                    us_signed(added.p90),
+                    us_signed(added.p99),
+                    us_signed(added.p999),
+                    "",
+                    us_signed(added.mean)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "  (cpu sc/srv/cli: CPU µs per request of sidecar/example server/bench client; \
+             ups rt: mean upstream round trip and ledg w: mean durable ledger write, both as \
+             timed by the sidecar's own /metrics, µs; other: cores used by other processes \
+             meanwhile, i.e. noise)\n"
+        );
+
+        let _ = writeln!(o, "throughput, closed loop, greet (µs latency under load)");
+        let _ = writeln!(
+            o,
+            "{:<30} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7} {:>7} {:>6}",
+            "endpoint",
+            "req/s",
+            "requests",
+            "secs",
+            "p50",
+            "p99",
+            "p99.9",
+            "cpu sc",
+            "cpu srv",
+            "cpu cli",
+            "other"
+        );
+        for l in &self.throughput {
+            let u = &l.usage;
+            let _ = writeln!(
+                o,
+                "{:<30} {:>10.0} {:>9} {:>8.1} {:>8} {:>8} {:>8} | {:>7.1} {:>7.1} {:>7.1} {:>6.2}",
+                l.name,
+                l.rps,
+                l.requests,
+                l.secs,
+                us(l.summary.p50),
+                us(l.summary.p99),
+                us(l.summary.p999),
+                cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, l.requests),
+                cpu_us_per_request(u.server_ticks, self.ticks_per_sec, l.requests),
+                cpu_us_per_request(u.client_ticks, self.ticks_per_sec, l.requests),
+                cores(u.other_ticks, self.ticks_per_sec, l.secs),
+            );
+        }
+        if let [direct, sidecar] = &self.throughput[..] {
+            let _ = writeln!(
+                o,
+                "  ratio via sidecar / direct: {:.3}\n",
+                sidecar.rps / direct.rps.max(1e-9)
+            );
+        }
+
+        let _ = writeln!(o, "memory of the sidecar (/proc/PID/status)");
+        for (state, s) in &self.memory {
+            let _ = writeln!(
+                o,
+                "  {:<58} VmRSS {:>10}   VmHWM {:>10}",
+                state,
+                mib(s.rss_kib),
+                mib(s.hwm_kib)
+            );
+        }
+        let l = &self.ledger;
+        let num = |k: &str| l[k].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            o,
+            "  ledger: {} rows ({} active), {:.1} MB database + {:.1} MB WAL; {} rows filled in \
+             {:.1} s ({:.0} rows/s): {}\n",
+            num("rows"),
+            num("active_rows"),
+            num("db_bytes") / 1e6,
+            num("wal_bytes") / 1e6,
+            num("filled_rows"),
+            num("fill_seconds"),
+            num("fill_rows_per_second"),
+            l["content"].as_str().unwrap_or_default()
+        );
+        if let Some(s) = &self.read_pass {
+            let _ = writeln!(
+                o,
+                "tasks/get of completed tasks at full ledger (answered from the ledger): \
+                 n {} p50 {} p99 {} p99.9 {} µs\n",
+                s.n,
+                us(s.p50),
+                us(s.p99),
+                us(s.p999)
+            );
+        }
+
+        let _ = writeln!(o, "components, in process (µs)");
+        for (name, s) in &self.components {
+            let _ = writeln!(
+                o,
+                "  {:<42} n {:>6}  p50 {:>8}  p99 {:>8}  p99.9 {:>8}",
+                name,
+                s.n,
+                us(s.p50),
+                us(s.p99),
+                us(s.p999)
+            );
+        }
+        let _ = writeln!(o, "\ntargets");
+        for t in &self.targets {
+            let _ = writeln!(o, "{}", t.line());
+        }
+        if self.errors.count > 0 {
+            let _ = writeln!(
+                o,
+                "\nFAILED: {} request(s) failed; first ones:",
+                self.errors.count
+            );
+            for e in &self.errors.examples {
+                let _ = writeln!(o, "  {e}");
+            }
+        } else {
+            let _ = writeln!(o, "\nno failed requests");
+        }
+        o
+    }
+
+    pub fn to_json(&self) -> Value {
+        let usage = |u: &Usage, n: u64, secs: f64| {
+            json!({
+                "other_processes_cores": cores(u.other_ticks, self.ticks_per_sec, secs),
+                "steal_cores": cores(u.steal_ticks, self.ticks_per_sec, secs),
+                "sidecar_cpu_us_per_request": cpu_us_per_request(u.sidecar_ticks, self.ticks_per_sec, n),
+                "server_cpu_us_per_request": cpu_us_per_request(u.server_ticks, self.ticks_per_sec, n),
+                "client_cpu_us_per_request": cpu_us_per_request(u.client_ticks, self.ticks_per_sec, n),
+                "sidecar_upstream_round_trips": u.upstream.1,
+                "sidecar_upstream_seconds_total": u.upstream.0,
+                "sidecar_ledger_writes": u.ledger.1,
+                "sidecar_ledger_write_seconds_total": u.ledger.0,
+            })
+        };
+        json!({
+            "mode": self.mode,
+            "machine": self.machine.to_json(),
+            "config": self.config,
+            "preflight_other_processes_cores": self.preflight_other_cores,
+            "latency": self.latency.iter().map(|l| json!({
+                "phase": l.name, "latency": l.summary.to_json(),
+                "seconds": l.secs, "usage": usage(&l.usage, l.summary.n as u64, l.secs),
+            })).collect::<Vec<_>>(),
+            "added": self.added.iter().map(|(name, a)| json!({"phase": name, "added": a.to_json()}))
+                .collect::<Vec<_>>(),
+            "throughput": self.throughput.iter().map(|l| json!({
+                "endpoint": l.name, "requests_per_second": l.rps, "requests": l.requests,
+                "seconds": l.secs, "latency": l.summary.to_json(), "usage": usage(&l.usage, l.requests, l.secs),
+            })).collect::<Vec<_>>(),
+            "memory": self.memory.iter().map(|(state, s)| json!({"state": state, "status": s.to_json()}))
+                .collect::<Vec<_>>(),
+            "ledger": self.ledger,
+            "completed_task_reads": self.read_pass.as_ref().map(Summary::to_json),
+            "components": components::to_json(&self.components),
+            "targets": self.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
+            "errors": {"count": self.errors.count, "examples": self.errors.examples},
+            "passed": self.errors.count == 0,
+        })
+    }
+}
+
+/// The issue's targets, checked against what was measured.
+pub fn targets(
+    latency: &[LaneResult],
+    added: &[(String, Added)],
+    throughput: &[LoadResult],
+    memory: &[(String, ProcStatus)],
+    rows: u64,
+) -> Vec<Target> {
+    let added_of = |name: &str| {
+        added
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a.clone())
+            .unwrap_or_default()
+    };
+    let p99_of = |name: &str| {
+        latency
+            .iter()
+            .find(|l| l.name == name)
+            .map_or(0, |l| l.summary.p99)
+    };
+    let rss_mib = |i: usize| {
+        memory
+            .get(i)
+            .map_or(0.0, |(_, s)| s.rss_kib as f64 / 1024.0)
+    };
+    let greet = added_of("greet via sidecar");
+    let get = added_of("tasks/get via sidecar (running task)");
+    let ratio = match throughput {
+        [direct, sidecar] => sidecar.rps / direct.rps.max(1e-9),
+        _ => 0.0,
+    };
+    let t = |name, measured: f64, limit, unit, at_least| Target {
+        name,
+        measured,
+        limit,
+        unit,
+        at_least,
+        not_applicable: None,
+    };
+    vec![
+        t(
+            "greet added latency p50",
+            greet.p50 as f64 / 1e3,
+            100.0,
+            "µs",
+            false,
+        ),
+        t(
+            "greet added latency p99",
+            greet.p99 as f64 / 1e3,
+            1000.0,
+            "µs",
+            false,
+        ),
+        t(
+            "throughput via sidecar / direct (32 conns)",
+            ratio,
+            0.6,
+            "×",
+            true,
+        ),
+        t(
+            "tasks/get added latency p50",
+            get.p50 as f64 / 1e3,
+            150.0,
+            "µs",
+            false,
+        ),
+        t(
+            "durable task creation p99 (absolute, via sidecar)",
+            p99_of("task creation via sidecar (durable)") as f64 / 1e6,
+            5.0,
+            "ms",
+            false,
+        ),
+        t(
+            "sidecar VmRSS idle (after start)",
+            rss_mib(0),
+            20.0,
+            "MiB",
+            false,
+        ),
+        Target {
+            not_applicable: (rows < 100_000).then(|| format!("only {rows} rows in this run")),
+            ..t(
+                "sidecar VmRSS with 100,000 ledger rows",
+                rss_mib(2),
+                64.0,
+                "MiB",
+                false,
+            )
+        },
+    ]
+}

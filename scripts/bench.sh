@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Performance benchmark of the sidecar (see docs/performance.md): builds the release binaries,
+# then measures the bundled example MCP server directly and through the sidecar, side by side.
+# Prints a table and writes target/bench/results.json. Reports the targets; never fails on them.
+#
+# Usage: scripts/bench.sh            full run (a few minutes)
+#        scripts/bench.sh --smoke    every phase, tiny (seconds)
+#        scripts/bench.sh --help     all options (sample counts, durations, --keep, ...)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release --locked --bin lifeguard --example example_server --example sidecar_bench
+exec target/release/examples/sidecar_bench "$@"
