@@ -117,6 +117,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         hasher,
         metrics,
         idempotency_secret,
+        polls: tasks::PollClock::default(),
         streams: Arc::new(listen::StreamRegistry::default()),
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,

@@ -50,6 +50,8 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// When each task's state was last asked of the server.
+    pub polls: super::tasks::PollClock,
     /// Open listen streams.
     pub streams: Arc<super::listen::StreamRegistry>,
     /// Fires when the sidecar shuts down (listen streams end gracefully).

@@ -31,6 +31,31 @@ use super::relay::{anomaly, upstream_failure};
 use super::respond;
 use super::state::{ActivePolicy, AppState};
 
+/// When the server was last asked about each task (in memory: it only paces polls, and
+/// forgetting it on restart costs one extra upstream call).
+#[derive(Default)]
+pub struct PollClock {
+    last: std::sync::Mutex<std::collections::HashMap<TaskId, i64>>,
+}
+
+impl PollClock {
+    /// Most tasks remembered; beyond it the clock starts over.
+    const MAX: usize = 100_000;
+
+    pub fn touch(&self, id: &TaskId, now: i64) {
+        if let Ok(mut last) = self.last.lock() {
+            if last.len() >= Self::MAX {
+                last.clear();
+            }
+            last.insert(id.clone(), now);
+        }
+    }
+
+    pub fn last(&self, id: &TaskId) -> Option<i64> {
+        self.last.lock().ok().and_then(|l| l.get(id).copied())
+    }
+}
+
 pub fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
@@ -348,7 +373,11 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         .as_ref()
         .map(|t| t.min_poll_interval.get().as_millis() as i64)
         .unwrap_or(0);
-    if record.status == TaskStatus::Working && now_ms() - record.last_updated_at < min_poll {
+    let last_learned = app
+        .polls
+        .last(&record.id)
+        .map_or(record.last_updated_at, |t| t.max(record.last_updated_at));
+    if record.status == TaskStatus::Working && now_ms() - last_learned < min_poll {
         return answer_from_ledger(app, ctx, &record).await;
     }
     let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
@@ -398,15 +427,19 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
             None => respond::task_not_found(&ctx.id()),
         };
     }
-    if let Err(e) = app
-        .ledger
-        .observe(
-            &record.id,
-            state.status,
-            state.status_message.clone(),
-            now_ms(),
-        )
-        .await
+    app.polls.touch(&record.id, now_ms());
+    // Only a changed status is worth a (durable) ledger write; an unchanged poll just updates
+    // the in-memory poll clock that paces the next one.
+    if (state.status != record.status || state.status_message != record.status_message)
+        && let Err(e) = app
+            .ledger
+            .observe(
+                &record.id,
+                state.status,
+                state.status_message.clone(),
+                now_ms(),
+            )
+            .await
     {
         tracing::warn!(error = %e, "caching a task status failed");
     }
