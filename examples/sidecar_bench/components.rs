@@ -109,6 +109,7 @@ async fn ledger(dir: &Path, n: usize) -> Result<Components> {
             limits,
             now: now(),
             reservation_expires_at: now() + 600_000,
+            token_issued_at: None,
         };
         let started = Instant::now();
         let outcome = ledger
