@@ -17,7 +17,10 @@ pub const RESOURCE: &str = "http://127.0.0.1/mcp";
 pub const TASK_TOOL: &str = "slow_compute";
 
 /// The bench policy: the test issuer, `slow_compute` as the task tool, concurrency limits at
-/// the CRD maximum so no quota refuses a bench request, TTLs and deadlines longer than a run.
+/// the CRD maximum so no quota refuses a bench request, TTLs and deadlines longer than a run,
+/// and poll pacing off (1 ns) so every measured `tasks/get` goes to the server: the sidecar
+/// answers polls faster than `minPollInterval` from the ledger, which would measure the cheap
+/// path instead.
 pub fn policy_yaml() -> String {
     format!(
         r#"apiVersion: lifeguard.dev/v1alpha1
@@ -34,7 +37,7 @@ spec:
     tools: [{TASK_TOOL}]
     retention: {{defaultTtl: 4h, maxTtl: 4h}}
     deadline: {{default: 4h, max: 4h}}
-    minPollInterval: 500ms
+    minPollInterval: 1ns
     concurrency: {{perPrincipal: 1000000, perTenant: 1000000, perClient: 1000000, perServer: 1000000}}
 "#
     )
