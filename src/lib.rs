@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod exception;
 pub mod identity;
 pub mod ledger;
 pub mod mcp;

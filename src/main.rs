@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command, DevCommand, PolicyCommand};
+use cli::{Cli, Command, DevCommand, ExceptionCommand, PolicyCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -22,6 +22,16 @@ fn main() -> ExitCode {
         }
         Command::Policy(PolicyCommand::Check(args)) => cli::policy_check::run(args),
         Command::Sidecar(args) => cli::sidecar::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Exception(ExceptionCommand::Sign {
+            key,
+            kid,
+            in_place,
+            file,
+        }) => cli::exception::sign_file(key, kid, *in_place, file),
+        Command::Exception(ExceptionCommand::Verify { keys, files }) => {
+            cli::exception::verify_files(keys, files)
+        }
+        Command::Exception(ExceptionCommand::Payload { file }) => cli::exception::payload(file),
         Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
     };
     match result {

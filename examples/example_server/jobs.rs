@@ -221,26 +221,43 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
                 field("color-1", "color")
             )))
         }
-        ToolCall::Summarize { text, max_tokens } => {
-            let req = json!({
-                "method": "sampling/createMessage",
-                "params": {
+        ToolCall::Summarize {
+            text,
+            max_tokens,
+            rounds,
+            tools,
+        } => {
+            let mut summaries = Vec::new();
+            for round in 1..=*rounds {
+                let mut params = json!({
                     "messages": [{"role": "user", "content": {"type": "text", "text": format!("Summarize: {text}")}}],
                     "maxTokens": max_tokens,
+                });
+                if !tools.is_empty() {
+                    params["tools"] = Value::Array(
+                        tools
+                            .iter()
+                            .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
+                            .collect(),
+                    );
                 }
-            });
-            let Some(answers) = ctx
-                .ask(vec![("sample-1".into(), req)], "Waiting for a sample")
-                .await
-            else {
-                return Outcome::Cancelled;
-            };
-            let summary = answers
-                .get("sample-1")
-                .filter(|a| !is_refusal(a))
-                .and_then(sampled_text)
-                .unwrap_or_else(|| "summary declined".to_owned());
-            Outcome::Done(text_result(summary))
+                let key = format!("sample-{round}");
+                let req = json!({"method": "sampling/createMessage", "params": params});
+                let Some(answers) = ctx
+                    .ask(vec![(key.clone(), req)], "Waiting for a sample")
+                    .await
+                else {
+                    return Outcome::Cancelled;
+                };
+                summaries.push(
+                    answers
+                        .get(&key)
+                        .filter(|a| !is_refusal(a))
+                        .and_then(sampled_text)
+                        .unwrap_or_else(|| "summary declined".to_owned()),
+                );
+            }
+            Outcome::Done(text_result(summaries.join(" | ")))
         }
         ToolCall::ListRoots => {
             let req = json!({"method": "roots/list", "params": {}});

@@ -29,6 +29,10 @@ pub enum ToolCall {
     Summarize {
         text: String,
         max_tokens: u64,
+        /// Sampling requests asked one after another within the task.
+        rounds: u64,
+        /// Tool names offered to the model (sampling with tools).
+        tools: Vec<String>,
     },
     ListRoots,
     Unstable {
@@ -248,6 +252,23 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
             ToolCall::Summarize {
                 text: a.string("text", None)?,
                 max_tokens: a.uint("maxTokens", 500, 100_000)?.max(1),
+                rounds: a.uint("rounds", 1, 10)?.max(1),
+                tools: match args.get("tools") {
+                    None | Some(Value::Null) => vec![],
+                    Some(Value::Array(items)) => items
+                        .iter()
+                        .map(|t| {
+                            t.as_str().map(str::to_owned).ok_or_else(|| {
+                                RpcError::invalid_params("`tools` must be an array of tool names")
+                            })
+                        })
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => {
+                        return Err(RpcError::invalid_params(
+                            "`tools` must be an array of tool names",
+                        ));
+                    }
+                },
             }
         }
         "list_roots" => ToolCall::ListRoots,

@@ -2,6 +2,7 @@
 
 pub mod crdgen;
 pub mod dev;
+pub mod exception;
 pub mod policy_check;
 pub mod sidecar;
 
@@ -26,6 +27,9 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Run the enforcement sidecar in front of one MCP server.
     Sidecar(SidecarArgs),
+    /// Sign and verify CapabilityExceptions.
+    #[command(subcommand)]
+    Exception(ExceptionCommand),
     /// Development helpers (never needed in production).
     #[command(subcommand)]
     Dev(DevCommand),
@@ -58,9 +62,43 @@ pub struct SidecarArgs {
     /// Log format (logs go to stderr).
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
+    /// JWKS of the approvers of CapabilityExceptions (optionally with `revokedKeys` and
+    /// `revokedApprovals` lists). Without it, no exception is valid.
+    #[arg(long, value_name = "FILE")]
+    pub approver_keys: Option<PathBuf>,
     /// Threads serving requests. Default: one per CPU the container may use.
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExceptionCommand {
+    /// Fill in `signature` of the CapabilityException in FILE (one per file) with an approver's
+    /// Ed25519 key. Prints the file with the signature line replaced, or rewrites it.
+    Sign {
+        /// The approver's PEM Ed25519 private key.
+        #[arg(long, value_name = "PEM")]
+        key: PathBuf,
+        /// Key id of the approver key, as published in the approver JWKS.
+        #[arg(long)]
+        kid: String,
+        /// Rewrite FILE instead of printing it.
+        #[arg(long)]
+        in_place: bool,
+        file: PathBuf,
+    },
+    /// Explain every check of each CapabilityException in the files: structure, approver key,
+    /// revocation lists, signature, validity window. Exits 1 unless all are Active.
+    Verify {
+        /// JWKS of the trusted approvers (optionally with revokedKeys / revokedApprovals).
+        #[arg(long, value_name = "JWKS")]
+        keys: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the exact bytes an approver signs (RFC 8785 canonical JSON of the grant and its
+    /// binding), for signing with any JOSE tool.
+    Payload { file: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,6 +16,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
+        approver_keys: args.approver_keys.clone(),
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.worker_threads {

@@ -135,7 +135,7 @@ pub fn covers(
         return Err(Rejection::WrongVersion);
     }
     let owner = request.owner;
-    if !spec.clients.iter().any(|c| *c == owner.client) {
+    if !spec.clients.contains(&owner.client) {
         return Err(Rejection::WrongClient);
     }
     if let Some(principals) = &spec.principals
@@ -146,7 +146,7 @@ pub fn covers(
         return Err(Rejection::WrongPrincipal);
     }
     if let Some(tenants) = &spec.tenants
-        && !tenants.iter().any(|t| *t == owner.tenant)
+        && !tenants.contains(&owner.tenant)
     {
         return Err(Rejection::WrongTenant);
     }

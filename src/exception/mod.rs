@@ -145,7 +145,9 @@ pub fn verify(
         Ok(jws) => {
             outcome(
                 "structure",
-                Ok(format!("compact JWS, detached payload, {EXCEPTION_JWS_ALG}, typ {EXCEPTION_JWS_TYP}")),
+                Ok(format!(
+                    "compact JWS, detached payload, {EXCEPTION_JWS_ALG}, typ {EXCEPTION_JWS_TYP}"
+                )),
             );
             jws
         }
@@ -156,19 +158,28 @@ pub fn verify(
     };
     let candidates = trust.keys.candidates(Some(&jws.kid), Algorithm::EdDSA);
     let Some(key) = candidates.first() else {
-        outcome("approver key", Err(format!("kid `{}` is not a trusted approver key", jws.kid)));
+        outcome(
+            "approver key",
+            Err(format!("kid `{}` is not a trusted approver key", jws.kid)),
+        );
         return invalid(checks, "unknown_key");
     };
     outcome("approver key", Ok(format!("kid `{}` is trusted", jws.kid)));
     if trust.revoked_keys.contains(&jws.kid) {
-        outcome("key not revoked", Err(format!("key `{}` has been revoked", jws.kid)));
+        outcome(
+            "key not revoked",
+            Err(format!("key `{}` has been revoked", jws.kid)),
+        );
         return invalid(checks, "key_revoked");
     }
     outcome("key not revoked", Ok("not on the revoked-key list".into()));
     let payload = match signing_payload(spec, namespace) {
         Ok(p) => p,
         Err(e) => {
-            outcome("signature", Err(format!("cannot canonicalize the grant: {e}")));
+            outcome(
+                "signature",
+                Err(format!("cannot canonicalize the grant: {e}")),
+            );
             return invalid(checks, "bad_signature");
         }
     };
@@ -190,7 +201,10 @@ pub fn verify(
         );
         return invalid(checks, "bad_signature");
     }
-    outcome("signature", Ok("verifies over the canonical grant and its binding".into()));
+    outcome(
+        "signature",
+        Ok("verifies over the canonical grant and its binding".into()),
+    );
     if trust.revoked_approvals.contains(&spec.approval_id) {
         outcome(
             "approval not revoked",
@@ -198,12 +212,21 @@ pub fn verify(
         );
         return invalid(checks, "approval_revoked");
     }
-    outcome("approval not revoked", Ok("not on the revoked-approval list".into()));
+    outcome(
+        "approval not revoked",
+        Ok("not on the revoked-approval list".into()),
+    );
     let (state, reason) = if now < spec.not_before.0 {
-        outcome("valid now", Err(format!("not valid before {}", spec.not_before.0)));
+        outcome(
+            "valid now",
+            Err(format!("not valid before {}", spec.not_before.0)),
+        );
         (ExceptionState::NotYetValid, "not_yet_valid")
     } else if now >= spec.expires_at.0 {
-        outcome("valid now", Err(format!("expired at {}", spec.expires_at.0)));
+        outcome(
+            "valid now",
+            Err(format!("expired at {}", spec.expires_at.0)),
+        );
         (ExceptionState::Expired, "expired")
     } else {
         outcome("valid now", Ok(format!("until {}", spec.expires_at.0)));

@@ -73,21 +73,36 @@ fn a_signed_grant_verifies_and_is_active_in_its_window() {
 fn any_edit_copy_or_foreign_key_breaks_the_signature() {
     let e = signed(APPROVER_KEY, "test-ed-1", "team-a");
     // Copied to another namespace.
-    assert_eq!(verify(&e.spec, "team-b", &trust(), at(DURING)).reason, "bad_signature");
+    assert_eq!(
+        verify(&e.spec, "team-b", &trust(), at(DURING)).reason,
+        "bad_signature"
+    );
     // Retargeted to another policy.
     let mut retargeted = e.clone();
     retargeted.spec.policy_ref.name = "billing".into();
-    assert_eq!(verify(&retargeted.spec, "team-a", &trust(), at(DURING)).reason, "bad_signature");
+    assert_eq!(
+        verify(&retargeted.spec, "team-a", &trust(), at(DURING)).reason,
+        "bad_signature"
+    );
     // A budget raised after approval.
     let mut raised = e.clone();
     raised.spec.limits.max_tokens = 100_000;
-    assert_eq!(verify(&raised.spec, "team-a", &trust(), at(DURING)).reason, "bad_signature");
+    assert_eq!(
+        verify(&raised.spec, "team-a", &trust(), at(DURING)).reason,
+        "bad_signature"
+    );
     // Signed by a key that merely claims a trusted kid.
     let forged = signed(OTHER_KEY, "test-ed-1", "team-a");
-    assert_eq!(verify(&forged.spec, "team-a", &trust(), at(DURING)).reason, "bad_signature");
+    assert_eq!(
+        verify(&forged.spec, "team-a", &trust(), at(DURING)).reason,
+        "bad_signature"
+    );
     // An unknown kid.
     let unknown = signed(APPROVER_KEY, "nobody", "team-a");
-    assert_eq!(verify(&unknown.spec, "team-a", &trust(), at(DURING)).reason, "unknown_key");
+    assert_eq!(
+        verify(&unknown.spec, "team-a", &trust(), at(DURING)).reason,
+        "unknown_key"
+    );
 }
 
 #[test]
@@ -95,10 +110,16 @@ fn revoked_keys_and_approvals_invalidate() {
     let e = signed(APPROVER_KEY, "test-ed-1", "team-a");
     let mut t = trust();
     t.revoked_approvals.insert("CHG-1".into());
-    assert_eq!(verify(&e.spec, "team-a", &t, at(DURING)).reason, "approval_revoked");
+    assert_eq!(
+        verify(&e.spec, "team-a", &t, at(DURING)).reason,
+        "approval_revoked"
+    );
     let mut t = trust();
     t.revoked_keys.insert("test-ed-1".into());
-    assert_eq!(verify(&e.spec, "team-a", &t, at(DURING)).reason, "key_revoked");
+    assert_eq!(
+        verify(&e.spec, "team-a", &t, at(DURING)).reason,
+        "key_revoked"
+    );
 }
 
 #[test]
@@ -163,22 +184,79 @@ fn the_gate_checks_client_tenant_declaration_tokens_and_tools() {
     let console = owner("console", "tenant-a");
     let declared = || json!({"sampling": {}});
     assert_eq!(
-        check(&g, &v, sampling, &console, declared(), json!({"maxTokens": 500, "tools": [{"name": "search"}]})),
+        check(
+            &g,
+            &v,
+            sampling,
+            &console,
+            declared(),
+            json!({"maxTokens": 500, "tools": [{"name": "search"}]})
+        ),
         Ok(())
     );
     let small = || json!({"maxTokens": 10});
     let cases = [
-        (check(&g, &v, sampling, &owner("cli", "tenant-a"), declared(), small()), Rejection::WrongClient),
-        (check(&g, &v, sampling, &owner("console", "tenant-b"), declared(), small()), Rejection::WrongTenant),
-        (check(&g, &v, sampling, &console, json!({}), small()), Rejection::UndeclaredCapability),
-        (check(&g, &v, sampling, &console, declared(), json!({"maxTokens": 501})), Rejection::TokenBudget),
-        (check(&g, &v, sampling, &console, declared(), json!({})), Rejection::TokenBudget),
         (
-            check(&g, &v, sampling, &console, declared(), json!({"maxTokens": 10, "tools": [{"name": "shell"}]})),
+            check(
+                &g,
+                &v,
+                sampling,
+                &owner("cli", "tenant-a"),
+                declared(),
+                small(),
+            ),
+            Rejection::WrongClient,
+        ),
+        (
+            check(
+                &g,
+                &v,
+                sampling,
+                &owner("console", "tenant-b"),
+                declared(),
+                small(),
+            ),
+            Rejection::WrongTenant,
+        ),
+        (
+            check(&g, &v, sampling, &console, json!({}), small()),
+            Rejection::UndeclaredCapability,
+        ),
+        (
+            check(
+                &g,
+                &v,
+                sampling,
+                &console,
+                declared(),
+                json!({"maxTokens": 501}),
+            ),
+            Rejection::TokenBudget,
+        ),
+        (
+            check(&g, &v, sampling, &console, declared(), json!({})),
+            Rejection::TokenBudget,
+        ),
+        (
+            check(
+                &g,
+                &v,
+                sampling,
+                &console,
+                declared(),
+                json!({"maxTokens": 10, "tools": [{"name": "shell"}]}),
+            ),
             Rejection::ToolNotAllowed,
         ),
         (
-            check(&g, &v, ExceptionCapability::Roots, &console, json!({"roots": {}}), json!({})),
+            check(
+                &g,
+                &v,
+                ExceptionCapability::Roots,
+                &console,
+                json!({"roots": {}}),
+                json!({}),
+            ),
             Rejection::NoException,
         ),
     ];

@@ -7,6 +7,7 @@
 //! stream feeds the same channel in cluster mode).
 
 pub mod admin;
+pub mod capability;
 pub mod decisions;
 pub mod forward;
 pub mod lifecycle;
@@ -52,6 +53,9 @@ pub struct SidecarConfig {
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
+    /// JWKS of the approvers whose signatures make CapabilityExceptions valid, with optional
+    /// `revokedKeys` and `revokedApprovals` lists. Without it no exception is ever Active.
+    pub approver_keys: Option<PathBuf>,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
@@ -99,6 +103,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     }
     tokio::spawn(policy_file::watch_policy_file(
         config.policy_file.clone(),
+        config.approver_keys.clone(),
         registry.clone(),
         publish,
         metrics.clone(),
@@ -117,6 +122,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         hasher,
         metrics,
         idempotency_secret,
+        gate: capability::CapabilityGate::default(),
         polls: tasks::PollClock::default(),
         streams: Arc::new(listen::StreamRegistry::default()),
         shutdown: shutdown.clone(),

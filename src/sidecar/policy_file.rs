@@ -19,8 +19,13 @@ use super::state::ActivePolicy;
 /// load new keys: well inside the one-second promise.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Loads `path` once: compile it (any error refuses the whole file) and load its issuers' keys.
-pub async fn load_policy_file(path: &Path, registry: &KeyRegistry) -> Result<ActivePolicy, String> {
+/// Loads `path` once: compile it (any error refuses the whole file), load its issuers' keys and
+/// the approver keys.
+pub async fn load_policy_file(
+    path: &Path,
+    approver_keys: Option<&Path>,
+    registry: &KeyRegistry,
+) -> Result<ActivePolicy, String> {
     let text = tokio::fs::read_to_string(path)
         .await
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -39,7 +44,19 @@ pub async fn load_policy_file(path: &Path, registry: &KeyRegistry) -> Result<Act
         .await
         .map_err(|e| format!("cannot load issuer keys: {e}"))?;
     registry.retain(&keys);
-    Ok(ActivePolicy::new(effective, keys))
+    let trust = match approver_keys {
+        None => None,
+        Some(file) => {
+            let bytes = tokio::fs::read(file)
+                .await
+                .map_err(|e| format!("cannot read the approver keys {}: {e}", file.display()))?;
+            Some(
+                crate::exception::ApproverTrust::from_json(&bytes)
+                    .map_err(|e| format!("approver keys {}: {e}", file.display()))?,
+            )
+        }
+    };
+    Ok(ActivePolicy::new(effective, keys, trust))
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
@@ -56,6 +73,7 @@ const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// reachable).
 pub async fn watch_policy_file(
     path: PathBuf,
+    approver_keys: Option<PathBuf>,
     registry: Arc<KeyRegistry>,
     publish: watch::Sender<Option<Arc<ActivePolicy>>>,
     metrics: Arc<SidecarMetrics>,
@@ -67,7 +85,18 @@ pub async fn watch_policy_file(
     let mut failed: Option<([u8; 32], std::time::Instant)> = None;
     let mut unreadable_reported = false;
     loop {
-        match tokio::fs::read(&path).await {
+        let read = match tokio::fs::read(&path).await {
+            // The approver keys count as part of the policy: a change to either reloads both.
+            Ok(mut bytes) => match &approver_keys {
+                Some(keys) => tokio::fs::read(keys).await.map(|k| {
+                    bytes.extend_from_slice(&k);
+                    bytes
+                }),
+                None => Ok(bytes),
+            },
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(bytes) => {
                 unreadable_reported = false;
                 let current = digest(&bytes);
@@ -78,7 +107,7 @@ pub async fn watch_policy_file(
                     _ => true,
                 };
                 if stable && applied != Some(current) && retry_due {
-                    match load_policy_file(&path, &registry).await {
+                    match load_policy_file(&path, approver_keys.as_deref(), &registry).await {
                         Ok(policy) => {
                             tracing::info!(policy = %policy.name, hash = %policy.hash, "policy loaded");
                             metrics

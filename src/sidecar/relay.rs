@@ -76,7 +76,7 @@ pub async fn send_and_relay(
             // Most answers are not tasks: those are passed on byte for byte, without building a
             // JSON tree. (A task answer to a request that may not create one is still caught:
             // the peek reads `result.resultType`.)
-            if !peek_is_task(&bytes) {
+            if !peek_needs_inspection(&bytes) {
                 drop(action); // releases a reservation that did not become a task
                 return respond::raw_json(response.status, bytes);
             }
@@ -117,6 +117,13 @@ async fn finish_message(
         return message;
     }
     let is_task = message.get("result").is_some_and(is_task_result);
+    let asks_input = message
+        .pointer("/result/resultType")
+        .and_then(Value::as_str)
+        == Some("input_required");
+    if asks_input {
+        return screen_request_inputs(app, ctx, message);
+    }
     match action {
         FinalAction::Plain if is_task => refuse_unexpected_task(app, ctx, &message).await,
         FinalAction::Plain => message,
@@ -202,9 +209,48 @@ fn relay_sse(
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
 }
 
-/// Whether a JSON-RPC response's `result.resultType` is `task`, read without building a tree.
-/// Unparseable bodies count as tasks so they take the careful path.
-pub fn peek_is_task(bytes: &[u8]) -> bool {
+/// Screens the input requests of an `input_required` answer outside a task (multi round-trip
+/// requests): refused requests are removed; when none is left, the client gets an error instead
+/// (the request is stateless, so the server is left waiting on nothing).
+fn screen_request_inputs(app: &AppState, ctx: &RequestContext, mut message: Value) -> Value {
+    let Some(requests) = message
+        .pointer_mut("/result/inputRequests")
+        .and_then(Value::as_object_mut)
+    else {
+        return message;
+    };
+    let carrier = crate::sidecar::capability::Carrier {
+        scope: &ctx.correlation_id,
+        owner: &ctx.identity.owner,
+        declared: &ctx.facts.capabilities,
+        protocol_version: &ctx.facts.protocol_version,
+        correlation_id: &ctx.correlation_id,
+        policy_name: &ctx.policy.name,
+    };
+    let screened = app.gate.screen(
+        &ctx.policy.effective,
+        ctx.policy.trust.as_ref(),
+        &carrier,
+        requests,
+    );
+    let nothing_left = requests.is_empty();
+    for event in screened.events {
+        app.audit.log(event);
+    }
+    if nothing_left && !screened.newly_rejected.is_empty() {
+        return error_value(
+            &ctx.id(),
+            codes::INTERNAL_ERROR,
+            "The MCP server asked for a capability this policy does not allow",
+        );
+    }
+    message
+}
+
+/// Whether a JSON-RPC response's `result.resultType` is `task` or `input_required` (answers the
+/// sidecar must look into), read without building a tree. Unparseable bodies take the careful
+/// path too.
+pub fn peek_needs_inspection(bytes: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Peek<'a> {
         #[serde(borrow, default)]
@@ -219,7 +265,7 @@ pub fn peek_is_task(bytes: &[u8]) -> bool {
         Ok(peek) => peek
             .result
             .and_then(|r| r.result_type)
-            .is_some_and(|t| t == "task"),
+            .is_some_and(|t| t == "task" || t == "input_required"),
         Err(_) => true,
     }
 }

@@ -24,10 +24,16 @@ pub struct ActivePolicy {
     pub resource_metadata_url: String,
     /// Tokens that validated under this policy version.
     pub tokens: TokenCache,
+    /// Trusted approvers of capability exceptions (`--approver-keys`), when configured.
+    pub trust: Option<crate::exception::ApproverTrust>,
 }
 
 impl ActivePolicy {
-    pub fn new(effective: EffectivePolicy, keys: IssuerKeys) -> Self {
+    pub fn new(
+        effective: EffectivePolicy,
+        keys: IssuerKeys,
+        trust: Option<crate::exception::ApproverTrust>,
+    ) -> Self {
         Self {
             hash: effective.hash(),
             name: effective.policy.to_string(),
@@ -35,6 +41,7 @@ impl ActivePolicy {
             effective,
             keys,
             tokens: TokenCache::default(),
+            trust,
         }
     }
 }
@@ -50,6 +57,8 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// Decisions and budgets of the capability gate.
+    pub gate: super::capability::CapabilityGate,
     /// When each task's state was last asked of the server.
     pub polls: super::tasks::PollClock,
     /// Open listen streams.

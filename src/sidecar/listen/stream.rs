@@ -21,7 +21,9 @@ use crate::mcp::task::{parse_reported_state, replace_task_id};
 use super::super::decisions::{Operation, authorize};
 use super::super::pipeline::RequestContext;
 use super::super::state::AppState;
-use super::super::tasks::{finish_from_report, now_ms, settle_terminal, task_view};
+use super::super::tasks::{
+    finish_from_report, now_ms, screen_task_state, settle_terminal, task_view,
+};
 use super::registry::{CloseReason, StreamSlot};
 
 pub(super) struct Pump {
@@ -165,6 +167,17 @@ impl Pump {
             replace_task_id(&mut params, upstream_id, id.as_str());
             params["taskId"] = json!(id.as_str());
             params["ttlMs"] = json!(record.ttl_ms);
+            // Input requests inside notifications pass the same gate as in tasks/get, judged
+            // by what the listen request declared.
+            screen_task_state(
+                &self.app,
+                &self.ctx.policy,
+                &record,
+                &self.ctx.facts.capabilities,
+                &self.ctx.facts.protocol_version,
+                &self.ctx.correlation_id,
+                &mut params,
+            );
             params
         };
         let meta = frame.pointer("/params/_meta").cloned().map(|mut meta| {

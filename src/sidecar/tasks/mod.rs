@@ -24,6 +24,7 @@ use crate::mcp::task::{TaskView, empty_ack, parse_reported_state, replace_task_i
 use crate::mcp::{PROTOCOL_VERSION, TASKS_EXTENSION, codes, meta, methods};
 use crate::telemetry::metrics::{ReasonLabels, TerminalLabels};
 
+use super::capability::Carrier;
 use super::decisions::{Access, Operation, authorize, missing_scopes};
 use super::forward::{client_request_headers, set_mcp_headers};
 use super::pipeline::RequestContext;
@@ -237,6 +238,77 @@ fn sampled(percent: u8) -> bool {
     let mut byte = [0u8; 1];
     let _ = getrandom::fill(&mut byte);
     u32::from(byte[0]) * 100 < u32::from(percent) * 256
+}
+
+/// Screens the input requests of a task state (a `tasks/get` result or the params of a
+/// `notifications/tasks`) through the capability gate: refused requests are removed, the server
+/// is sent a decline for each newly refused one, and a task left with nothing to ask reads
+/// `working`.
+pub(crate) fn screen_task_state(
+    app: &AppState,
+    policy: &ActivePolicy,
+    record: &TaskRecord,
+    declared: &Value,
+    protocol_version: &str,
+    correlation_id: &str,
+    state: &mut Value,
+) {
+    let Some(requests) = state
+        .get_mut("inputRequests")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let carrier = Carrier {
+        scope: record.id.as_str(),
+        owner: &record.owner,
+        declared,
+        protocol_version,
+        correlation_id,
+        policy_name: &policy.name,
+    };
+    let screened = app
+        .gate
+        .screen(&policy.effective, policy.trust.as_ref(), &carrier, requests);
+    let nothing_left = requests.is_empty();
+    let hashed = app.hasher.hash(&record.id);
+    for event in screened.events {
+        app.audit.log(event.tool(&record.tool).task(hashed.clone()));
+    }
+    if nothing_left {
+        if let Some(o) = state.as_object_mut() {
+            o.remove("inputRequests");
+        }
+        if state.get("status").and_then(Value::as_str) == Some("input_required") {
+            state["status"] = json!("working");
+        }
+    }
+    if screened.newly_rejected.is_empty() {
+        return;
+    }
+    let responses: serde_json::Map<String, Value> = screened
+        .newly_rejected
+        .iter()
+        .map(|(key, method, reason)| (key.clone(), super::capability::decline(method, *reason)))
+        .collect();
+    let mut headers = super::forward::sidecar_request_headers(
+        &reconcile::owner_identity(record),
+        "capability_declined",
+    );
+    set_mcp_headers(
+        &mut headers,
+        methods::TASKS_UPDATE,
+        Some(&record.upstream_id),
+    );
+    let mut message =
+        sidecar_task_request(methods::TASKS_UPDATE, &record.upstream_id, correlation_id);
+    message["params"]["inputResponses"] = Value::Object(responses);
+    let upstream = app.upstream.clone();
+    tokio::spawn(async move {
+        if let Err(e) = upstream.call(headers, &message).await {
+            tracing::warn!(error = %e, "sending a capability decline to the server failed");
+        }
+    });
 }
 
 /// A terminal transition as recorded.
@@ -453,6 +525,15 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         .and_then(Value::as_i64)
         .unwrap_or(0);
     result["pollIntervalMs"] = json!(upstream_poll.max(v.poll_interval_ms));
+    screen_task_state(
+        app,
+        &ctx.policy,
+        &record,
+        &ctx.facts.capabilities,
+        &ctx.facts.protocol_version,
+        &ctx.correlation_id,
+        &mut result,
+    );
     if sampled(ctx.policy.effective.audit.status_read_sample_percent) {
         app.audit.log(
             ctx.audit("task.status_read", Decision::Allow, "owner")
@@ -516,7 +597,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     let offered = responses.len();
     let kept: serde_json::Map<String, Value> = responses
         .into_iter()
-        .filter(|(k, _)| outstanding.contains(k))
+        .filter(|(k, _)| outstanding.contains(k) && !app.gate.refused(record.id.as_str(), k))
         .collect();
     let forwarded = kept.len();
     app.audit.log(

@@ -1,0 +1,259 @@
+//! The capability gate: every server-to-client input request for a deprecated capability
+//! (`sampling/createMessage`, `roots/list`) passes only under an Active, verified exception that
+//! covers it and still has budget; anything else never reaches the client.
+//!
+//! Decisions are made once per (task, input key): a task repeats its outstanding input requests
+//! on every poll and notification, and those repeats neither spend budget again nor change the
+//! answer. Budgets that change with use are counted here, per sidecar instance, under one lock
+//! (so concurrent tasks cannot overspend): iterations per task and requests per minute per
+//! exception.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use crate::api::{CapabilityMode, ExceptionCapability};
+use crate::audit::{AuditEvent, Decision, summarize};
+use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers};
+use crate::exception::{ApproverTrust, verify};
+use crate::ledger::Owner;
+use crate::policy::{EffectivePolicy, ObjectKey};
+
+/// What the gate decided about one input request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed {
+        exception: ObjectKey,
+        approval_id: String,
+        iterations_left: u32,
+        per_minute_left: u32,
+    },
+    Rejected(Rejection),
+}
+
+/// Input requests of one message after screening.
+#[derive(Debug, Default)]
+pub struct Screened {
+    /// Keys refused for the first time, with their method: the server should receive a decline
+    /// for each.
+    pub newly_rejected: Vec<(String, String, Rejection)>,
+    /// Audit events to write (decisions made now).
+    pub events: Vec<AuditEvent>,
+}
+
+#[derive(Default)]
+struct GateState {
+    decided: HashMap<(String, String), Verdict>,
+    iterations: HashMap<(ObjectKey, String), u32>,
+    uses: HashMap<ObjectKey, VecDeque<Instant>>,
+}
+
+/// The gate's memory of decisions and budgets.
+#[derive(Default)]
+pub struct CapabilityGate {
+    state: Mutex<GateState>,
+}
+
+/// Most decisions remembered before the memory starts over (bounded memory; a forgotten
+/// decision is made again, spending budget again — the safe direction).
+const MAX_DECISIONS: usize = 100_000;
+
+/// The context of the request that carries input requests.
+pub struct Carrier<'a> {
+    /// The task the input requests belong to, or a per-request scope for results outside tasks.
+    pub scope: &'a str,
+    pub owner: &'a Owner,
+    /// Client capabilities declared on *this* request.
+    pub declared: &'a Value,
+    pub protocol_version: &'a str,
+    pub correlation_id: &'a str,
+    pub policy_name: &'a str,
+}
+
+impl CapabilityGate {
+    /// Screens `requests` (an `inputRequests` map) in place: refused entries are removed.
+    pub fn screen(
+        &self,
+        policy: &EffectivePolicy,
+        trust: Option<&ApproverTrust>,
+        carrier: &Carrier<'_>,
+        requests: &mut Map<String, Value>,
+    ) -> Screened {
+        let mut screened = Screened::default();
+        let Ok(mut state) = self.state.lock() else {
+            // A poisoned lock means a panic mid-decision: refuse everything gated.
+            requests.retain(|_, r| gated(r).is_none());
+            return screened;
+        };
+        if state.decided.len() > MAX_DECISIONS {
+            state.decided.clear();
+        }
+        let keys: Vec<String> = requests.keys().cloned().collect();
+        for key in keys {
+            let Some(request) = requests.get(&key) else {
+                continue;
+            };
+            let Some(capability) = gated(request) else {
+                continue;
+            };
+            let decided_key = (carrier.scope.to_owned(), key.clone());
+            let verdict = match state.decided.get(&decided_key) {
+                Some(v) => v.clone(),
+                None => {
+                    let params = request.get("params").cloned().unwrap_or(Value::Null);
+                    let verdict = decide(&mut state, policy, trust, carrier, capability, &params);
+                    screened
+                        .events
+                        .extend(audit_events(carrier, capability, &params, &verdict));
+                    if let Verdict::Rejected(reason) = verdict {
+                        let method = request
+                            .get("method")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        screened.newly_rejected.push((key.clone(), method, reason));
+                    }
+                    state.decided.insert(decided_key, verdict.clone());
+                    verdict
+                }
+            };
+            if matches!(verdict, Verdict::Rejected(_)) {
+                requests.remove(&key);
+            }
+        }
+        screened
+    }
+
+    /// Whether the gate refused `key` of `scope` (its answers must not reach the server).
+    pub fn refused(&self, scope: &str, key: &str) -> bool {
+        self.state.lock().is_ok_and(|s| {
+            matches!(
+                s.decided.get(&(scope.to_owned(), key.to_owned())),
+                Some(Verdict::Rejected(_))
+            )
+        })
+    }
+}
+
+/// The capability an input request needs, when it is one the gate governs.
+fn gated(request: &Value) -> Option<ExceptionCapability> {
+    request
+        .get("method")
+        .and_then(Value::as_str)
+        .and_then(capability_of)
+}
+
+fn decide(
+    state: &mut GateState,
+    policy: &EffectivePolicy,
+    trust: Option<&ApproverTrust>,
+    carrier: &Carrier<'_>,
+    capability: ExceptionCapability,
+    params: &Value,
+) -> Verdict {
+    if policy.capabilities.mode(capability) == CapabilityMode::Deny {
+        return Verdict::Rejected(Rejection::NoException);
+    }
+    let now = jiff::Timestamp::now();
+    let empty_trust = ApproverTrust::default();
+    let trust = trust.unwrap_or(&empty_trust);
+    let request = CapabilityRequest {
+        capability,
+        params,
+        owner: carrier.owner,
+        declared: carrier.declared,
+        protocol_version: carrier.protocol_version,
+    };
+    let mut best = Rejection::NoException;
+    for exception in policy
+        .exceptions
+        .iter()
+        .filter(|e| e.spec.capability == capability)
+    {
+        // Verified at every use: expiry and withdrawn keys or approvals take effect at once.
+        let verification = verify(&exception.spec, &exception.exception.namespace, trust, now);
+        if let Err(reason) = covers(exception, &verification, &request) {
+            best = best.most_specific(reason);
+            continue;
+        }
+        let limits = &exception.spec.limits;
+        let iteration_key = (exception.exception.clone(), carrier.scope.to_owned());
+        let iterations = state.iterations.get(&iteration_key).copied().unwrap_or(0);
+        if iterations >= limits.max_iterations_per_task {
+            best = best.most_specific(Rejection::IterationBudget);
+            continue;
+        }
+        let window = state.uses.entry(exception.exception.clone()).or_default();
+        while window
+            .front()
+            .is_some_and(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            window.pop_front();
+        }
+        if window.len() >= limits.max_requests_per_minute as usize {
+            best = best.most_specific(Rejection::Rate);
+            continue;
+        }
+        window.push_back(Instant::now());
+        let per_minute_left = limits.max_requests_per_minute - window.len() as u32;
+        state.iterations.insert(iteration_key, iterations + 1);
+        return Verdict::Allowed {
+            exception: exception.exception.clone(),
+            approval_id: exception.spec.approval_id.clone(),
+            iterations_left: limits.max_iterations_per_task - iterations - 1,
+            per_minute_left,
+        };
+    }
+    Verdict::Rejected(best)
+}
+
+fn audit_events(
+    carrier: &Carrier<'_>,
+    capability: ExceptionCapability,
+    params: &Value,
+    verdict: &Verdict,
+) -> Vec<AuditEvent> {
+    let name = crate::exception::gate::capability_key(capability);
+    let base = |event: &'static str, decision: Decision, reason: &'static str| {
+        AuditEvent::new(
+            event,
+            carrier.correlation_id,
+            carrier.policy_name,
+            decision,
+            reason,
+        )
+        .owner(carrier.owner)
+        .detail("capability", name)
+    };
+    let requested = base("capability.requested", Decision::Record, "input_request")
+        .detail("request", summarize(params));
+    let outcome = match verdict {
+        Verdict::Allowed {
+            exception,
+            approval_id,
+            iterations_left,
+            per_minute_left,
+        } => base("capability.allowed", Decision::Allow, "exception")
+            .detail("exception", exception.to_string())
+            .detail("approvalId", approval_id.clone())
+            .detail(
+                "budgetLeft",
+                json!({"iterations": iterations_left, "perMinute": per_minute_left}),
+            ),
+        Verdict::Rejected(reason) => base("capability.rejected", Decision::Deny, reason.as_str()),
+    };
+    vec![requested, outcome]
+}
+
+/// The input response sent to the server for a refused input request, so the task moves on
+/// instead of waiting for an answer that will never come.
+pub fn decline(capability_method: &str, reason: Rejection) -> Value {
+    json!({
+        "error": {
+            "code": crate::mcp::codes::INTERNAL_ERROR,
+            "message": format!("{capability_method} was declined by the Lifeguard policy ({})", reason.as_str()),
+        }
+    })
+}
