@@ -127,6 +127,29 @@ fn sampled_text(answer: &Value) -> Option<String> {
     block.get("text").and_then(Value::as_str).map(str::to_owned)
 }
 
+/// `list_roots` outside a task, as a multi round-trip request: the first call answers
+/// `input_required` with a `roots/list` input request; the retry carrying `inputResponses` gets
+/// the count (or "roots declined").
+pub fn roots_round_trip(params: &Value) -> Value {
+    match params.pointer("/inputResponses/roots-1") {
+        Some(answer) => text_result(roots_text(Some(answer))),
+        None => json!({
+            "resultType": "input_required",
+            "inputRequests": {"roots-1": {"method": "roots/list", "params": {}}},
+            "requestState": "list-roots-1",
+        }),
+    }
+}
+
+fn roots_text(answer: Option<&Value>) -> String {
+    answer
+        .filter(|a| !is_refusal(a))
+        .and_then(|a| a.get("roots"))
+        .and_then(Value::as_array)
+        .map(|r| format!("{} roots", r.len()))
+        .unwrap_or_else(|| "roots declined".to_owned())
+}
+
 /// Runs the job behind a tool call to its end.
 pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
     match call {
@@ -226,7 +249,11 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             max_tokens,
             rounds,
             tools,
+            delay_ms,
         } => {
+            if !ctx.sleep(*delay_ms).await {
+                return Outcome::Cancelled;
+            }
             let mut summaries = Vec::new();
             for round in 1..=*rounds {
                 let mut params = json!({
@@ -267,14 +294,7 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             else {
                 return Outcome::Cancelled;
             };
-            let text = answers
-                .get("roots-1")
-                .filter(|a| !is_refusal(a))
-                .and_then(|a| a.get("roots"))
-                .and_then(Value::as_array)
-                .map(|r| format!("{} roots", r.len()))
-                .unwrap_or_else(|| "roots declined".to_owned());
-            Outcome::Done(text_result(text))
+            Outcome::Done(text_result(roots_text(answers.get("roots-1"))))
         }
         ToolCall::Unstable { .. } => {
             if !ctx.sleep(20).await {

@@ -272,6 +272,9 @@ async fn tools_call(
     if !as_task && call.task_only() {
         return Err(RpcError::tasks_extension_required());
     }
+    if !as_task && matches!(call, ToolCall::ListRoots) {
+        return Ok(Reply::Result(jobs::roots_round_trip(params)));
+    }
     if ctx.accepts_sse
         && let Some(token) = &ctx.progress_token
     {

@@ -33,6 +33,8 @@ pub enum ToolCall {
         rounds: u64,
         /// Tool names offered to the model (sampling with tools).
         tools: Vec<String>,
+        /// Working time before the first sampling request.
+        delay_ms: u64,
     },
     ListRoots,
     Unstable {
@@ -55,10 +57,7 @@ impl ToolCall {
     pub fn task_only(&self) -> bool {
         matches!(
             self,
-            ToolCall::ConfirmAction { .. }
-                | ToolCall::MultiInput
-                | ToolCall::Summarize { .. }
-                | ToolCall::ListRoots
+            ToolCall::ConfirmAction { .. } | ToolCall::MultiInput | ToolCall::Summarize { .. }
         )
     }
 }
@@ -132,14 +131,16 @@ pub fn list() -> Value {
                 json!({
                     "text": {"type": "string"},
                     "maxTokens": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 500},
-                    "viaNotification": {"type": "boolean", "default": false}
+                    "rounds": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1},
+                    "tools": {"type": "array", "items": {"type": "string"}},
+                    "delayMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0}
                 }),
                 &["text"]
             )
         ),
         tool(
             "list_roots",
-            "Ask the client for its roots and count them (task only).",
+            "Ask the client for its roots and count them (as a task, or in one multi round-trip request).",
             schema(json!({}), &[])
         ),
         tool(
@@ -201,16 +202,6 @@ impl Args<'_> {
                 }),
         }
     }
-
-    fn boolean(&self, key: &str) -> Result<bool, RpcError> {
-        match self.0.get(key) {
-            None => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(RpcError::invalid_params(format!(
-                "Invalid arguments: `{key}` must be a boolean"
-            ))),
-        }
-    }
 }
 
 /// Parses `tools/call` params into a [`ToolCall`]; unknown tools and bad arguments are -32602.
@@ -246,31 +237,28 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
             action: a.string("action", None)?,
         },
         "multi_input" => ToolCall::MultiInput,
-        "summarize_with_sampling" => {
-            // `viaNotification` changes nothing in the behaviour; it is only validated.
-            a.boolean("viaNotification")?;
-            ToolCall::Summarize {
-                text: a.string("text", None)?,
-                max_tokens: a.uint("maxTokens", 500, 100_000)?.max(1),
-                rounds: a.uint("rounds", 1, 10)?.max(1),
-                tools: match args.get("tools") {
-                    None | Some(Value::Null) => vec![],
-                    Some(Value::Array(items)) => items
-                        .iter()
-                        .map(|t| {
-                            t.as_str().map(str::to_owned).ok_or_else(|| {
-                                RpcError::invalid_params("`tools` must be an array of tool names")
-                            })
+        "summarize_with_sampling" => ToolCall::Summarize {
+            delay_ms: a.uint("delayMs", 0, 60_000)?,
+            text: a.string("text", None)?,
+            max_tokens: a.uint("maxTokens", 500, 100_000)?.max(1),
+            rounds: a.uint("rounds", 1, 10)?.max(1),
+            tools: match args.get("tools") {
+                None | Some(Value::Null) => vec![],
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|t| {
+                        t.as_str().map(str::to_owned).ok_or_else(|| {
+                            RpcError::invalid_params("`tools` must be an array of tool names")
                         })
-                        .collect::<Result<_, _>>()?,
-                    Some(_) => {
-                        return Err(RpcError::invalid_params(
-                            "`tools` must be an array of tool names",
-                        ));
-                    }
-                },
-            }
-        }
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => {
+                    return Err(RpcError::invalid_params(
+                        "`tools` must be an array of tool names",
+                    ));
+                }
+            },
+        },
         "list_roots" => ToolCall::ListRoots,
         "rogue_task" => ToolCall::Rogue {
             seconds: a.number("seconds", 5.0, 86_400.0)?,

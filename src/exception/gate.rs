@@ -27,6 +27,13 @@ pub fn capability_key(capability: ExceptionCapability) -> &'static str {
     }
 }
 
+/// Whether `declared` (a request's `clientCapabilities`) declares `capability`.
+pub fn declares(declared: &Value, capability: ExceptionCapability) -> bool {
+    declared
+        .get(capability_key(capability))
+        .is_some_and(Value::is_object)
+}
+
 /// Why an input request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Rejection {
@@ -38,6 +45,7 @@ pub enum Rejection {
     UnknownKey,
     KeyRevoked,
     ApprovalRevoked,
+    WrongServer,
     WrongVersion,
     WrongClient,
     WrongPrincipal,
@@ -59,6 +67,7 @@ impl Rejection {
             Self::UnknownKey => "unknown_key",
             Self::KeyRevoked => "key_revoked",
             Self::ApprovalRevoked => "approval_revoked",
+            Self::WrongServer => "wrong_server",
             Self::WrongVersion => "wrong_version",
             Self::WrongClient => "wrong_client",
             Self::WrongPrincipal => "wrong_principal",
@@ -78,7 +87,11 @@ impl Rejection {
             Self::NoException => 0,
             Self::WrongClient | Self::WrongPrincipal | Self::WrongTenant => 1,
             Self::Expired | Self::NotYetValid => 2,
-            Self::BadSignature | Self::UnknownKey | Self::KeyRevoked | Self::ApprovalRevoked => 3,
+            Self::BadSignature
+            | Self::UnknownKey
+            | Self::KeyRevoked
+            | Self::ApprovalRevoked
+            | Self::WrongServer => 3,
             _ => 4,
         }
     }
@@ -114,6 +127,7 @@ fn verification_rejection(v: &Verification) -> Option<Rejection> {
         (_, "unknown_key") => Some(Rejection::UnknownKey),
         (_, "key_revoked") => Some(Rejection::KeyRevoked),
         (_, "approval_revoked") => Some(Rejection::ApprovalRevoked),
+        (_, "wrong_server") => Some(Rejection::WrongServer),
         _ => Some(Rejection::BadSignature),
     }
 }
@@ -128,12 +142,8 @@ pub fn covers(
     if spec.capability != request.capability {
         return Err(Rejection::NoException);
     }
-    if let Some(rejection) = verification_rejection(verification) {
-        return Err(rejection);
-    }
-    if request.protocol_version != crate::mcp::PROTOCOL_VERSION {
-        return Err(Rejection::WrongVersion);
-    }
+    // Whom the exception is for comes first: an exception for someone else says nothing about
+    // this request, however broken it is.
     let owner = request.owner;
     if !spec.clients.contains(&owner.client) {
         return Err(Rejection::WrongClient);
@@ -150,11 +160,13 @@ pub fn covers(
     {
         return Err(Rejection::WrongTenant);
     }
-    if !request
-        .declared
-        .get(capability_key(request.capability))
-        .is_some_and(Value::is_object)
-    {
+    if let Some(rejection) = verification_rejection(verification) {
+        return Err(rejection);
+    }
+    if request.protocol_version != crate::mcp::PROTOCOL_VERSION {
+        return Err(Rejection::WrongVersion);
+    }
+    if !declares(request.declared, request.capability) {
         return Err(Rejection::UndeclaredCapability);
     }
     if request.capability == ExceptionCapability::Sampling {

@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 
 use crate::api::{CapabilityExceptionSpec, ExceptionState};
 use crate::identity::KeySet;
-use crate::policy::jws_shape::{EXCEPTION_JWS_ALG, EXCEPTION_JWS_TYP, parse_detached_jws};
+use crate::policy::jws_shape::{
+    EXCEPTION_JWS_ALG, EXCEPTION_JWS_BINDING, EXCEPTION_JWS_TYP, parse_detached_jws,
+};
 
 /// Why signing failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,14 +37,34 @@ pub enum SignError {
 
 /// The bytes an approver signs: JCS of the grant plus its binding.
 pub fn signing_payload(spec: &CapabilityExceptionSpec, namespace: &str) -> Result<Vec<u8>, String> {
+    bound_payload(spec, namespace, &spec.policy_ref.name)
+}
+
+/// The payload of `spec` as if it were bound to `namespace`/`policy` (`policyRef.name` included).
+fn bound_payload(
+    spec: &CapabilityExceptionSpec,
+    namespace: &str,
+    policy: &str,
+) -> Result<Vec<u8>, String> {
     let mut grant = serde_json::to_value(spec).map_err(|e| e.to_string())?;
     let Some(object) = grant.as_object_mut() else {
         return Err("the spec is not an object".into());
     };
     object.remove("signature");
+    object.insert("policyRef".into(), json!({"name": policy}));
     object.insert("namespace".into(), json!(namespace));
-    object.insert("policy".into(), json!(spec.policy_ref.name));
+    object.insert("policy".into(), json!(policy));
     serde_jcs::to_vec(&grant).map_err(|e| e.to_string())
+}
+
+/// The protected header of an exception signature for `spec` in `namespace`.
+pub fn signing_header(spec: &CapabilityExceptionSpec, namespace: &str, kid: &str) -> Value {
+    json!({
+        "alg": EXCEPTION_JWS_ALG,
+        "kid": kid,
+        "typ": EXCEPTION_JWS_TYP,
+        EXCEPTION_JWS_BINDING: format!("{namespace}/{}", spec.policy_ref.name),
+    })
 }
 
 fn signing_input(encoded_header: &str, payload: &[u8]) -> String {
@@ -57,7 +79,7 @@ pub fn sign(
     kid: &str,
 ) -> Result<String, SignError> {
     let key = EncodingKey::from_ed_pem(key_pem).map_err(|_| SignError::BadKey)?;
-    let header = json!({"alg": EXCEPTION_JWS_ALG, "kid": kid, "typ": EXCEPTION_JWS_TYP});
+    let header = signing_header(spec, namespace, kid);
     let header = serde_jcs::to_vec(&header).map_err(|e| SignError::Canonical(e.to_string()))?;
     let encoded_header = URL_SAFE_NO_PAD.encode(header);
     let payload = signing_payload(spec, namespace).map_err(SignError::Canonical)?;
@@ -173,7 +195,24 @@ pub fn verify(
         return invalid(checks, "key_revoked");
     }
     outcome("key not revoked", Ok("not on the revoked-key list".into()));
-    let payload = match signing_payload(spec, namespace) {
+    // Verify over the binding the approver signed (from the header), then compare it with where
+    // the exception is: a genuine approval copied to another server is `wrong_server`, anything
+    // edited or forged is `bad_signature`.
+    let Some((signed_namespace, signed_policy)) = jws
+        .header
+        .binding
+        .as_deref()
+        .and_then(|b| b.split_once('/'))
+    else {
+        outcome(
+            "signature",
+            Err(format!(
+                "the header has no `{EXCEPTION_JWS_BINDING}` naming <namespace>/<policy>"
+            )),
+        );
+        return invalid(checks, "bad_signature");
+    };
+    let payload = match bound_payload(spec, signed_namespace, signed_policy) {
         Ok(p) => p,
         Err(e) => {
             outcome(
@@ -194,16 +233,32 @@ pub fn verify(
     if !verified {
         outcome(
             "signature",
-            Err(format!(
-                "does not verify over this grant in namespace `{namespace}` for policy `{}` (edited, copied, or signed by another key)",
-                spec.policy_ref.name
-            )),
+            Err(
+                "does not verify over this grant (edited after approval, or signed by another key)"
+                    .into(),
+            ),
         );
         return invalid(checks, "bad_signature");
     }
     outcome(
         "signature",
         Ok("verifies over the canonical grant and its binding".into()),
+    );
+    if (signed_namespace, signed_policy) != (namespace, spec.policy_ref.name.as_str()) {
+        outcome(
+            "binding",
+            Err(format!(
+                "approved for policy `{signed_policy}` in namespace `{signed_namespace}`, found for policy `{}` in namespace `{namespace}`",
+                spec.policy_ref.name
+            )),
+        );
+        return invalid(checks, "wrong_server");
+    }
+    outcome(
+        "binding",
+        Ok(format!(
+            "policy `{signed_policy}` in namespace `{signed_namespace}`"
+        )),
     );
     if trust.revoked_approvals.contains(&spec.approval_id) {
         outcome(

@@ -70,20 +70,46 @@ fn a_signed_grant_verifies_and_is_active_in_its_window() {
 }
 
 #[test]
-fn any_edit_copy_or_foreign_key_breaks_the_signature() {
+fn a_genuine_approval_copied_to_another_server_is_wrong_server() {
     let e = signed(APPROVER_KEY, "test-ed-1", "team-a");
     // Copied to another namespace.
-    assert_eq!(
-        verify(&e.spec, "team-b", &trust(), at(DURING)).reason,
-        "bad_signature"
+    let copied = verify(&e.spec, "team-b", &trust(), at(DURING));
+    assert_eq!(copied.reason, "wrong_server");
+    assert_eq!(copied.state, ExceptionState::Invalid);
+    let binding = copied.checks.iter().find(|c| c.check == "binding").unwrap();
+    assert!(
+        binding
+            .result
+            .as_ref()
+            .unwrap_err()
+            .contains("namespace `team-a`"),
+        "{binding:?}"
     );
-    // Retargeted to another policy.
+    // Retargeted to another policy in the same namespace.
     let mut retargeted = e.clone();
     retargeted.spec.policy_ref.name = "billing".into();
     assert_eq!(
         verify(&retargeted.spec, "team-a", &trust(), at(DURING)).reason,
+        "wrong_server"
+    );
+    // A header edited to claim the new binding no longer verifies.
+    let mut relabelled = retargeted.clone();
+    let (_, signature) = e.spec.signature.split_once("..").unwrap();
+    let header = serde_json::json!({"alg": "EdDSA", "kid": "test-ed-1",
+        "typ": "lifeguard-exception+jws", "lifeguard.dev/binding": "team-a/billing"});
+    relabelled.spec.signature = format!(
+        "{}..{signature}",
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&header).unwrap())
+    );
+    assert_eq!(
+        verify(&relabelled.spec, "team-a", &trust(), at(DURING)).reason,
         "bad_signature"
     );
+}
+
+#[test]
+fn any_edit_or_foreign_key_breaks_the_signature() {
+    let e = signed(APPROVER_KEY, "test-ed-1", "team-a");
     // A budget raised after approval.
     let mut raised = e.clone();
     raised.spec.limits.max_tokens = 100_000;

@@ -20,7 +20,15 @@ pub struct ExceptionJwsHeader {
     pub typ: Option<String>,
     pub kid: Option<String>,
     pub crit: Option<Vec<String>>,
+    /// `<namespace>/<policy>` the approver signed the grant for (see [`EXCEPTION_JWS_BINDING`]).
+    #[serde(rename = "lifeguard.dev/binding")]
+    pub binding: Option<String>,
 }
+
+/// The protected-header parameter naming where an approval applies, `<namespace>/<policy>`.
+/// It is covered by the signature, and the same binding is part of the signed payload; it lets a
+/// verifier tell a genuine approval applied to the wrong server from a forged or edited one.
+pub const EXCEPTION_JWS_BINDING: &str = "lifeguard.dev/binding";
 
 /// The parts of a detached compact JWS: the encoded header (part of the signing input), the
 /// decoded header, and the raw signature bytes.

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{CapabilityMode, ExceptionCapability};
 use crate::audit::{AuditEvent, Decision, summarize};
-use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers};
+use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers, declares};
 use crate::exception::{ApproverTrust, verify};
 use crate::ledger::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
@@ -39,6 +39,8 @@ pub struct Screened {
     /// Keys refused for the first time, with their method: the server should receive a decline
     /// for each.
     pub newly_rejected: Vec<(String, String, Rejection)>,
+    /// Every key refused in this message (newly or by an earlier decision), with its method.
+    pub refused: Vec<(String, String, Rejection)>,
     /// Audit events to write (decisions made now).
     pub events: Vec<AuditEvent>,
 }
@@ -108,19 +110,28 @@ impl CapabilityGate {
                         .events
                         .extend(audit_events(carrier, capability, &params, &verdict));
                     if let Verdict::Rejected(reason) = verdict {
-                        let method = request
-                            .get("method")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned();
-                        screened.newly_rejected.push((key.clone(), method, reason));
+                        screened
+                            .newly_rejected
+                            .push((key.clone(), method_of(request), reason));
                     }
                     state.decided.insert(decided_key, verdict.clone());
                     verdict
                 }
             };
-            if matches!(verdict, Verdict::Rejected(_)) {
-                requests.remove(&key);
+            match verdict {
+                Verdict::Rejected(reason) => {
+                    screened
+                        .refused
+                        .push((key.clone(), method_of(request), reason));
+                    requests.remove(&key);
+                }
+                // Allowed once, but the capability must be declared on every request that
+                // carries it: a request without the declaration does not see it (nothing is
+                // declined: the next poll that declares it will).
+                Verdict::Allowed { .. } if !declares(carrier.declared, capability) => {
+                    requests.remove(&key);
+                }
+                Verdict::Allowed { .. } => {}
             }
         }
         screened
@@ -135,6 +146,14 @@ impl CapabilityGate {
             )
         })
     }
+}
+
+fn method_of(request: &Value) -> String {
+    request
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The capability an input request needs, when it is one the gate governs.

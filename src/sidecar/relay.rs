@@ -122,7 +122,7 @@ async fn finish_message(
         .and_then(Value::as_str)
         == Some("input_required");
     if asks_input {
-        return screen_request_inputs(app, ctx, message);
+        return screen_request_inputs(app, ctx, message).await;
     }
     match action {
         FinalAction::Plain if is_task => refuse_unexpected_task(app, ctx, &message).await,
@@ -209,42 +209,99 @@ fn relay_sse(
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
 }
 
+/// Most times the sidecar answers refused input requests for the client before it gives up.
+const MAX_DECLINE_ROUNDS: usize = 3;
+
 /// Screens the input requests of an `input_required` answer outside a task (multi round-trip
-/// requests): refused requests are removed; when none is left, the client gets an error instead
-/// (the request is stateless, so the server is left waiting on nothing).
-fn screen_request_inputs(app: &AppState, ctx: &RequestContext, mut message: Value) -> Value {
-    let Some(requests) = message
-        .pointer_mut("/result/inputRequests")
-        .and_then(Value::as_object_mut)
-    else {
-        return message;
-    };
-    let carrier = crate::sidecar::capability::Carrier {
-        scope: &ctx.correlation_id,
-        owner: &ctx.identity.owner,
-        declared: &ctx.facts.capabilities,
-        protocol_version: &ctx.facts.protocol_version,
-        correlation_id: &ctx.correlation_id,
-        policy_name: &ctx.policy.name,
-    };
-    let screened = app.gate.screen(
-        &ctx.policy.effective,
-        ctx.policy.trust.as_ref(),
-        &carrier,
-        requests,
-    );
-    let nothing_left = requests.is_empty();
-    for event in screened.events {
-        app.audit.log(event);
-    }
-    if nothing_left && !screened.newly_rejected.is_empty() {
-        return error_value(
-            &ctx.id(),
-            codes::INTERNAL_ERROR,
-            "The MCP server asked for a capability this policy does not allow",
+/// requests). When the gate refuses any of them, the client sees none of this round: the
+/// sidecar retries the request upstream itself, with a decline for each refused key and the
+/// server's `requestState`, so the server learns the answer and can go on (complete, or ask
+/// again for what it still needs). Decisions are scoped to this client request (its correlation
+/// id), so a key asked again in a later round is not charged twice.
+async fn screen_request_inputs(app: &AppState, ctx: &RequestContext, mut message: Value) -> Value {
+    for _ in 0..=MAX_DECLINE_ROUNDS {
+        let Some(requests) = message
+            .pointer_mut("/result/inputRequests")
+            .and_then(Value::as_object_mut)
+        else {
+            return message;
+        };
+        let carrier = crate::sidecar::capability::Carrier {
+            scope: &ctx.correlation_id,
+            owner: &ctx.identity.owner,
+            declared: &ctx.facts.capabilities,
+            protocol_version: &ctx.facts.protocol_version,
+            correlation_id: &ctx.correlation_id,
+            policy_name: &ctx.policy.name,
+        };
+        let screened = app.gate.screen(
+            &ctx.policy.effective,
+            ctx.policy.trust.as_ref(),
+            &carrier,
+            requests,
         );
+        for event in screened.events {
+            app.audit.log(event);
+        }
+        if screened.refused.is_empty() {
+            return message;
+        }
+        let declines: serde_json::Map<String, Value> = screened
+            .refused
+            .into_iter()
+            .map(|(key, method, reason)| {
+                (key, crate::sidecar::capability::decline(&method, reason))
+            })
+            .collect();
+        let request_state = message
+            .pointer("/result/requestState")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let Some(retry) = decline_retry(ctx, declines, request_state) else {
+            break;
+        };
+        let headers = client_request_headers(
+            &ctx.headers,
+            &ctx.identity,
+            ctx.policy.effective.upstream_identity,
+        );
+        message = match app.upstream.call(headers, &retry).await {
+            Ok((_, answer)) => answer,
+            Err(e) => {
+                tracing::warn!(error = %e, "retrying with capability declines failed");
+                break;
+            }
+        };
+        if message
+            .pointer("/result/resultType")
+            .and_then(Value::as_str)
+            != Some("input_required")
+        {
+            return message;
+        }
     }
-    message
+    error_value(
+        &ctx.id(),
+        codes::INTERNAL_ERROR,
+        "The MCP server asked for a capability this policy does not allow",
+    )
+}
+
+/// The client's request again, answering with `declines` under the server's `requestState`.
+fn decline_retry(
+    ctx: &RequestContext,
+    declines: serde_json::Map<String, Value>,
+    request_state: Value,
+) -> Option<Value> {
+    let mut retry: Value = serde_json::from_slice(&ctx.body).ok()?;
+    let params = retry.get_mut("params")?.as_object_mut()?;
+    params.insert("inputResponses".into(), Value::Object(declines));
+    if request_state.is_null() {
+        params.remove("requestState");
+    } else {
+        params.insert("requestState".into(), request_state);
+    }
+    Some(retry)
 }
 
 /// Whether a JSON-RPC response's `result.resultType` is `task` or `input_required` (answers the

@@ -25,6 +25,17 @@ impl ListenStream {
         } else {
             json!({})
         };
+        Self::open_declaring(url, token, id, notifications, caps).await
+    }
+
+    /// Opens a stream declaring `caps` as the request's client capabilities.
+    pub async fn open_declaring(
+        url: &str,
+        token: &str,
+        id: Value,
+        notifications: Value,
+        caps: Value,
+    ) -> Self {
         let body = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
             "notifications": notifications,
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",

@@ -124,6 +124,8 @@ pub struct SidecarOptions {
     pub extra_documents: String,
     /// Fetch the issuer's keys from this URL instead of the fixture JWKS file.
     pub jwks_uri: Option<String>,
+    /// `--approver-keys`: the trusted approvers of capability exceptions.
+    pub approver_keys: Option<PathBuf>,
 }
 
 pub struct Sidecar {
@@ -136,6 +138,8 @@ pub struct Sidecar {
     pub audit_path: PathBuf,
     pub upstream: String,
     pub output: Arc<Mutex<Vec<String>>>,
+    /// Arguments beyond the standard ones, kept for restarts.
+    extra_args: Vec<String>,
 }
 
 impl Sidecar {
@@ -156,11 +160,25 @@ impl Sidecar {
             text.push_str(&options.extra_documents);
         }
         std::fs::write(&policy_path, text).unwrap();
-        Self::start_in(dir, policy_path, upstream).await
+        let mut extra_args = Vec::new();
+        if let Some(keys) = &options.approver_keys {
+            extra_args.push("--approver-keys".to_owned());
+            extra_args.push(keys.display().to_string());
+        }
+        Self::start_with(dir, policy_path, upstream, extra_args).await
     }
 
     /// Starts (or restarts) a sidecar on an existing directory: same ledger, policy and audit.
     pub async fn start_in(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str) -> Self {
+        Self::start_with(dir, policy_path, upstream, Vec::new()).await
+    }
+
+    async fn start_with(
+        dir: Arc<TempDir>,
+        policy_path: PathBuf,
+        upstream: &str,
+        extra_args: Vec<String>,
+    ) -> Self {
         let ledger_path = dir.path().join("ledger.db");
         let audit_path = dir.path().join("audit.jsonl");
         let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
@@ -180,6 +198,7 @@ impl Sidecar {
             .arg(&ledger_path)
             .arg("--audit-file")
             .arg(&audit_path)
+            .args(&extra_args)
             .env("RUST_LOG", "info");
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "sidecar", &output);
@@ -194,6 +213,7 @@ impl Sidecar {
             audit_path,
             upstream: upstream.to_owned(),
             output,
+            extra_args,
         };
         sidecar.wait_ready().await;
         sidecar
@@ -231,7 +251,8 @@ impl Sidecar {
         let dir = self.dir.clone();
         let policy = self.policy_path.clone();
         let upstream = self.upstream.clone();
-        Self::start_in(dir, policy, &upstream).await
+        let extra_args = std::mem::take(&mut self.extra_args);
+        Self::start_with(dir, policy, &upstream, extra_args).await
     }
 
     pub fn policy_file(&self) -> &Path {
