@@ -252,6 +252,16 @@ fn rejections(sidecar: &Sidecar) -> Vec<String> {
         .collect()
 }
 
+/// The rejection reasons once at least `count` were written (audit lines land asynchronously).
+async fn rejections_when(sidecar: &Sidecar, count: usize) -> Vec<String> {
+    support::eventually(Duration::from_secs(3), async || {
+        let reasons = rejections(sidecar);
+        (reasons.len() >= count).then_some(reasons)
+    })
+    .await
+    .unwrap_or_else(|| rejections(sidecar))
+}
+
 /// Polls (declaring sampling and roots, as a client using them would) until the task ends.
 async fn finish(client: &McpClient, token: &str, task: &str) -> Value {
     support::eventually(Duration::from_secs(10), async || {
@@ -318,7 +328,16 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
     let done = finish(&s.client, &token, &task).await;
     assert_eq!(result_text(&done), "first | second");
 
-    let audit = s.sidecar.audit();
+    let audit = support::eventually(Duration::from_secs(3), async || {
+        let audit = s.sidecar.audit();
+        let allowed = audit
+            .iter()
+            .filter(|e| e["event"] == "capability.allowed")
+            .count();
+        (allowed >= 2).then_some(audit)
+    })
+    .await
+    .unwrap_or_else(|| s.sidecar.audit());
     let allowed: Vec<&Value> = audit
         .iter()
         .filter(|e| e["event"] == "capability.allowed")
@@ -354,7 +373,7 @@ async fn without_an_exception_the_client_never_sees_sampling_and_the_server_gets
     let done = ends_without_asking(&s.client, &token, &task).await;
     assert_eq!(done["status"], "completed");
     assert_eq!(result_text(&done), "summary declined");
-    assert_eq!(rejections(&s.sidecar), ["no_exception"]);
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["no_exception"]);
     let rejected = s
         .sidecar
         .audit()
@@ -405,13 +424,16 @@ async fn exceptions_out_of_force_or_for_someone_else_are_refused_with_their_reas
         ("copied-app", "wrong_server"),
         ("unlisted-app", "wrong_client"),
     ];
-    for (client_id, reason) in cases {
+    for (n, (client_id, reason)) in cases.into_iter().enumerate() {
         let token = User::new("alice", "tenant-a", client_id).token();
         let task = summarize(&s.client, &token, json!({})).await;
         let done = ends_without_asking(&s.client, &token, &task).await;
         assert_eq!(result_text(&done), "summary declined", "{client_id}");
         assert_eq!(
-            rejections(&s.sidecar).last().map(String::as_str),
+            rejections_when(&s.sidecar, n + 1)
+                .await
+                .last()
+                .map(String::as_str),
             Some(reason),
             "{client_id}"
         );
@@ -450,7 +472,10 @@ async fn the_capability_must_be_declared_on_the_request_that_would_carry_it() {
     .await
     .expect("task completes");
     assert_eq!(result_text(&done), "summary declined");
-    assert_eq!(rejections(&s.sidecar), ["undeclared_capability"]);
+    assert_eq!(
+        rejections_when(&s.sidecar, 1).await,
+        ["undeclared_capability"]
+    );
 }
 
 #[tokio::test]
@@ -486,7 +511,7 @@ async fn token_budget_and_unapproved_tools_are_refused_while_others_pass_concurr
             Some(_) => assert_eq!(result_text(state), "summary declined", "{args}"),
         }
     }
-    let mut reasons = rejections(&s.sidecar);
+    let mut reasons = rejections_when(&s.sidecar, 2).await;
     reasons.sort();
     assert_eq!(reasons, ["token_budget", "tool_not_allowed"]);
 }
@@ -513,7 +538,7 @@ async fn iterations_per_task_are_capped() {
     }
     let done = finish(&s.client, &token, &task).await;
     assert_eq!(result_text(&done), "r1 | r2 | summary declined");
-    assert_eq!(rejections(&s.sidecar), ["iteration_budget"]);
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["iteration_budget"]);
 }
 
 #[tokio::test]
@@ -550,7 +575,7 @@ async fn the_per_minute_rate_is_counted_atomically_across_concurrent_tasks() {
         .filter(|s| s["status"] == "completed" && result_text(s) == "summary declined")
         .count();
     assert_eq!(declined, 5, "{states:?}");
-    assert_eq!(rejections(&s.sidecar), ["rate"; 5]);
+    assert_eq!(rejections_when(&s.sidecar, 5).await, ["rate"; 5]);
 }
 
 #[tokio::test]
@@ -590,7 +615,7 @@ async fn expiry_and_a_revoked_approval_take_effect_without_a_restart() {
         result_text(&ends_without_asking(&s.client, &console, &after).await),
         "summary declined"
     );
-    assert_eq!(rejections(&s.sidecar), ["expired"]);
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["expired"]);
 
     // Revoking the approval in the trust file is picked up like a policy change.
     let mut trust: Value =
@@ -603,7 +628,10 @@ async fn expiry_and_a_revoked_approval_take_effect_without_a_restart() {
         result_text(&ends_without_asking(&s.client, &other, &revoked).await),
         "summary declined"
     );
-    assert_eq!(rejections(&s.sidecar), ["expired", "approval_revoked"]);
+    assert_eq!(
+        rejections_when(&s.sidecar, 2).await,
+        ["expired", "approval_revoked"]
+    );
 }
 
 #[tokio::test]
@@ -649,7 +677,7 @@ async fn a_sampling_request_hidden_in_a_task_notification_is_screened_too() {
             );
         }
     }
-    assert_eq!(rejections(&s.sidecar), ["wrong_client"]);
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["wrong_client"]);
 }
 
 #[tokio::test]
@@ -714,7 +742,7 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     assert_eq!(refused.status, 200, "{refused:?}");
     assert_eq!(refused.result()["resultType"], "complete", "{refused:?}");
     assert_eq!(call_text(refused.result()), "roots declined");
-    assert_eq!(rejections(&s.sidecar), ["wrong_client"]);
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["wrong_client"]);
     let raw = std::fs::read_to_string(&s.sidecar.audit_path).unwrap();
     assert!(!raw.contains("/srv/"), "root paths in the audit trail");
 }

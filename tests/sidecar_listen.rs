@@ -364,17 +364,22 @@ async fn revocation_and_policy_withdrawal_close_streams() {
         Some(json!("b")),
         "{frames:?}"
     );
-    let reasons: Vec<String> = sidecar
-        .audit()
-        .iter()
-        .filter(|e| e["event"] == "listen.closed")
-        .map(|e| e["reason"].as_str().unwrap().to_owned())
-        .collect();
-    assert!(reasons.contains(&"revoked".to_owned()), "{reasons:?}");
-    assert!(
-        reasons.contains(&"policy_changed".to_owned()),
-        "{reasons:?}"
-    );
+    // Audit lines are written asynchronously: wait for both closings to land.
+    let closed_reasons = || -> Vec<String> {
+        sidecar
+            .audit()
+            .iter()
+            .filter(|e| e["event"] == "listen.closed")
+            .map(|e| e["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let both = support::eventually(Duration::from_secs(3), async || {
+        let reasons = closed_reasons();
+        (reasons.contains(&"revoked".to_owned()) && reasons.contains(&"policy_changed".to_owned()))
+            .then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "{:?}", closed_reasons());
     let applied = sidecar
         .audit()
         .into_iter()

@@ -8,6 +8,7 @@
 
 mod client;
 mod components;
+mod listen;
 mod phases;
 mod procs;
 mod report;
@@ -57,6 +58,15 @@ struct Args {
     /// Ledger rows to reach before measuring memory.
     #[arg(long)]
     rows: Option<u64>,
+    /// Concurrent listen streams of the listen phase.
+    #[arg(long)]
+    listen_streams: Option<usize>,
+    /// Events delivered per second over all listen streams.
+    #[arg(long)]
+    listen_deliveries: Option<u32>,
+    /// Seconds of measured event emission per listen lane.
+    #[arg(long)]
+    listen_secs: Option<f64>,
     /// Extra environment for the sidecar process, KEY=VALUE (repeatable), for experiments
     /// such as TOKIO_WORKER_THREADS=1. Recorded in the results.
     #[arg(long = "sidecar-env", value_name = "KEY=VALUE")]

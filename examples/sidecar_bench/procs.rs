@@ -18,7 +18,7 @@ pub const TASK_TOOL: &str = "slow_compute";
 
 /// The bench policy: the test issuer, `slow_compute` as the task tool, concurrency limits at
 /// the CRD maximum so no quota refuses a bench request, TTLs and deadlines longer than a run,
-/// and poll pacing off (1 ns) so every measured `tasks/get` goes to the server: the sidecar
+/// listen streams on `example://bench/*` resources, and poll pacing off (1 ns) so every measured `tasks/get` goes to the server: the sidecar
 /// answers polls faster than `minPollInterval` from the ledger, which would measure the cheap
 /// path instead.
 pub fn policy_yaml() -> String {
@@ -39,9 +39,17 @@ spec:
     deadline: {{default: 4h, max: 4h}}
     minPollInterval: 1ns
     concurrency: {{perPrincipal: 1000000, perTenant: 1000000, perClient: 1000000, perServer: 1000000}}
+  listen:
+    notifications: [resourceSubscriptions]
+    resourceSubscriptions: {{allow: ["example://bench/*"]}}
+    maxStreamsPerPrincipal: {STREAMS_PER_PRINCIPAL}
+    maxStreamDuration: 4h
 "#
     )
 }
+
+/// Listen streams each bench principal opens (the policy's cap).
+pub const STREAMS_PER_PRINCIPAL: usize = 16;
 
 /// Key material of the test issuer (tests/fixtures/keys).
 pub struct Keys {

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::components::{self, Components};
+use crate::listen::ListenResult;
 use crate::phases::Usage;
 use crate::procs::ProcStatus;
 use crate::stats::{Added, Errors, Summary, us, us_signed};
@@ -188,6 +189,7 @@ pub struct Results {
     pub components: Components,
     pub targets: Vec<Target>,
     pub errors: Errors,
+    pub listen: ListenResult,
     /// Cores' worth of CPU other processes used in the second before the run.
     pub preflight_other_cores: f64,
 }
@@ -404,6 +406,7 @@ impl Results {
             );
         }
 
+        o.push_str(&self.listen.table());
         let _ = writeln!(o, "components, in process (µs)");
         for (name, s) in &self.components {
             let _ = writeln!(
@@ -468,6 +471,7 @@ impl Results {
                 .collect::<Vec<_>>(),
             "ledger": self.ledger,
             "completed_task_reads": self.read_pass.as_ref().map(Summary::to_json),
+            "listen": self.listen.to_json(),
             "components": components::to_json(&self.components),
             "targets": self.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
             "errors": {"count": self.errors.count, "examples": self.errors.examples},
@@ -570,4 +574,17 @@ pub fn targets(
             )
         },
     ]
+}
+
+/// The listen phase's target: sidecar memory with the streams open and events flowing.
+pub fn listen_targets(listen: &ListenResult) -> Vec<Target> {
+    let streams = listen.plan.streams;
+    vec![Target {
+        name: "sidecar VmRSS peak with 1,000 listen streams delivering",
+        measured: listen.via.sidecar_rss_peak.rss_kib as f64 / 1024.0,
+        limit: 64.0,
+        unit: "MiB",
+        at_least: false,
+        not_applicable: (streams < 1_000).then(|| format!("only {streams} streams in this run")),
+    }]
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::client::{self, Conn, Endpoint, Template};
 use crate::components;
+use crate::listen::{self, LaneTarget, ListenPlan, ListenResult};
 use crate::phases::{self, Lane, Load, latency_rounds, settle, task_id_of, throughput_rounds};
 use crate::procs::{self, Keys, Server, Sidecar, TASK_TOOL};
 use crate::report::{LaneResult, LoadResult, Machine, Results, targets};
@@ -31,6 +32,7 @@ pub struct Plan {
     pub component_iterations: usize,
     /// Pause before memory readings and for the preflight noise reading.
     pub rest: Duration,
+    pub listen: ListenPlan,
 }
 
 impl Plan {
@@ -53,7 +55,25 @@ impl Plan {
             reads: pick(5_000, 50),
             component_iterations: pick(500, 20),
             rest: Duration::from_secs_f64(secs(2.0, 0.3)),
+            listen: ListenPlan {
+                streams: args.listen_streams.unwrap_or(pick(1_000, 20)).max(1),
+                groups: 0,
+                deliveries_per_sec: args.listen_deliveries.unwrap_or(if smoke {
+                    100
+                } else {
+                    1_000
+                }),
+                warmup: Duration::from_secs_f64(secs(2.0, 0.3)),
+                duration: Duration::from_secs_f64(args.listen_secs.unwrap_or(secs(20.0, 1.0))),
+            },
         }
+        .with_listen_groups()
+    }
+
+    /// Fan-out 10 (each event reaches ten streams) when there are enough streams.
+    fn with_listen_groups(mut self) -> Self {
+        self.listen.groups = (self.listen.streams / 10).max(1);
+        self
     }
 
     fn to_json(&self) -> Value {
@@ -66,6 +86,7 @@ impl Plan {
             "fill_principals": self.fill_principals, "completed_task_reads": self.reads,
             "component_iterations": self.component_iterations,
             "rest_seconds": self.rest.as_secs_f64(),
+            "listen": self.listen.to_json(),
         })
     }
 }
@@ -328,6 +349,41 @@ impl Bench<'_> {
 
     /// Fills the ledger to the row target with completed tasks of many principals, then reads
     /// random completed tasks across it as their owners (timed).
+    /// Listen streams directly on the server, then through the sidecar.
+    async fn listen_phase(&mut self, keys: &Keys, ticks_per_sec: u64) -> Result<ListenResult> {
+        let plan = &self.plan.listen;
+        eprintln!(
+            "phase: listen ({} streams, {} deliveries/s)",
+            plan.streams, plan.deliveries_per_sec
+        );
+        let principals = listen::principals_needed(plan.streams, procs::STREAMS_PER_PRINCIPAL);
+        let tokens = (0..principals)
+            .map(|i| {
+                keys.token(
+                    Algorithm::EdDSA,
+                    &format!("listener-{i}"),
+                    "tenant-0",
+                    "client-0",
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let url = |e: &Endpoint| format!("http://{}{}", e.addr, e.path);
+        let server_base = format!("http://{}", self.direct.addr);
+        let lane = |name, endpoint: &Endpoint| LaneTarget {
+            name,
+            url: url(endpoint),
+            server_base: server_base.clone(),
+            tokens: &tokens,
+            sidecar: &self.sidecar.proc,
+            server: &self.server.proc,
+            ticks_per_sec,
+        };
+        let direct = listen::run_lane(plan, &lane("direct", &self.direct)).await?;
+        tokio::time::sleep(self.plan.rest).await;
+        let via = listen::run_lane(plan, &lane("via sidecar", &self.via)).await?;
+        Ok(ListenResult::new(plan.clone(), direct, via))
+    }
+
     async fn fill_phase(&mut self, tokens: &[String]) -> Result<(phases::Fill, Vec<u64>)> {
         eprintln!("phase: ledger fill to {} rows", self.plan.rows);
         let (rows_before, _) = ledger_rows(&self.sidecar.ledger)?;
@@ -408,6 +464,7 @@ pub async fn measure(
     bench.task_get_phase().await?;
     bench.create_phase().await?;
     let throughput = bench.throughput_phase().await?;
+    let listen = bench.listen_phase(&keys, ticks_per_sec).await?;
     tokio::time::sleep(plan.rest).await;
     let after = bench.sidecar.proc.status()?;
     memory.push((
@@ -445,6 +502,7 @@ pub async fn measure(
         added,
         ..
     } = bench;
+    let mut errors_total = errors;
     drop(sidecar);
     drop(server);
 
@@ -452,7 +510,11 @@ pub async fn measure(
     let dir = work.join("components");
     let components = components::measure(&keys, &dir, plan.component_iterations).await?;
 
-    let targets = targets(&latency, &added, &throughput, &memory, rows);
+    let mut targets = targets(&latency, &added, &throughput, &memory, rows);
+    targets.extend(crate::report::listen_targets(&listen));
+    if listen.lost() > 0 {
+        errors_lost(&mut errors_total, listen.lost());
+    }
     memory.push((
         "(example server, for comparison, at the end)".to_owned(),
         server_memory,
@@ -475,7 +537,14 @@ pub async fn measure(
         read_pass: (!read_samples.is_empty()).then(|| Summary::of(&mut read_samples)),
         components,
         targets,
-        errors,
+        errors: errors_total,
+        listen,
         preflight_other_cores,
     })
+}
+
+/// Records lost listen deliveries as failures of the run.
+fn errors_lost(errors: &mut Errors, lost: u64) {
+    errors.record(format!("listen phase: {lost} deliveries never arrived"));
+    errors.count += lost - 1;
 }
