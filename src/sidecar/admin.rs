@@ -33,6 +33,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    app.metrics
+        .listen_streams
+        .set(i64::try_from(app.streams.len()).unwrap_or(i64::MAX));
     (
         [(
             header::CONTENT_TYPE,

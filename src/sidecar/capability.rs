@@ -20,6 +20,7 @@ use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers
 use crate::exception::{ApproverTrust, verify};
 use crate::ledger::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
+use crate::telemetry::metrics::{CapabilityLabels, SidecarMetrics};
 
 /// What the gate decided about one input request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +44,17 @@ pub struct Screened {
     pub refused: Vec<(String, String, Rejection)>,
     /// Audit events to write (decisions made now).
     pub events: Vec<AuditEvent>,
+    /// Decisions made now, as metric labels.
+    pub decisions: Vec<CapabilityLabels>,
+}
+
+impl Screened {
+    /// Counts the decisions made now in `metrics`.
+    pub fn count(&self, metrics: &SidecarMetrics) {
+        for labels in &self.decisions {
+            metrics.capability_decisions.get_or_create(labels).inc();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -109,6 +121,17 @@ impl CapabilityGate {
                     screened
                         .events
                         .extend(audit_events(carrier, capability, &params, &verdict));
+                    screened.decisions.push(CapabilityLabels {
+                        capability: crate::exception::gate::capability_key(capability),
+                        decision: match verdict {
+                            Verdict::Allowed { .. } => "allow",
+                            Verdict::Rejected(_) => "deny",
+                        },
+                        reason: match &verdict {
+                            Verdict::Allowed { .. } => "exception",
+                            Verdict::Rejected(r) => r.as_str(),
+                        },
+                    });
                     if let Verdict::Rejected(reason) = verdict {
                         screened
                             .newly_rejected

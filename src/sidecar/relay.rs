@@ -240,6 +240,7 @@ async fn screen_request_inputs(app: &AppState, ctx: &RequestContext, mut message
             &carrier,
             requests,
         );
+        screened.count(&app.metrics);
         for event in screened.events {
             app.audit.log(event);
         }

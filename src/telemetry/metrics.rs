@@ -26,6 +26,13 @@ pub struct TerminalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapabilityLabels {
+    pub capability: &'static str,
+    pub decision: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -42,6 +49,9 @@ pub struct SidecarMetrics {
     pub ledger_write_seconds: Histogram,
     pub upstream_seconds: Histogram,
     pub anomalies: Family<ReasonLabels, Counter>,
+    pub listen_streams: Gauge,
+    pub listen_closed: Family<ReasonLabels, Counter>,
+    pub capability_decisions: Family<CapabilityLabels, Counter>,
 }
 
 impl Default for SidecarMetrics {
@@ -62,6 +72,9 @@ impl SidecarMetrics {
         let ledger_write_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let upstream_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 20));
         let anomalies = Family::<ReasonLabels, Counter>::default();
+        let listen_streams = Gauge::default();
+        let listen_closed = Family::<ReasonLabels, Counter>::default();
+        let capability_decisions = Family::<CapabilityLabels, Counter>::default();
         registry.register(
             "requests",
             "MCP requests by method and decision",
@@ -103,6 +116,21 @@ impl SidecarMetrics {
             "Upstream behaviour Lifeguard overrode (e.g. a changed terminal state)",
             anomalies.clone(),
         );
+        registry.register(
+            "listen_streams",
+            "subscriptions/listen streams open now",
+            listen_streams.clone(),
+        );
+        registry.register(
+            "listen_closed",
+            "Listen streams ended, by reason",
+            listen_closed.clone(),
+        );
+        registry.register(
+            "capability_decisions",
+            "Server-to-client input requests for deprecated capabilities, by capability, decision and reason",
+            capability_decisions.clone(),
+        );
         Self {
             registry,
             requests,
@@ -114,6 +142,9 @@ impl SidecarMetrics {
             ledger_write_seconds,
             upstream_seconds,
             anomalies,
+            listen_streams,
+            listen_closed,
+            capability_decisions,
         }
     }
 

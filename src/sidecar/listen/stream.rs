@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::audit::Decision;
 use crate::ledger::TaskId;
+use crate::telemetry::metrics::ReasonLabels;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
 use crate::mcp::task::{parse_reported_state, replace_task_id};
 
@@ -100,6 +101,13 @@ impl Pump {
         if reason.graceful() {
             let _ = self.tx.try_send(final_result(&self.ctx.id()));
         }
+        self.app
+            .metrics
+            .listen_closed
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
         self.app.audit.log(
             self.ctx
                 .audit("listen.closed", Decision::Record, reason.as_str())

@@ -271,6 +271,7 @@ pub(crate) fn screen_task_state(
         .gate
         .screen(&policy.effective, policy.trust.as_ref(), &carrier, requests);
     let nothing_left = requests.is_empty();
+    screened.count(&app.metrics);
     let hashed = app.hasher.hash(&record.id);
     for event in screened.events {
         app.audit.log(event.tool(&record.tool).task(hashed.clone()));
