@@ -4,6 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# OpenSSL 3: tests/exception_cli.rs checks the documented standard-tool signing recipe.
+if ! command -v openssl >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing openssl" >&2
+    apt-get update -qq && apt-get install -y -qq openssl >/dev/null
+  else
+    echo "scripts/test.sh: the tests need the openssl command (OpenSSL 3); install it" >&2
+    exit 1
+  fi
+fi
+
 # Python protocol peers (FastMCP with the Tasks extension), pinned.
 VENV=target/interop-venv
 REQUIREMENTS=tests/interop/requirements.txt

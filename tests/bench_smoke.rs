@@ -58,6 +58,8 @@ fn benchmark_smoke_run_has_no_errors() {
         "tasks/get via sidecar",
         "task creation via sidecar",
         "ratio via sidecar / direct",
+        "listen: ",
+        "added by the sidecar",
         "targets",
         "no failed requests",
     ] {
@@ -75,7 +77,13 @@ fn benchmark_smoke_run_has_no_errors() {
     )
     .expect("results are JSON");
     assert_eq!(json["passed"], true);
-    assert_eq!(json["targets"].as_array().map(Vec::len), Some(7));
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(8));
+    // The listen phase ran both lanes and every delivery arrived.
+    for lane in ["direct", "via_sidecar"] {
+        let l = &json["listen"][lane];
+        assert!(l["expected"].as_u64().unwrap_or(0) > 0, "{lane}: {l}");
+        assert_eq!(l["delivered"], l["expected"], "{lane}: {l}");
+    }
     // Not a timing assertion: a smoke run that takes minutes is a broken smoke run.
     assert!(
         started.elapsed() < Duration::from_secs(120),

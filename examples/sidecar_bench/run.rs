@@ -459,12 +459,14 @@ pub async fn measure(
     tokio::time::sleep(plan.rest).await;
     let idle = bench.sidecar.proc.status()?;
     memory.push(("idle, after start (no request yet)".to_owned(), idle));
+    // Listen first: its memory reading must not inherit what the allocator keeps after the
+    // throughput phase.
+    let listen = bench.listen_phase(&keys, ticks_per_sec).await?;
 
     bench.greet_phase().await?;
     bench.task_get_phase().await?;
     bench.create_phase().await?;
     let throughput = bench.throughput_phase().await?;
-    let listen = bench.listen_phase(&keys, ticks_per_sec).await?;
     tokio::time::sleep(plan.rest).await;
     let after = bench.sidecar.proc.status()?;
     memory.push((

@@ -60,8 +60,38 @@ impl Screened {
 #[derive(Default)]
 struct GateState {
     decided: HashMap<(String, String), Verdict>,
-    iterations: HashMap<(ObjectKey, String), u32>,
+    /// Allowed requests per (exception, task or request scope), with when the scope first used
+    /// the exception. Entries grow only with allowed requests (so at most the per-minute rate),
+    /// and are pruned once no task could still be running.
+    iterations: HashMap<(ObjectKey, String), (u32, Instant)>,
     uses: HashMap<ObjectKey, VecDeque<Instant>>,
+}
+
+impl GateState {
+    /// Forgets iteration counts of scopes older than `horizon` (the longest a task may live).
+    fn prune_iterations(&mut self, horizon: Duration) {
+        if self.iterations.len() > PRUNE_ITERATIONS_ABOVE {
+            self.iterations
+                .retain(|_, (_, first)| first.elapsed() <= horizon);
+        }
+    }
+}
+
+/// Iteration entries kept before old ones are pruned.
+const PRUNE_ITERATIONS_ABOVE: usize = 10_000;
+
+/// The longest a task governed by `policy` can run: iteration counts older than this belong to
+/// tasks that have ended.
+fn task_horizon(policy: &EffectivePolicy) -> Duration {
+    policy
+        .tasks
+        .as_ref()
+        .map_or(Duration::from_secs(3600), |t| {
+            t.per_tool_deadline
+                .values()
+                .map(|d| d.get())
+                .fold(t.max_deadline.get(), Duration::max)
+        })
 }
 
 /// The gate's memory of decisions and budgets.
@@ -104,6 +134,7 @@ impl CapabilityGate {
         if state.decided.len() > MAX_DECISIONS {
             state.decided.clear();
         }
+        state.prune_iterations(task_horizon(policy));
         let keys: Vec<String> = requests.keys().cloned().collect();
         for key in keys {
             let Some(request) = requests.get(&key) else {
@@ -222,7 +253,11 @@ fn decide(
         }
         let limits = &exception.spec.limits;
         let iteration_key = (exception.exception.clone(), carrier.scope.to_owned());
-        let iterations = state.iterations.get(&iteration_key).copied().unwrap_or(0);
+        let (iterations, first_use) = state
+            .iterations
+            .get(&iteration_key)
+            .copied()
+            .unwrap_or((0, Instant::now()));
         if iterations >= limits.max_iterations_per_task {
             best = best.most_specific(Rejection::IterationBudget);
             continue;
@@ -240,7 +275,9 @@ fn decide(
         }
         window.push_back(Instant::now());
         let per_minute_left = limits.max_requests_per_minute - window.len() as u32;
-        state.iterations.insert(iteration_key, iterations + 1);
+        state
+            .iterations
+            .insert(iteration_key, (iterations + 1, first_use));
         return Verdict::Allowed {
             exception: exception.exception.clone(),
             approval_id: exception.spec.approval_id.clone(),

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use crate::audit::Decision;
 use crate::ledger::TaskId;
-use crate::telemetry::metrics::ReasonLabels;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
 use crate::mcp::task::{parse_reported_state, replace_task_id};
+use crate::telemetry::metrics::ReasonLabels;
 
 use super::super::decisions::{Operation, authorize};
 use super::super::pipeline::RequestContext;

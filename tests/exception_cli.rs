@@ -1,0 +1,182 @@
+//! `lifeguard exception sign | verify | payload`, and the documented OpenSSL recipe
+//! (docs/capability-exceptions.md) producing the very same signature: approvers are not locked
+//! into our binary.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::repo;
+
+const KID: &str = "security-approver-1";
+
+fn lifeguard(args: &[&str], dir: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run lifeguard");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The valid example, re-dated so it is in force now.
+fn active_exception(dir: &Path) -> std::path::PathBuf {
+    let text =
+        std::fs::read_to_string(repo().join("examples/policies/valid/capabilityexception.yaml"))
+            .unwrap();
+    let now = jiff::Timestamp::now();
+    let text = text
+        .replace(
+            "notBefore: \"2026-12-01T00:00:00Z\"",
+            &format!(
+                "notBefore: \"{}\"",
+                now - jiff::SignedDuration::from_hours(1)
+            ),
+        )
+        .replace(
+            "expiresAt: \"2026-12-15T00:00:00Z\"",
+            &format!(
+                "expiresAt: \"{}\"",
+                now + jiff::SignedDuration::from_hours(1)
+            ),
+        );
+    assert!(text.contains(&(now.to_string()[..4])), "dates replaced");
+    let path = dir.join("exception.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn signature_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("signature: ").map(str::to_owned))
+        .expect("signature line")
+}
+
+#[test]
+fn sign_then_verify_explains_every_check_and_catches_an_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = active_exception(dir.path());
+    let key = repo().join("examples/approvers/example-approver.pem");
+    let keys = repo().join("examples/approvers/approvers.jwks.json");
+    let (ok, out) = lifeguard(
+        &[
+            "exception",
+            "sign",
+            "--key",
+            key.to_str().unwrap(),
+            "--kid",
+            KID,
+            "--in-place",
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = lifeguard(
+        &[
+            "exception",
+            "verify",
+            "--keys",
+            keys.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{out}");
+    for check in [
+        "ok    structure",
+        "ok    approver key",
+        "ok    signature",
+        "ok    binding: policy `reports` in namespace `team-a`",
+        "ok    valid now",
+        "state: Active",
+    ] {
+        assert!(out.contains(check), "missing `{check}` in:\n{out}");
+    }
+
+    // Raising a budget after approval breaks the signature; verify says so and fails.
+    let edited = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("maxTokens: 2000", "maxTokens: 200000");
+    std::fs::write(&file, edited).unwrap();
+    let (ok, out) = lifeguard(
+        &[
+            "exception",
+            "verify",
+            "--keys",
+            keys.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("FAIL  signature"), "{out}");
+    assert!(out.contains("state: Invalid"), "{out}");
+}
+
+/// Runs the recipe of docs/capability-exceptions.md in `sh`. OpenSSL ≥ 3.0 is required.
+const OPENSSL_RECIPE: &str = r#"
+set -eu
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+HEADER=$(printf '{"alg":"EdDSA","kid":"%s","lifeguard.dev/binding":"%s/%s","typ":"lifeguard-exception+jws"}' \
+  "$KID" "$NS" "$POLICY" | b64url)
+"$LIFEGUARD" exception payload "$FILE" > payload.json
+PAYLOAD=$(b64url < payload.json)
+printf '%s.%s' "$HEADER" "$PAYLOAD" > signing-input
+openssl pkeyutl -sign -inkey "$KEY" -rawin -in signing-input | b64url > sig
+printf '%s..%s' "$HEADER" "$(cat sig)"
+"#;
+
+#[test]
+fn the_documented_openssl_recipe_produces_the_same_signature() {
+    let openssl = Command::new("openssl").arg("version").output();
+    let version = match openssl {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).to_string(),
+        _ => panic!(
+            "this test needs the `openssl` command (OpenSSL 3): install it (apt-get install openssl)"
+        ),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = active_exception(dir.path());
+    let key = repo().join("examples/approvers/example-approver.pem");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(OPENSSL_RECIPE)
+        .current_dir(dir.path())
+        .env("LIFEGUARD", env!("CARGO_BIN_EXE_lifeguard"))
+        .env("FILE", &file)
+        .env("KEY", &key)
+        .env("KID", KID)
+        .env("NS", "team-a")
+        .env("POLICY", "reports")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "recipe failed with {version}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let by_openssl = String::from_utf8(out.stdout).unwrap();
+
+    let (ok, log) = lifeguard(
+        &[
+            "exception",
+            "sign",
+            "--key",
+            key.to_str().unwrap(),
+            "--kid",
+            KID,
+            "--in-place",
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{log}");
+    // Ed25519 is deterministic and both produce the same header bytes: identical signatures.
+    assert_eq!(by_openssl, signature_line(&file));
+}
