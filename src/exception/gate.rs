@@ -132,10 +132,11 @@ fn verification_rejection(v: &Verification) -> Option<Rejection> {
     }
 }
 
-/// Whether `exception` (verified as `verification`) covers `request`, budgets aside.
+/// Whether `exception` covers `request`, budgets aside. `verification` is asked for only once
+/// the exception is known to be for this caller (signature checks cost time).
 pub fn covers(
     exception: &GrantedException,
-    verification: &Verification,
+    verification: impl FnOnce() -> Verification,
     request: &CapabilityRequest<'_>,
 ) -> Result<(), Rejection> {
     let spec = &exception.spec;
@@ -160,7 +161,7 @@ pub fn covers(
     {
         return Err(Rejection::WrongTenant);
     }
-    if let Some(rejection) = verification_rejection(verification) {
+    if let Some(rejection) = verification_rejection(&verification()) {
         return Err(rejection);
     }
     if request.protocol_version != crate::mcp::PROTOCOL_VERSION {

@@ -190,7 +190,7 @@ fn check(
 ) -> Result<(), Rejection> {
     covers(
         g,
-        v,
+        || v.clone(),
         &CapabilityRequest {
             capability,
             params: &params,

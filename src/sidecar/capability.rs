@@ -246,8 +246,8 @@ fn decide(
         .filter(|e| e.spec.capability == capability)
     {
         // Verified at every use: expiry and withdrawn keys or approvals take effect at once.
-        let verification = verify(&exception.spec, &exception.exception.namespace, trust, now);
-        if let Err(reason) = covers(exception, &verification, &request) {
+        let verification = || verify(&exception.spec, &exception.exception.namespace, trust, now);
+        if let Err(reason) = covers(exception, verification, &request) {
             best = best.most_specific(reason);
             continue;
         }

@@ -9,7 +9,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::StatusCode;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::HeaderMap;
 use serde_json::Value;
 use sse_stream::{Sse, SseBody};
 use tokio::sync::Mutex;
@@ -197,16 +197,7 @@ fn relay_sse(
             }
         })
         .filter_map(|e| async move { e });
-    let body = SseBody::new(events);
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        )
-        .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))
-        .body(Body::new(body))
-        .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+    respond::event_stream(Body::new(SseBody::new(events)))
 }
 
 /// Most times the sidecar answers refused input requests for the client before it gives up.

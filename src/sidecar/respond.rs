@@ -113,6 +113,19 @@ pub fn insufficient_scope(metadata_url: &str, scopes: &[&str]) -> Response {
 }
 
 /// A plain status with an empty body.
+/// A `text/event-stream` answer with `body` (SSE events).
+pub fn event_stream(body: Body) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        )
+        .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))
+        .body(body)
+        .unwrap_or_else(|_| status(StatusCode::INTERNAL_SERVER_ERROR))
+}
+
 pub fn status(code: StatusCode) -> Response {
     Response::builder()
         .status(code)

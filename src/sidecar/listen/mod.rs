@@ -66,15 +66,7 @@ fn sse_response(rx: mpsc::Receiver<Value>) -> Response {
             )
         })
     });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        )
-        .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))
-        .body(Body::new(SseBody::new(events)))
-        .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+    respond::event_stream(Body::new(SseBody::new(events)))
 }
 
 /// Handles `subscriptions/listen`.

@@ -125,12 +125,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         per_client: tasks.concurrency.per_client,
         per_server: tasks.concurrency.per_server,
     };
-    let arguments = ctx
-        .request
-        .params()
-        .and_then(|p| p.get("arguments"))
-        .cloned()
-        .unwrap_or(Value::Null);
+    let arguments = tool_arguments(&ctx);
     let material = match super::idempotency::key_material(
         &ctx.headers,
         tasks.derive_idempotency_key,
@@ -361,12 +356,7 @@ pub async fn confirm_created_task(
     };
     pending.disarm();
     app.metrics.tasks_created.inc();
-    let arguments = ctx
-        .request
-        .params()
-        .and_then(|p| p.get("arguments"))
-        .cloned()
-        .unwrap_or(Value::Null);
+    let arguments = tool_arguments(ctx);
     // A revocation may have arrived while the server was creating the task: it must not slip
     // through the gap between the token check and the ledger write.
     if let Some(current) = app.policy()
@@ -441,4 +431,13 @@ fn cancel_upstream_orphan(app: &AppState, ctx: &RequestContext, upstream_id: &st
             tracing::warn!(error = %e, "cancelling an orphaned upstream task failed");
         }
     });
+}
+
+/// The `arguments` of the `tools/call` in `ctx` (null when absent).
+fn tool_arguments(ctx: &RequestContext) -> Value {
+    ctx.request
+        .params()
+        .and_then(|p| p.get("arguments"))
+        .cloned()
+        .unwrap_or(Value::Null)
 }

@@ -161,15 +161,42 @@ async fn authorized_task(
     }
 }
 
-/// The ledger's view of a task as the caller's policy presents it.
-pub(crate) fn task_view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
-    let min_poll = ctx
-        .policy
+/// The policy's `minPollInterval` in milliseconds (0 without a tasks section).
+fn min_poll_interval_ms(ctx: &RequestContext) -> i64 {
+    ctx.policy
         .effective
         .tasks
         .as_ref()
-        .map(|t| t.min_poll_interval.get().as_millis() as i64)
-        .unwrap_or(0);
+        .map_or(0, |t| t.min_poll_interval.get().as_millis() as i64)
+}
+
+/// Records a non-terminal state the server reported, when it differs from the ledger's: only a
+/// changed status is worth a (durable) ledger write.
+pub(crate) async fn observe_if_changed(
+    app: &AppState,
+    record: &TaskRecord,
+    state: &crate::mcp::task::ReportedState,
+) {
+    if state.status == record.status && state.status_message == record.status_message {
+        return;
+    }
+    if let Err(e) = app
+        .ledger
+        .observe(
+            &record.id,
+            state.status,
+            state.status_message.clone(),
+            now_ms(),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "caching a task status failed");
+    }
+}
+
+/// The ledger's view of a task as the caller's policy presents it.
+pub(crate) fn task_view<'a>(record: &'a TaskRecord, ctx: &RequestContext) -> TaskView<'a> {
+    let min_poll = min_poll_interval_ms(ctx);
     TaskView {
         task_id: record.id.as_str(),
         status: record.status,
@@ -439,13 +466,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     }
     // Polls faster than minPollInterval get the state last learned from the server. Not for
     // input_required: its outstanding input requests are not cached.
-    let min_poll = ctx
-        .policy
-        .effective
-        .tasks
-        .as_ref()
-        .map(|t| t.min_poll_interval.get().as_millis() as i64)
-        .unwrap_or(0);
+    let min_poll = min_poll_interval_ms(ctx);
     let last_learned = app
         .polls
         .last(&record.id)
@@ -500,22 +521,9 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
             None => respond::task_not_found(&ctx.id()),
         };
     }
+    // An unchanged poll only updates the in-memory poll clock that paces the next one.
     app.polls.touch(&record.id, now_ms());
-    // Only a changed status is worth a (durable) ledger write; an unchanged poll just updates
-    // the in-memory poll clock that paces the next one.
-    if (state.status != record.status || state.status_message != record.status_message)
-        && let Err(e) = app
-            .ledger
-            .observe(
-                &record.id,
-                state.status,
-                state.status_message.clone(),
-                now_ms(),
-            )
-            .await
-    {
-        tracing::warn!(error = %e, "caching a task status failed");
-    }
+    observe_if_changed(app, &record, &state).await;
     let mut result = result;
     replace_task_id(&mut result, &record.upstream_id, record.id.as_str());
     let v = task_view(&record, ctx);

@@ -9,7 +9,7 @@ use crate::mcp::task::parse_reported_state;
 
 use super::super::forward::{set_mcp_headers, sidecar_request_headers};
 use super::super::state::{ActivePolicy, AppState};
-use super::{finish_from_report, finish_lost, now_ms, settle_terminal, sidecar_task_request};
+use super::{finish_from_report, finish_lost, settle_terminal, sidecar_task_request};
 
 /// The owner of a task as an identity for requests the sidecar makes about it.
 pub fn owner_identity(record: &TaskRecord) -> Identity {
@@ -56,17 +56,7 @@ pub async fn refresh_from_upstream(
             .await
             .map(|s| s.record);
     }
-    if state.status != record.status || state.status_message != record.status_message {
-        let _ = app
-            .ledger
-            .observe(
-                &record.id,
-                state.status,
-                state.status_message.clone(),
-                now_ms(),
-            )
-            .await;
-    }
+    super::observe_if_changed(app, record, &state).await;
     let mut updated = record.clone();
     updated.status = state.status;
     updated.status_message = state.status_message;
