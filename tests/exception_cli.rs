@@ -22,6 +22,40 @@ fn lifeguard(args: &[&str], dir: &Path) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `lifeguard exception sign --in-place` with the example approver key.
+fn sign_in_place(file: &Path, dir: &Path) {
+    let key = repo().join("examples/approvers/example-approver.pem");
+    let (ok, out) = lifeguard(
+        &[
+            "exception",
+            "sign",
+            "--key",
+            key.to_str().unwrap(),
+            "--kid",
+            KID,
+            "--in-place",
+            file.to_str().unwrap(),
+        ],
+        dir,
+    );
+    assert!(ok, "{out}");
+}
+
+/// `lifeguard exception verify` against the example approver keys.
+fn verify(file: &Path, dir: &Path) -> (bool, String) {
+    let keys = repo().join("examples/approvers/approvers.jwks.json");
+    lifeguard(
+        &[
+            "exception",
+            "verify",
+            "--keys",
+            keys.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        dir,
+    )
+}
+
 /// The valid example, re-dated so it is in force now.
 fn active_exception(dir: &Path) -> std::path::PathBuf {
     let text =
@@ -61,32 +95,8 @@ fn signature_line(path: &Path) -> String {
 fn sign_then_verify_explains_every_check_and_catches_an_edit() {
     let dir = tempfile::tempdir().unwrap();
     let file = active_exception(dir.path());
-    let key = repo().join("examples/approvers/example-approver.pem");
-    let keys = repo().join("examples/approvers/approvers.jwks.json");
-    let (ok, out) = lifeguard(
-        &[
-            "exception",
-            "sign",
-            "--key",
-            key.to_str().unwrap(),
-            "--kid",
-            KID,
-            "--in-place",
-            file.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    assert!(ok, "{out}");
-    let (ok, out) = lifeguard(
-        &[
-            "exception",
-            "verify",
-            "--keys",
-            keys.to_str().unwrap(),
-            file.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    sign_in_place(&file, dir.path());
+    let (ok, out) = verify(&file, dir.path());
     assert!(ok, "{out}");
     for check in [
         "ok    structure",
@@ -104,16 +114,7 @@ fn sign_then_verify_explains_every_check_and_catches_an_edit() {
         .unwrap()
         .replace("maxTokens: 2000", "maxTokens: 200000");
     std::fs::write(&file, edited).unwrap();
-    let (ok, out) = lifeguard(
-        &[
-            "exception",
-            "verify",
-            "--keys",
-            keys.to_str().unwrap(),
-            file.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    let (ok, out) = verify(&file, dir.path());
     assert!(!ok, "{out}");
     assert!(out.contains("FAIL  signature"), "{out}");
     assert!(out.contains("state: Invalid"), "{out}");
@@ -163,20 +164,7 @@ fn the_documented_openssl_recipe_produces_the_same_signature() {
     );
     let by_openssl = String::from_utf8(out.stdout).unwrap();
 
-    let (ok, log) = lifeguard(
-        &[
-            "exception",
-            "sign",
-            "--key",
-            key.to_str().unwrap(),
-            "--kid",
-            KID,
-            "--in-place",
-            file.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    assert!(ok, "{log}");
+    sign_in_place(&file, dir.path());
     // Ed25519 is deterministic and both produce the same header bytes: identical signatures.
     assert_eq!(by_openssl, signature_line(&file));
 }

@@ -242,24 +242,15 @@ fn result_text(state: &Value) -> String {
         .to_owned()
 }
 
-/// The reasons of `capability.rejected` events, in order.
-fn rejections(sidecar: &Sidecar) -> Vec<String> {
+/// The reasons of `capability.rejected` events, in order, once at least `count` were written
+/// (audit lines land asynchronously).
+async fn rejections_when(sidecar: &Sidecar, count: usize) -> Vec<String> {
     sidecar
-        .audit()
+        .audit_events_when(count, |e| e["event"] == "capability.rejected")
+        .await
         .iter()
-        .filter(|e| e["event"] == "capability.rejected")
         .map(|e| e["reason"].as_str().unwrap().to_owned())
         .collect()
-}
-
-/// The rejection reasons once at least `count` were written (audit lines land asynchronously).
-async fn rejections_when(sidecar: &Sidecar, count: usize) -> Vec<String> {
-    support::eventually(Duration::from_secs(3), async || {
-        let reasons = rejections(sidecar);
-        (reasons.len() >= count).then_some(reasons)
-    })
-    .await
-    .unwrap_or_else(|| rejections(sidecar))
 }
 
 /// Polls (declaring sampling and roots, as a client using them would) until the task ends.
@@ -328,16 +319,10 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
     let done = finish(&s.client, &token, &task).await;
     assert_eq!(result_text(&done), "first | second");
 
-    let audit = support::eventually(Duration::from_secs(3), async || {
-        let audit = s.sidecar.audit();
-        let allowed = audit
-            .iter()
-            .filter(|e| e["event"] == "capability.allowed")
-            .count();
-        (allowed >= 2).then_some(audit)
-    })
-    .await
-    .unwrap_or_else(|| s.sidecar.audit());
+    s.sidecar
+        .audit_events_when(2, |e| e["event"] == "capability.allowed")
+        .await;
+    let audit = s.sidecar.audit();
     let allowed: Vec<&Value> = audit
         .iter()
         .filter(|e| e["event"] == "capability.allowed")
@@ -361,7 +346,7 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
         !raw.contains("quarterly") && !raw.contains("first"),
         "prompt or model output in the audit trail"
     );
-    assert!(rejections(&s.sidecar).is_empty());
+    assert!(rejections_when(&s.sidecar, 0).await.is_empty());
 }
 
 #[tokio::test]

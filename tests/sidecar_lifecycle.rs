@@ -6,59 +6,21 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
-
-async fn setup(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: spec.to_owned(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
-    (server, sidecar, client)
-}
+use support::{McpClient, User};
 
 fn alice() -> User {
     User::new("alice", "tenant-a", "console")
 }
 
-async fn create(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
-    let reply = client.call_tool(token, tool, args).await;
-    assert_eq!(reply.result()["resultType"], "task", "{reply:?}");
-    reply.result()["taskId"].as_str().unwrap().to_owned()
-}
-
-async fn upstream(server: &ExampleServer, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", server.base))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn rows_of(server: &ExampleServer, label: &str) -> Vec<Value> {
-    upstream(server, "/_example/rows")
-        .await
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["label"] == label)
-        .cloned()
-        .collect()
-}
-
 #[tokio::test]
 async fn deadlines_end_tasks_within_a_second_and_stop_their_writes() {
-    let (server, sidecar, client) =
-        setup("  tasks:\n    deadline: {default: 1s}\n    minPollInterval: 50ms\n").await;
+    let (server, sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    deadline: {default: 1s}\n    minPollInterval: 50ms\n",
+    )
+    .await;
     let token = alice().token();
     let started = Instant::now();
-    let id = create(
+    let id = support::create_task(
         &client,
         &token,
         "write_rows",
@@ -81,28 +43,29 @@ async fn deadlines_end_tasks_within_a_second_and_stop_their_writes() {
 
     // The server was told to stop, and no row lands after the task reads failed plus one of
     // the server's poll intervals.
-    let rows_at_end = rows_of(&server, "deadline").await.len();
+    let rows_at_end = server.rows_labelled("deadline").await.len();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(rows_of(&server, "deadline").await.len(), rows_at_end);
+    assert_eq!(server.rows_labelled("deadline").await.len(), rows_at_end);
     assert_eq!(
-        upstream(&server, "/_example/tasks").await[0]["status"],
+        server.debug("/_example/tasks").await[0]["status"],
         "cancelled"
     );
 
-    let audit = sidecar.audit();
-    let event = audit
-        .iter()
-        .find(|e| e["event"] == "task.cancelled" && e["reason"] == "deadline")
+    let event = sidecar
+        .audit_event(|e| e["event"] == "task.cancelled" && e["reason"] == "deadline")
+        .await
         .expect("deadline cancellation audited");
     assert_eq!(event["subject"], "alice");
 }
 
 #[tokio::test]
 async fn deadlines_survive_a_sidecar_restart() {
-    let (_server, sidecar, client) =
-        setup("  tasks:\n    deadline: {default: 2s}\n    minPollInterval: 50ms\n").await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    deadline: {default: 2s}\n    minPollInterval: 50ms\n",
+    )
+    .await;
     let token = alice().token();
-    let id = create(&client, &token, "slow_compute", json!({"seconds": 60})).await;
+    let id = support::create_task(&client, &token, "slow_compute", json!({"seconds": 60})).await;
     let sidecar = sidecar.restart_after_kill().await;
     let client = McpClient::new(&sidecar.url);
     let ended = support::eventually(Duration::from_secs(5), async || {
@@ -115,9 +78,10 @@ async fn deadlines_survive_a_sidecar_restart() {
 
 #[tokio::test]
 async fn retention_clamps_ttl_and_purges_tasks_into_unknown_ones() {
-    let (_server, sidecar, client) =
-        setup("  tasks:\n    retention: {defaultTtl: 1s, maxTtl: 1s}\n    minPollInterval: 50ms\n")
-            .await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    retention: {defaultTtl: 1s, maxTtl: 1s}\n    minPollInterval: 50ms\n",
+    )
+    .await;
     let token = alice().token();
     let reply = client
         .call_tool(&token, "slow_compute", json!({"seconds": 0.05}))
@@ -141,24 +105,20 @@ async fn retention_clamps_ttl_and_purges_tasks_into_unknown_ones() {
     .await
     .expect("task purged after its TTL");
     assert_eq!(purged.body_without_id(), unknown.body_without_id());
-    let purged_event = support::eventually(Duration::from_secs(3), async || {
-        sidecar
-            .audit()
-            .into_iter()
-            .find(|e| e["event"] == "task.expired" && e["reason"] == "retention")
-    })
-    .await;
+    let purged_event = sidecar
+        .audit_event(|e| e["event"] == "task.expired" && e["reason"] == "retention")
+        .await;
     assert!(purged_event.is_some(), "purge not audited");
 }
 
 #[tokio::test]
 async fn read_once_results_are_returned_exactly_once() {
-    let (_server, _sidecar, client) = setup(
+    let (_server, _sidecar, client) = support::start_behind_sidecar(
         "  tasks:\n    retention: {deleteResultAfterRetrieval: true}\n    minPollInterval: 50ms\n",
     )
     .await;
     let token = alice().token();
-    let id = create(
+    let id = support::create_task(
         &client,
         &token,
         "slow_compute",
@@ -191,9 +151,10 @@ async fn read_once_results_are_returned_exactly_once() {
 
 #[tokio::test]
 async fn polls_faster_than_the_minimum_do_not_reach_the_server() {
-    let (server, _sidecar, client) = setup("  tasks:\n    minPollInterval: 3s\n").await;
+    let (server, _sidecar, client) =
+        support::start_behind_sidecar("  tasks:\n    minPollInterval: 3s\n").await;
     let token = alice().token();
-    let id = create(&client, &token, "slow_compute", json!({"seconds": 30})).await;
+    let id = support::create_task(&client, &token, "slow_compute", json!({"seconds": 30})).await;
     let created = client
         .call_tool(&token, "slow_compute", json!({"seconds": 30}))
         .await;
@@ -202,7 +163,8 @@ async fn polls_faster_than_the_minimum_do_not_reach_the_server() {
         let r = client.get_task(&token, &id).await;
         assert_eq!(r.result()["status"], "working");
     }
-    let gets = upstream(&server, "/_example/requests")
+    let gets = server
+        .debug("/_example/requests")
         .await
         .as_array()
         .unwrap()
@@ -214,8 +176,10 @@ async fn polls_faster_than_the_minimum_do_not_reach_the_server() {
 
 #[tokio::test]
 async fn concurrent_creates_never_exceed_the_quota() {
-    let (server, _sidecar, client) =
-        setup("  tasks:\n    concurrency: {perPrincipal: 5, perTenant: 8}\n").await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    concurrency: {perPrincipal: 5, perTenant: 8}\n",
+    )
+    .await;
     let token = alice().token();
     let replies = futures_util::future::join_all(
         (0..20).map(|_| client.call_tool(&token, "slow_compute", json!({"seconds": 30}))),
@@ -231,7 +195,8 @@ async fn concurrent_creates_never_exceed_the_quota() {
             .all(|r| r.body["error"]["data"]["scope"] == "principal")
     );
     assert_eq!(
-        upstream(&server, "/_example/tasks")
+        server
+            .debug("/_example/tasks")
             .await
             .as_array()
             .unwrap()
@@ -255,8 +220,10 @@ async fn concurrent_creates_never_exceed_the_quota() {
 
 #[tokio::test]
 async fn twenty_identical_creations_make_one_task() {
-    let (server, sidecar, client) =
-        setup("  tasks:\n    idempotency: {window: 10m, deriveFromRequest: true}\n").await;
+    let (server, sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    idempotency: {window: 10m, deriveFromRequest: true}\n",
+    )
+    .await;
     let token = alice().token();
     let create_keyed = |key: &'static str| {
         client
@@ -308,7 +275,8 @@ async fn twenty_identical_creations_make_one_task() {
         .await;
     assert_ne!(bobs.result()["taskId"], ids[0]);
     assert_eq!(
-        upstream(&server, "/_example/tasks")
+        server
+            .debug("/_example/tasks")
             .await
             .as_array()
             .unwrap()
@@ -318,20 +286,20 @@ async fn twenty_identical_creations_make_one_task() {
     );
     assert!(
         sidecar
-            .audit()
-            .iter()
-            .any(|e| e["event"] == "task.deduplicated")
+            .audit_event(|e| e["event"] == "task.deduplicated")
+            .await
+            .is_some()
     );
 }
 
 #[tokio::test]
 async fn scopes_are_rechecked_and_expired_tokens_refused_on_every_request() {
-    let (_server, _sidecar, client) = setup(
+    let (_server, _sidecar, client) = support::start_behind_sidecar(
         "  tasks:\n    requiredScopes: {slow_compute: [compute:run]}\n    minPollInterval: 50ms\n",
     )
     .await;
     let with_scope = alice().with_scopes("compute:run");
-    let id = create(
+    let id = support::create_task(
         &client,
         &with_scope.token(),
         "slow_compute",
@@ -361,11 +329,12 @@ async fn scopes_are_rechecked_and_expired_tokens_refused_on_every_request() {
 
 #[tokio::test]
 async fn admins_cancel_tasks_of_their_tenant_and_nothing_more() {
-    let (_server, sidecar, client) =
-        setup("  tasks:\n    adminCancelScope: lifeguard:tasks:admin\n    minPollInterval: 50ms\n")
-            .await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    adminCancelScope: lifeguard:tasks:admin\n    minPollInterval: 50ms\n",
+    )
+    .await;
     let owner = alice().token();
-    let id = create(&client, &owner, "slow_compute", json!({"seconds": 30})).await;
+    let id = support::create_task(&client, &owner, "slow_compute", json!({"seconds": 30})).await;
     let other_tenant_admin = User::new("root", "tenant-b", "ops")
         .with_scopes("lifeguard:tasks:admin")
         .token();
@@ -386,9 +355,8 @@ async fn admins_cancel_tasks_of_their_tenant_and_nothing_more() {
         "Cancelled by an administrator"
     );
     let event = sidecar
-        .audit()
-        .into_iter()
-        .find(|e| e["event"] == "task.admin_cancelled")
+        .audit_event(|e| e["event"] == "task.admin_cancelled")
+        .await
         .expect("admin cancel audited");
     assert_eq!(event["subject"], "ops");
     assert_eq!(event["detail"]["taskOwner"]["subject"], "alice");

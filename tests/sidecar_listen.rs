@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::listen::ListenStream;
-use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+use support::{ExampleServer, User};
 
 const SUB_ID: &str = "io.modelcontextprotocol/subscriptionId";
 const SPEC: &str = r#"  tasks:
@@ -20,20 +20,6 @@ const SPEC: &str = r#"  tasks:
     maxStreamDuration: 30s
 "#;
 
-async fn setup(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: spec.to_owned(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
-    (server, sidecar, client)
-}
-
 async fn emit(server: &ExampleServer, body: Value) {
     reqwest::Client::new()
         .post(format!("{}/_example/emit", server.base))
@@ -43,17 +29,12 @@ async fn emit(server: &ExampleServer, body: Value) {
         .unwrap();
 }
 
-async fn create(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
-    let reply = client.call_tool(token, tool, args).await;
-    reply.result()["taskId"].as_str().unwrap().to_owned()
-}
-
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(5);
 
 #[tokio::test]
 async fn the_acknowledgement_comes_first_and_every_frame_carries_the_subscription_id() {
-    let (server, _sidecar, client) = setup(SPEC).await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let token = User::new("alice", "tenant-a", "console").token();
     for id in [json!(42), json!("sub-α")] {
         let mut stream = ListenStream::open(
@@ -81,11 +62,13 @@ async fn the_acknowledgement_comes_first_and_every_frame_carries_the_subscriptio
 
 #[tokio::test]
 async fn filters_are_narrowed_to_what_the_policy_allows_and_the_listener_owns() {
-    let (server, _sidecar, client) = setup(SPEC).await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let alice = User::new("alice", "tenant-a", "console").token();
     let bob = User::new("bob", "tenant-a", "console").token();
-    let alices_task = create(&client, &alice, "slow_compute", json!({"seconds": 30})).await;
-    let bobs_task = create(&client, &bob, "slow_compute", json!({"seconds": 30})).await;
+    let alices_task =
+        support::create_task(&client, &alice, "slow_compute", json!({"seconds": 30})).await;
+    let bobs_task =
+        support::create_task(&client, &bob, "slow_compute", json!({"seconds": 30})).await;
     let forged = format!("lgt_{}", "Q".repeat(32));
 
     let mut stream = ListenStream::open(
@@ -129,17 +112,17 @@ async fn filters_are_narrowed_to_what_the_policy_allows_and_the_listener_owns() 
 
 #[tokio::test]
 async fn two_principals_never_see_each_others_task_events() {
-    let (_server, _sidecar, client) = setup(SPEC).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let alice = User::new("alice", "tenant-a", "console").token();
     let bob = User::new("bob", "tenant-a", "console").token();
-    let a = create(
+    let a = support::create_task(
         &client,
         &alice,
         "write_rows",
         json!({"count": 3, "intervalMs": 100, "label": "a"}),
     )
     .await;
-    let b = create(
+    let b = support::create_task(
         &client,
         &bob,
         "write_rows",
@@ -198,7 +181,7 @@ async fn two_principals_never_see_each_others_task_events() {
 
 #[tokio::test]
 async fn invalid_filters_and_undeclared_task_ids_are_refused() {
-    let (_server, sidecar, client) = setup(SPEC).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let token = User::new("alice", "tenant-a", "console").token();
     let undeclared = ListenStream::open(
         &client.url,
@@ -231,7 +214,7 @@ async fn invalid_filters_and_undeclared_task_ids_are_refused() {
 
 #[tokio::test]
 async fn streams_are_capped_per_principal_and_closed_ends_free_the_slot() {
-    let (server, sidecar, client) = setup(SPEC).await;
+    let (server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let token = User::new("alice", "tenant-a", "console").token();
     let mut open = Vec::new();
     for i in 0..3 {
@@ -283,8 +266,10 @@ async fn streams_are_capped_per_principal_and_closed_ends_free_the_slot() {
 
 #[tokio::test]
 async fn token_expiry_and_max_duration_end_streams_gracefully() {
-    let (_server, _sidecar, client) =
-        setup(&SPEC.replace("maxStreamDuration: 30s", "maxStreamDuration: 1s")).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(
+        &SPEC.replace("maxStreamDuration: 30s", "maxStreamDuration: 1s"),
+    )
+    .await;
     let user = User::new("alice", "tenant-a", "console");
     let mut by_duration = ListenStream::open(
         &client.url,
@@ -314,7 +299,7 @@ async fn token_expiry_and_max_duration_end_streams_gracefully() {
 
 #[tokio::test]
 async fn revocation_and_policy_withdrawal_close_streams() {
-    let (_server, sidecar, client) = setup(SPEC).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let now = jiff::Timestamp::now().as_second();
     let alice = User::new("alice", "tenant-a", "console");
     let old = alice.token_with(|c| c["iat"] = json!(now - 60));
@@ -364,22 +349,15 @@ async fn revocation_and_policy_withdrawal_close_streams() {
         Some(json!("b")),
         "{frames:?}"
     );
-    // Audit lines are written asynchronously: wait for both closings to land.
-    let closed_reasons = || -> Vec<String> {
-        sidecar
-            .audit()
-            .iter()
-            .filter(|e| e["event"] == "listen.closed")
-            .map(|e| e["reason"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    let both = support::eventually(Duration::from_secs(3), async || {
-        let reasons = closed_reasons();
-        (reasons.contains(&"revoked".to_owned()) && reasons.contains(&"policy_changed".to_owned()))
-            .then_some(())
-    })
-    .await;
-    assert!(both.is_some(), "{:?}", closed_reasons());
+    let closed = sidecar
+        .audit_events_when(2, |e| e["event"] == "listen.closed")
+        .await;
+    let reasons: Vec<&str> = closed
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"revoked"), "{reasons:?}");
+    assert!(reasons.contains(&"policy_changed"), "{reasons:?}");
     let applied = sidecar
         .audit()
         .into_iter()
@@ -390,7 +368,7 @@ async fn revocation_and_policy_withdrawal_close_streams() {
 
 #[tokio::test]
 async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
-    let (server, sidecar, client) = setup(SPEC).await;
+    let (server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let token = User::new("alice", "tenant-a", "console").token();
     let mut stream = ListenStream::open(
         &client.url,

@@ -5,8 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+use serde_json::json;
+use support::{Sidecar, User};
 
 const SPEC: &str = "  tasks:\n    minPollInterval: 50ms\n";
 
@@ -43,32 +43,9 @@ fn with_iat(user: &User, iat: i64) -> String {
     })
 }
 
-async fn rows(server: &ExampleServer, label: &str) -> usize {
-    let all: Value = reqwest::get(format!("{}/_example/rows", server.base))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    all.as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["label"] == label)
-        .count()
-}
-
 #[tokio::test]
 async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones() {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: SPEC.into(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
+    let (server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let alice = User::new("alice", "tenant-a", "console");
     let bob = User::new("bob", "tenant-a", "console");
     let now = jiff::Timestamp::now().as_second();
@@ -134,10 +111,10 @@ async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones
     assert!(message.contains("revoked"), "{message}");
 
     // No row lands after that, plus one server poll interval; Bob is untouched.
-    let at_cancel = rows(&server, "alice").await;
+    let at_cancel = server.rows_labelled("alice").await.len();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(rows(&server, "alice").await, at_cancel);
-    assert!(rows(&server, "bob").await > 0);
+    assert_eq!(server.rows_labelled("alice").await.len(), at_cancel);
+    assert!(!server.rows_labelled("bob").await.is_empty());
     let bobs = client.get_task(&bob_token, &bob_task).await;
     assert_eq!(bobs.result()["status"], "working");
 
@@ -148,37 +125,24 @@ async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones
         .await;
     assert_eq!(new_task.result()["resultType"], "task", "{new_task:?}");
 
-    let applied = support::eventually(Duration::from_secs(2), async || {
-        sidecar
-            .audit()
-            .into_iter()
-            .find(|e| e["event"] == "revocation.applied")
-    })
-    .await
-    .expect("revocation.applied audited");
+    let applied = sidecar
+        .audit_event(|e| e["event"] == "revocation.applied")
+        .await
+        .expect("revocation.applied audited");
     assert_eq!(applied["detail"]["tasksCancelled"], 1);
     assert_eq!(applied["detail"]["revocation"], "alice-session");
     assert!(
         sidecar
-            .audit()
-            .iter()
-            .any(|e| e["event"] == "auth.denied" && e["reason"] == "revoked")
+            .audit_event(|e| e["event"] == "auth.denied" && e["reason"] == "revoked")
+            .await
+            .is_some()
     );
     client.cancel_task(&bob_token, &bob_task).await;
 }
 
 #[tokio::test]
 async fn an_account_disabled_revocation_refuses_every_token_until_removed() {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: SPEC.into(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let alice = User::new("alice", "tenant-a", "console");
     let task = client
         .call_tool(&alice.token(), "slow_compute", json!({"seconds": 30}))
@@ -220,16 +184,7 @@ async fn an_account_disabled_revocation_refuses_every_token_until_removed() {
 
 #[tokio::test]
 async fn owner_cancel_stops_writes_before_the_task_reads_cancelled_plus_one_interval() {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: SPEC.into(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
+    let (server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let token = User::new("alice", "t", "c").token();
     for round in 0..3 {
         let label = format!("owner-{round}");
@@ -250,8 +205,12 @@ async fn owner_cancel_stops_writes_before_the_task_reads_cancelled_plus_one_inte
             client.get_task(&token, &id).await.result()["status"],
             "cancelled"
         );
-        let at_cancel = rows(&server, &label).await;
+        let at_cancel = server.rows_labelled(&label).await.len();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(rows(&server, &label).await, at_cancel, "round {round}");
+        assert_eq!(
+            server.rows_labelled(&label).await.len(),
+            at_cancel,
+            "round {round}"
+        );
     }
 }

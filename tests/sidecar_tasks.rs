@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use support::{ExampleServer, McpClient, Sidecar, SidecarOptions, User};
+use serde_json::json;
+use support::{McpClient, User};
 
 const TASK_TOOLS: &str = r#"  tasks:
     tools: [write_rows, slow_compute, confirm_action, multi_input, failing_job, unstable_status]
@@ -15,44 +15,13 @@ const TASK_TOOLS: &str = r#"  tasks:
     minPollInterval: 100ms
 "#;
 
-async fn setup(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
-    let server = ExampleServer::start();
-    let sidecar = Sidecar::start(
-        &server.url,
-        SidecarOptions {
-            spec: spec.to_owned(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let client = McpClient::new(&sidecar.url);
-    (server, sidecar, client)
-}
-
 fn alice() -> User {
     User::new("alice", "tenant-a", "console")
 }
 
-async fn create(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
-    let reply = client.call_tool(token, tool, args).await;
-    assert_eq!(reply.status, 200, "{reply:?}");
-    let result = reply.result();
-    assert_eq!(result["resultType"], "task", "{reply:?}");
-    result["taskId"].as_str().unwrap().to_owned()
-}
-
-async fn upstream_json(server: &ExampleServer, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", server.base))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
-    let (server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
     let reply = client
         .call_tool(&token, "write_rows", json!({"count": 3, "intervalMs": 30}))
@@ -63,7 +32,8 @@ async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
     assert_eq!(result["status"], "working");
     assert_eq!(result["ttlMs"], 15 * 60 * 1000, "default TTL");
     assert!(result["pollIntervalMs"].as_i64().unwrap() >= 100);
-    let upstream_ids: Vec<String> = upstream_json(&server, "/_example/tasks")
+    let upstream_ids: Vec<String> = server
+        .debug("/_example/tasks")
         .await
         .as_array()
         .unwrap()
@@ -80,6 +50,10 @@ async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
         "wrote 3 rows"
     );
 
+    // The last event of this flow, so that the others are written too.
+    sidecar
+        .audit_event(|e| e["event"] == "task.result_read")
+        .await;
     let audit = sidecar.audit();
     let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert!(events.contains(&"task.created"), "{events:?}");
@@ -103,9 +77,9 @@ async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
 
 #[tokio::test]
 async fn other_principals_tenants_and_clients_get_one_identical_denial() {
-    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let owner = alice().token();
-    let id = create(
+    let id = support::create_task(
         &client,
         &owner,
         "write_rows",
@@ -200,7 +174,7 @@ async fn other_principals_tenants_and_clients_get_one_identical_denial() {
 
 #[tokio::test]
 async fn protocol_violations_are_refused_before_reaching_the_server() {
-    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
 
     let no_version = client
@@ -234,7 +208,7 @@ async fn protocol_violations_are_refused_before_reaching_the_server() {
         (400, Some(-32020))
     );
 
-    let id = create(&client, &token, "slow_compute", json!({"seconds": 5})).await;
+    let id = support::create_task(&client, &token, "slow_compute", json!({"seconds": 5})).await;
     let wrong_name = client
         .request("tasks/get", json!({"taskId": id}))
         .token(&token)
@@ -291,7 +265,7 @@ async fn protocol_violations_are_refused_before_reaching_the_server() {
     }
 
     // None of the refused requests reached the server.
-    let seen = upstream_json(&server, "/_example/requests").await;
+    let seen = server.debug("/_example/requests").await;
     let methods: Vec<&str> = seen
         .as_array()
         .unwrap()
@@ -305,7 +279,7 @@ async fn protocol_violations_are_refused_before_reaching_the_server() {
 
 #[tokio::test]
 async fn tokens_are_checked_on_every_request() {
-    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let missing = client.request("tools/list", json!({})).send().await;
     assert_eq!(missing.status, 401);
     let challenge = missing.headers["www-authenticate"].to_str().unwrap();
@@ -358,7 +332,7 @@ async fn tokens_are_checked_on_every_request() {
 
 #[tokio::test]
 async fn the_server_learns_the_caller_from_headers_only_the_sidecar_sets() {
-    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().with_scopes("a b").token();
     let r = client
         .request("tools/list", json!({}))
@@ -369,7 +343,7 @@ async fn the_server_learns_the_caller_from_headers_only_the_sidecar_sets() {
         .send()
         .await;
     assert_eq!(r.status, 200);
-    let seen = upstream_json(&server, "/_example/requests").await;
+    let seen = server.debug("/_example/requests").await;
     let last = seen
         .as_array()
         .unwrap()
@@ -391,7 +365,7 @@ async fn the_server_learns_the_caller_from_headers_only_the_sidecar_sets() {
 
 #[tokio::test]
 async fn tasks_only_for_declaring_clients_and_allowed_tools() {
-    let (server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
     // Not declaring the extension: the call runs synchronously.
     let sync = client
@@ -406,7 +380,8 @@ async fn tasks_only_for_declaring_clients_and_allowed_tools() {
     assert_eq!(sync.result()["resultType"], "complete", "{sync:?}");
 
     // A tool the policy does not allow as a task: the server is not offered the extension.
-    let (server2, _sc2, restricted) = setup("  tasks:\n    tools: [write_rows]\n").await;
+    let (server2, _sc2, restricted) =
+        support::start_behind_sidecar("  tasks:\n    tools: [write_rows]\n").await;
     let r = restricted
         .call_tool(
             &token,
@@ -417,14 +392,14 @@ async fn tasks_only_for_declaring_clients_and_allowed_tools() {
     assert_eq!(r.result()["resultType"], "complete", "{r:?}");
     assert_eq!(r.result()["content"][0]["text"], "computed y");
     for s in [&server, &server2] {
-        let upstream_tasks = upstream_json(s, "/_example/tasks").await;
+        let upstream_tasks = s.debug("/_example/tasks").await;
         assert_eq!(upstream_tasks.as_array().unwrap().len(), 0);
     }
 }
 
 #[tokio::test]
 async fn required_scopes_are_enforced_at_creation() {
-    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let without = client
         .call_tool(&alice().token(), "failing_job", json!({}))
         .await;
@@ -437,7 +412,7 @@ async fn required_scopes_are_enforced_at_creation() {
     assert!(challenge.contains("scope=\"jobs:run\""), "{challenge}");
 
     let with = alice().with_scopes("jobs:run").token();
-    let id = create(&client, &with, "failing_job", json!({"afterMs": 20})).await;
+    let id = support::create_task(&client, &with, "failing_job", json!({"afterMs": 20})).await;
     let done = client.wait_terminal(&with, &id, 5_000).await;
     assert_eq!(done.result()["status"], "failed");
     assert_eq!(done.result()["error"]["message"], "job failed on purpose");
@@ -445,9 +420,9 @@ async fn required_scopes_are_enforced_at_creation() {
 
 #[tokio::test]
 async fn updates_reach_the_server_only_for_outstanding_inputs() {
-    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
-    let id = create(
+    let id = support::create_task(
         &client,
         &token,
         "confirm_action",
@@ -481,9 +456,8 @@ async fn updates_reach_the_server_only_for_outstanding_inputs() {
         "confirmed drop table"
     );
     let updated = sidecar
-        .audit()
-        .into_iter()
-        .find(|e| e["event"] == "task.updated")
+        .audit_event(|e| e["event"] == "task.updated")
+        .await
         .expect("task.updated audited");
     assert_eq!(updated["detail"]["inputsForwarded"], 1);
     assert_eq!(updated["detail"]["inputsDropped"], 1);
@@ -491,9 +465,9 @@ async fn updates_reach_the_server_only_for_outstanding_inputs() {
 
 #[tokio::test]
 async fn cancel_is_recorded_forwarded_and_stops_the_work() {
-    let (server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
-    let id = create(
+    let id = support::create_task(
         &client,
         &token,
         "write_rows",
@@ -507,37 +481,38 @@ async fn cancel_is_recorded_forwarded_and_stops_the_work() {
     let after = client.get_task(&token, &id).await;
     assert_eq!(after.result()["status"], "cancelled");
 
-    let rows_now = upstream_json(&server, "/_example/rows")
+    let rows_now = server
+        .debug("/_example/rows")
         .await
         .as_array()
         .unwrap()
         .len();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let rows_later = upstream_json(&server, "/_example/rows")
+    let rows_later = server
+        .debug("/_example/rows")
         .await
         .as_array()
         .unwrap()
         .len();
     assert_eq!(rows_now, rows_later, "rows kept landing after cancel");
-    let upstream_status = upstream_json(&server, "/_example/tasks").await[0]["status"].clone();
+    let upstream_status = server.debug("/_example/tasks").await[0]["status"].clone();
     assert_eq!(upstream_status, "cancelled");
 
     // A second cancel of a terminal task is the same empty ack.
     let again = client.cancel_task(&token, &id).await;
     assert_eq!(again.result(), &json!({"resultType": "complete"}));
     let cancelled = sidecar
-        .audit()
-        .into_iter()
-        .filter(|e| e["event"] == "task.cancelled")
-        .count();
+        .audit_events_when(1, |e| e["event"] == "task.cancelled")
+        .await
+        .len();
     assert_eq!(cancelled, 1);
 }
 
 #[tokio::test]
 async fn terminal_states_never_change_whatever_the_server_says_later() {
-    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
-    let id = create(
+    let id = support::create_task(
         &client,
         &token,
         "unstable_status",
@@ -558,18 +533,18 @@ async fn terminal_states_never_change_whatever_the_server_says_later() {
     }
     assert!(
         sidecar
-            .audit()
-            .iter()
-            .any(|e| e["event"] == "task.completed")
+            .audit_event(|e| e["event"] == "task.completed")
+            .await
+            .is_some()
     );
 }
 
 #[tokio::test]
 async fn cancel_and_completion_racing_settle_on_one_terminal_state() {
-    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
     for round in 0..8u64 {
-        let id = create(
+        let id = support::create_task(
             &client,
             &token,
             "slow_compute",
@@ -597,23 +572,26 @@ async fn cancel_and_completion_racing_settle_on_one_terminal_state() {
 
 #[tokio::test]
 async fn finished_but_unpolled_tasks_free_their_quota_slot() {
-    let (_server, _sidecar, client) = setup("  tasks:\n    concurrency: {perPrincipal: 2}\n").await;
+    let (_server, _sidecar, client) =
+        support::start_behind_sidecar("  tasks:\n    concurrency: {perPrincipal: 2}\n").await;
     let token = alice().token();
     for _ in 0..2 {
-        create(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
+        support::create_task(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Nobody polled them, but they finished at the server: the quota check finds out.
-    create(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
+    support::create_task(&client, &token, "slow_compute", json!({"seconds": 0.01})).await;
 }
 
 #[tokio::test]
 async fn concurrency_quota_is_enforced_before_the_server_is_asked() {
-    let (server, _sidecar, client) =
-        setup("  tasks:\n    concurrency: {perPrincipal: 2}\n    minPollInterval: 1s\n").await;
+    let (server, _sidecar, client) = support::start_behind_sidecar(
+        "  tasks:\n    concurrency: {perPrincipal: 2}\n    minPollInterval: 1s\n",
+    )
+    .await;
     let token = alice().token();
-    let a = create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
-    let b = create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    let a = support::create_task(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    let b = support::create_task(&client, &token, "slow_compute", json!({"seconds": 10})).await;
     let over = client
         .call_tool(&token, "slow_compute", json!({"seconds": 10}))
         .await;
@@ -622,7 +600,8 @@ async fn concurrency_quota_is_enforced_before_the_server_is_asked() {
     assert_eq!(over.body["error"]["data"]["scope"], "principal");
     assert_eq!(over.headers["retry-after"], "1");
     assert_eq!(
-        upstream_json(&server, "/_example/tasks")
+        server
+            .debug("/_example/tasks")
             .await
             .as_array()
             .unwrap()
@@ -630,7 +609,7 @@ async fn concurrency_quota_is_enforced_before_the_server_is_asked() {
         2
     );
     // Another principal is not affected; a cancelled task frees a slot.
-    create(
+    support::create_task(
         &client,
         &User::new("bob", "tenant-a", "console").token(),
         "slow_compute",
@@ -638,13 +617,13 @@ async fn concurrency_quota_is_enforced_before_the_server_is_asked() {
     )
     .await;
     client.cancel_task(&token, &a).await;
-    create(&client, &token, "slow_compute", json!({"seconds": 10})).await;
+    support::create_task(&client, &token, "slow_compute", json!({"seconds": 10})).await;
     client.cancel_task(&token, &b).await;
 }
 
 #[tokio::test]
 async fn sse_answers_are_relayed_with_the_task_id_rewritten() {
-    let (_server, _sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, _sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
     let reply = client
         .request(
@@ -676,13 +655,15 @@ async fn sse_answers_are_relayed_with_the_task_id_rewritten() {
 
 #[tokio::test]
 async fn tasks_survive_a_kill_dash_nine_of_the_sidecar() {
-    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
-    let done_id = create(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
+    let done_id =
+        support::create_task(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
     client.wait_terminal(&token, &done_id, 5_000).await;
-    let cancelled_id = create(&client, &token, "slow_compute", json!({"seconds": 30})).await;
+    let cancelled_id =
+        support::create_task(&client, &token, "slow_compute", json!({"seconds": 30})).await;
     client.cancel_task(&token, &cancelled_id).await;
-    let running_id = create(
+    let running_id = support::create_task(
         &client,
         &token,
         "slow_compute",
@@ -690,7 +671,7 @@ async fn tasks_survive_a_kill_dash_nine_of_the_sidecar() {
     )
     .await;
     // Created the instant before the kill: the CreateTaskResult was returned, so it must resolve.
-    let last_id = create(
+    let last_id = support::create_task(
         &client,
         &token,
         "slow_compute",
@@ -719,9 +700,9 @@ async fn tasks_survive_a_kill_dash_nine_of_the_sidecar() {
 
 #[tokio::test]
 async fn policy_changes_apply_within_a_second_and_bad_files_are_ignored() {
-    let (_server, sidecar, client) = setup(TASK_TOOLS).await;
+    let (_server, sidecar, client) = support::start_behind_sidecar(TASK_TOOLS).await;
     let token = alice().token();
-    create(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
+    support::create_task(&client, &token, "slow_compute", json!({"seconds": 0.05})).await;
 
     let original = std::fs::read_to_string(sidecar.policy_file()).unwrap();
     std::fs::write(
@@ -763,7 +744,7 @@ async fn policy_changes_apply_within_a_second_and_bad_files_are_ignored() {
 #[tokio::test]
 async fn a_task_result_for_a_request_that_cannot_create_one_never_reaches_the_client() {
     let (server, sidecar, client) =
-        setup("  tasks:\n    tools: [rogue_task, slow_compute]\n").await;
+        support::start_behind_sidecar("  tasks:\n    tools: [rogue_task, slow_compute]\n").await;
     let token = alice().token();
     let undeclared = client
         .request(
@@ -787,7 +768,7 @@ async fn a_task_result_for_a_request_that_cannot_create_one_never_reaches_the_cl
 
     // Both rogue tasks are cancelled at the server, and audited.
     let cancelled = support::eventually(Duration::from_secs(5), async || {
-        let tasks = upstream_json(&server, "/_example/tasks").await;
+        let tasks = server.debug("/_example/tasks").await;
         let all = tasks.as_array()?.clone();
         (all.len() == 2 && all.iter().all(|t| t["status"] == "cancelled")).then_some(())
     })
@@ -795,12 +776,11 @@ async fn a_task_result_for_a_request_that_cannot_create_one_never_reaches_the_cl
     assert!(
         cancelled.is_some(),
         "{}",
-        upstream_json(&server, "/_example/tasks").await
+        server.debug("/_example/tasks").await
     );
     let refused = sidecar
-        .audit()
-        .into_iter()
-        .filter(|e| e["event"] == "task.refused")
-        .count();
+        .audit_events_when(2, |e| e["event"] == "task.refused")
+        .await
+        .len();
     assert_eq!(refused, 2);
 }

@@ -70,6 +70,31 @@ impl User {
     }
 }
 
+/// The example server, a sidecar in front of it with `spec` appended under the test policy's
+/// `spec:`, and a client of the sidecar.
+pub async fn start_behind_sidecar(spec: &str) -> (ExampleServer, Sidecar, McpClient) {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: spec.to_owned(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    (server, sidecar, client)
+}
+
+/// `tools/call` of `tool` that must become a task; returns the sidecar's task ID.
+pub async fn create_task(client: &McpClient, token: &str, tool: &str, args: Value) -> String {
+    let reply = client.call_tool(token, tool, args).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let result = reply.result();
+    assert_eq!(result["resultType"], "task", "{reply:?}");
+    result["taskId"].as_str().unwrap().to_owned()
+}
+
 /// A standalone policy for the tests, with `extra` appended under `spec:`.
 pub fn policy_yaml(jwks: &Path, extra: &str) -> String {
     format!(

@@ -108,6 +108,30 @@ impl ExampleServer {
     }
 }
 
+impl ExampleServer {
+    /// A debug endpoint of the example server (`/_example/…`), as JSON.
+    pub async fn debug(&self, path: &str) -> serde_json::Value {
+        reqwest::get(format!("{}{path}", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The rows `write_rows` wrote with `label`.
+    pub async fn rows_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+        self.debug("/_example/rows")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["label"] == label)
+            .cloned()
+            .collect()
+    }
+}
+
 impl Drop for ExampleServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -235,6 +259,35 @@ impl Sidecar {
 
     pub fn audit(&self) -> Vec<serde_json::Value> {
         super::audit_events(&self.audit_path)
+    }
+
+    /// The first audit event matching `matches`, waiting up to 3 s for it: the sidecar writes
+    /// audit lines asynchronously, so one may land just after the answer that caused it.
+    pub async fn audit_event(
+        &self,
+        matches: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        super::eventually(Duration::from_secs(3), async || {
+            self.audit().into_iter().find(|e| matches(e))
+        })
+        .await
+    }
+
+    /// The audit events matching `matches` once at least `count` were written (or after 3 s).
+    pub async fn audit_events_when(
+        &self,
+        count: usize,
+        matches: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let found = || -> Vec<serde_json::Value> {
+            self.audit().into_iter().filter(|e| matches(e)).collect()
+        };
+        super::eventually(Duration::from_secs(3), async || {
+            let events = found();
+            (events.len() >= count).then_some(events)
+        })
+        .await
+        .unwrap_or_else(found)
     }
 
     /// SIGKILL: no shutdown code runs.
