@@ -12,5 +12,6 @@ pub mod identity;
 pub mod ledger;
 pub mod mcp;
 pub mod policy;
+pub mod runtime;
 pub mod sidecar;
 pub mod telemetry;

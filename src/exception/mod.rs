@@ -110,12 +110,20 @@ struct TrustLists {
     revoked_approvals: BTreeSet<String>,
 }
 
+/// Why an approver trust document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error(transparent)]
+    Keys(#[from] crate::identity::keys::KeySetError),
+    #[error("revocation lists: {0}")]
+    Lists(#[source] serde_json::Error),
+}
+
 impl ApproverTrust {
     /// Parses the trust document (a JWKS with optional `revokedKeys`/`revokedApprovals`).
-    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
-        let keys = KeySet::from_jwks(bytes).map_err(|e| e.to_string())?;
-        let lists: TrustLists =
-            serde_json::from_slice(bytes).map_err(|e| format!("revocation lists: {e}"))?;
+    pub fn from_json(bytes: &[u8]) -> Result<Self, TrustError> {
+        let keys = KeySet::from_jwks(bytes)?;
+        let lists: TrustLists = serde_json::from_slice(bytes).map_err(TrustError::Lists)?;
         Ok(Self {
             keys,
             revoked_keys: lists.revoked_keys,

@@ -17,7 +17,7 @@ pub mod events {
     pub const PROMPTS_LIST_CHANGED: &str = "notifications/prompts/list_changed";
     pub const RESOURCES_LIST_CHANGED: &str = "notifications/resources/list_changed";
     pub const RESOURCE_UPDATED: &str = "notifications/resources/updated";
-    pub const TASKS: &str = "notifications/tasks";
+    pub const TASKS: &str = crate::mcp::methods::NOTIFICATION_TASKS;
 }
 
 /// A listen filter (`params.notifications`).
@@ -192,6 +192,33 @@ impl ListenFilter {
             && allowed.task_ids == self.task_ids
     }
 
+    /// Whether a stream acknowledged with this filter may stay open under new `rules`: every
+    /// notification kind and resource subscription must still be allowed, and task IDs need
+    /// `taskIds` to still be listed.
+    pub fn survives(&self, rules: &ListenRules) -> bool {
+        let mut without_tasks = self.clone();
+        without_tasks.task_ids.clear();
+        without_tasks.still_allowed_by(rules)
+            && (self.task_ids.is_empty()
+                || rules.notifications.contains(&ListenNotification::TaskIds))
+    }
+
+    /// The same filter with each task ID mapped (IDs mapped to `None` are dropped).
+    pub fn map_task_ids(&self, map: impl Fn(&str) -> Option<String>) -> Self {
+        let mut out = self.clone();
+        out.task_ids = self.task_ids.iter().filter_map(|id| map(id)).collect();
+        out
+    }
+
+    /// How many subscriptions the filter holds.
+    pub fn entries(&self) -> usize {
+        usize::from(self.tools_list_changed)
+            + usize::from(self.prompts_list_changed)
+            + usize::from(self.resources_list_changed)
+            + self.resource_subscriptions.len()
+            + self.task_ids.len()
+    }
+
     /// The filter as `params.notifications` (only what is subscribed).
     pub fn to_wire(&self) -> Value {
         let mut m = Map::new();
@@ -316,6 +343,39 @@ mod tests {
             max_streams_per_principal: 4,
             max_stream_duration: std::time::Duration::from_secs(60).into(),
         }
+    }
+
+    #[test]
+    fn streams_survive_policy_changes_only_while_everything_stays_allowed() {
+        use ListenNotification::*;
+        let mut filter = ListenFilter {
+            tools_list_changed: true,
+            ..Default::default()
+        };
+        filter.resource_subscriptions.insert("reports://a/1".into());
+        let all = rules(
+            &[ToolsListChanged, ResourceSubscriptions, TaskIds],
+            &["reports://a/*"],
+        );
+        assert!(filter.survives(&all));
+        assert!(!filter.survives(&rules(&[ResourceSubscriptions], &["reports://a/*"])));
+        assert!(!filter.survives(&rules(
+            &[ToolsListChanged, ResourceSubscriptions],
+            &["reports://b/*"]
+        )));
+        filter.task_ids.insert("lgt_1".into());
+        assert!(filter.survives(&all));
+        assert!(
+            !filter.survives(&rules(
+                &[ToolsListChanged, ResourceSubscriptions],
+                &["reports://a/*"]
+            )),
+            "task IDs need taskIds"
+        );
+        assert_eq!(filter.entries(), 3);
+        let mapped = filter.map_task_ids(|id| (id == "lgt_1").then(|| "up-1".to_owned()));
+        assert_eq!(mapped.task_ids.iter().collect::<Vec<_>>(), ["up-1"]);
+        assert_eq!(filter.map_task_ids(|_| None).entries(), 2);
     }
 
     #[test]

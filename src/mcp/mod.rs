@@ -62,4 +62,7 @@ pub mod codes {
     pub const HEADER_MISMATCH: i64 = -32020;
     pub const MISSING_CAPABILITY: i64 = -32021;
     pub const UNSUPPORTED_VERSION: i64 = -32022;
+    /// An exhausted concurrency quota (tasks or listen streams). Outside the ranges JSON-RPC
+    /// (-32768…-32000) and MCP reserve; `data.scope` names the quota.
+    pub const QUOTA_EXCEEDED: i64 = -31429;
 }

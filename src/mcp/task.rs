@@ -6,6 +6,109 @@ use serde_json::{Map, Value, json};
 
 use crate::ledger::TaskStatus;
 
+use super::{PROTOCOL_VERSION, TASKS_EXTENSION, meta};
+
+/// `result.resultType` of a response: what kind of answer it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultType {
+    /// A final answer (`complete`, or no `resultType` at all).
+    Complete,
+    /// A `CreateTaskResult`: the request became a task.
+    Task,
+    /// The server asks the client for input before it can answer (multi round-trip request).
+    InputRequired,
+    /// A value this revision does not define.
+    Other,
+}
+
+impl ResultType {
+    fn from_wire(value: Option<&str>) -> Self {
+        match value {
+            None | Some("complete") => Self::Complete,
+            Some("task") => Self::Task,
+            Some("input_required") => Self::InputRequired,
+            Some(_) => Self::Other,
+        }
+    }
+
+    /// Whether a proxy must look into an answer of this type (task creation, input requests).
+    pub fn needs_inspection(self) -> bool {
+        matches!(self, Self::Task | Self::InputRequired)
+    }
+}
+
+/// The `resultType` of a `result` object.
+pub fn result_type(result: &Value) -> ResultType {
+    ResultType::from_wire(result.get("resultType").and_then(Value::as_str))
+}
+
+/// The `resultType` of a response message (`None`: not a result, e.g. an error).
+pub fn response_result_type(message: &Value) -> Option<ResultType> {
+    message.get("result").map(result_type)
+}
+
+/// Reads `result.resultType` of a serialized response without building a JSON tree; `None`
+/// when the bytes do not parse (the caller then takes the careful path).
+pub fn peek_result_type(bytes: &[u8]) -> Option<ResultType> {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow, default)]
+        result: Option<PeekResult<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PeekResult<'a> {
+        #[serde(rename = "resultType", borrow, default)]
+        result_type: Option<std::borrow::Cow<'a, str>>,
+    }
+    let peek = serde_json::from_slice::<Peek<'_>>(bytes).ok()?;
+    Some(match peek.result {
+        Some(r) => ResultType::from_wire(r.result_type.as_deref()),
+        None => ResultType::Complete,
+    })
+}
+
+/// The `inputRequests` map of a task state or `input_required` result, for screening in place.
+pub fn input_requests_mut(state: &mut Value) -> Option<&mut Map<String, Value>> {
+    state
+        .get_mut("inputRequests")
+        .and_then(Value::as_object_mut)
+}
+
+/// Removes a task state's `inputRequests`; a state that was `input_required` only because of
+/// them reads `working` again.
+pub fn clear_input_requests(state: &mut Value) {
+    if let Some(o) = state.as_object_mut() {
+        o.remove("inputRequests");
+    }
+    if state.get("status").and_then(Value::as_str) == Some(TaskStatus::InputRequired.as_str()) {
+        state["status"] = json!(TaskStatus::Working.as_str());
+    }
+}
+
+/// The `inputRequests` of an `input_required` response message.
+pub fn response_input_requests_mut(message: &mut Value) -> Option<&mut Map<String, Value>> {
+    message
+        .pointer_mut("/result/inputRequests")
+        .and_then(Value::as_object_mut)
+}
+
+/// A task request the sidecar sends on its own (`tasks/get`, `tasks/update`, `tasks/cancel`):
+/// its own request id, the protocol version and the Tasks extension declared.
+pub fn sidecar_task_request(method: &str, upstream_id: &str, request_id: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": method,
+        "params": {
+            "taskId": upstream_id,
+            "_meta": {
+                meta::PROTOCOL_VERSION: PROTOCOL_VERSION,
+                meta::CLIENT_CAPABILITIES: {"extensions": {TASKS_EXTENSION: {}}},
+            }
+        }
+    })
+}
+
 /// Facts of a `CreateTaskResult` (`resultType: "task"`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CreatedTask {
@@ -19,7 +122,7 @@ pub struct CreatedTask {
 
 /// Reads a `CreateTaskResult` from a `result` object; `None` when it is not one.
 pub fn parse_created_task(result: &Value) -> Option<CreatedTask> {
-    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+    if result_type(result) != ResultType::Task {
         return None;
     }
     let upstream_id = result.get("taskId")?.as_str()?.to_owned();
@@ -44,11 +147,6 @@ pub fn parse_created_task(result: &Value) -> Option<CreatedTask> {
             .and_then(Value::as_i64)
             .filter(|p| *p >= 0),
     })
-}
-
-/// Whether a result object claims to be a task (even a malformed one).
-pub fn is_task_result(result: &Value) -> bool {
-    result.get("resultType").and_then(Value::as_str) == Some("task")
 }
 
 /// The task state an upstream reported in a `tasks/get` result or `notifications/tasks`.
@@ -170,8 +268,19 @@ impl TaskView<'_> {
     /// A `tasks/get` result built from the ledger alone (terminal tasks): `result` for completed
     /// (when `payload` is given), `error` for failed.
     pub fn get_result(&self, payload: Option<&Value>) -> Value {
-        let mut m = self.base();
+        let mut m = self.state(payload);
         m.insert("resultType".into(), json!("complete"));
+        Value::Object(m)
+    }
+
+    /// The task state alone (the params of a `notifications/tasks`): the `tasks/get` result
+    /// without `resultType`.
+    pub fn notification_params(&self, payload: Option<&Value>) -> Value {
+        Value::Object(self.state(payload))
+    }
+
+    fn state(&self, payload: Option<&Value>) -> Map<String, Value> {
+        let mut m = self.base();
         if let Some(payload) = payload {
             match self.status {
                 TaskStatus::Completed => {
@@ -183,7 +292,7 @@ impl TaskView<'_> {
                 _ => {}
             }
         }
-        Value::Object(m)
+        m
     }
 }
 
@@ -243,6 +352,63 @@ mod tests {
     }
 
     #[test]
+    fn tells_result_types_apart_with_and_without_a_tree() {
+        let cases = [
+            (
+                json!({"result": {"resultType": "task"}}),
+                Some(ResultType::Task),
+            ),
+            (
+                json!({"result": {"resultType": "input_required"}}),
+                Some(ResultType::InputRequired),
+            ),
+            (
+                json!({"result": {"content": []}}),
+                Some(ResultType::Complete),
+            ),
+            (
+                json!({"result": {"resultType": "later"}}),
+                Some(ResultType::Other),
+            ),
+            (json!({"error": {"code": 1}}), None),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(response_result_type(&message), expected, "{message}");
+            let bytes = serde_json::to_vec(&message).unwrap();
+            assert_eq!(
+                peek_result_type(&bytes),
+                Some(expected.unwrap_or(ResultType::Complete)),
+                "{message}"
+            );
+        }
+        assert_eq!(peek_result_type(b"{"), None);
+        assert!(ResultType::Task.needs_inspection());
+        assert!(!ResultType::Complete.needs_inspection());
+    }
+
+    #[test]
+    fn clearing_input_requests_returns_a_state_to_working() {
+        let mut state = json!({"status": "input_required", "inputRequests": {"k": {}}});
+        assert_eq!(input_requests_mut(&mut state).map(|m| m.len()), Some(1));
+        clear_input_requests(&mut state);
+        assert_eq!(state, json!({"status": "working"}));
+        let mut done = json!({"status": "completed", "inputRequests": {}});
+        clear_input_requests(&mut done);
+        assert_eq!(done, json!({"status": "completed"}));
+    }
+
+    #[test]
+    fn sidecar_requests_declare_the_tasks_extension() {
+        let r = sidecar_task_request("tasks/get", "up-1", "lifeguard-abc");
+        assert_eq!(r["id"], "lifeguard-abc");
+        assert_eq!(r["params"]["taskId"], "up-1");
+        assert!(
+            r["params"]["_meta"][meta::CLIENT_CAPABILITIES]["extensions"][TASKS_EXTENSION]
+                .is_object()
+        );
+    }
+
+    #[test]
     fn builds_results_from_the_ledger_view() {
         let view = TaskView {
             task_id: "lgt_X",
@@ -258,6 +424,9 @@ mod tests {
         assert_eq!(get["status"], "failed");
         assert_eq!(get["error"]["code"], -32603);
         assert_eq!(get["lastUpdatedAt"], "1970-01-01T00:00:01.500Z");
+        let params = view.notification_params(None);
+        assert!(params.get("resultType").is_none());
+        assert_eq!(params["status"], "failed");
         let create = view.create_result();
         assert_eq!(create["resultType"], "task");
         assert!(create.get("result").is_none());

@@ -1,24 +1,57 @@
 //! The enforcement sidecar: a reverse proxy in front of one MCP server that binds every task to
 //! its owner, keeps a durable ledger of tasks, and audits every decision.
 //!
-//! Data flow: `POST /mcp` → [`pipeline`] (policy, Origin, token, envelope, protocol checks) →
-//! [`tasks`] (task methods) or [`relay`] (everything else) → the server on loopback. Policy
-//! arrives through a `watch` channel, fed by [`policy_file`] in standalone mode (the operator's
-//! stream feeds the same channel in cluster mode).
+//! # How a request flows
+//!
+//! `POST /mcp` → [`pipeline`] (policy in force, Origin, token, envelope, protocol checks) →
+//! one handler per kind of request: [`tasks`] (`tools/call`, `tasks/*`), [`listen`]
+//! (`subscriptions/listen`) or [`relay`] (everything else) → the server on loopback.
+//!
+//! - A `tasks/get` walks `pipeline` → `tasks::get` → `decisions::plan_read` → (ledger or
+//!   `upstream`) → `decisions::interpret_task_reply` → `task_state` (record what was learned)
+//!   → `capability_screen` → `respond`.
+//! - A task-creating `tools/call` walks `pipeline` → `tasks::create` (scopes → reserve a slot →
+//!   `relay::send_and_relay` with the creation as its [`relay::FinalStep`] → confirm durably via
+//!   `decisions::confirmation_terms` → answer). Relay names no task code.
+//!
+//! Background jobs: [`sweeper`] (deadlines, retention) and [`revocation`] (applying new
+//! revocations). Policy arrives through a `watch` channel fed by a [`policy_source`] (the
+//! policy file in standalone mode).
+//!
+//! # Layers (a module imports only from layers below it; a test checks there is no cycle)
+//!
+//! | layer | modules |
+//! |---|---|
+//! | entry | `mod.rs` (`run`), `pipeline` |
+//! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
+//! | background | `sweeper`, `revocation` |
+//! | task rules with IO | `capability_screen`, `server_tasks`, `task_state` |
+//! | shared state | `state`, `context`, `policy_source`, `policy_file` |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream`, `capability`, `stream_registry` |
 
-pub mod admin;
-pub mod capability;
-pub mod decisions;
-pub mod forward;
-pub mod lifecycle;
-pub mod listen;
-pub mod pipeline;
-pub mod policy_file;
-pub mod relay;
-pub mod respond;
-pub mod state;
-pub mod tasks;
-pub mod upstream;
+mod active_policy;
+mod capability;
+mod capability_screen;
+mod context;
+mod decisions;
+mod error;
+mod forward;
+mod listen;
+mod pipeline;
+mod policy_file;
+mod policy_source;
+mod relay;
+mod respond;
+mod revocation;
+mod server_tasks;
+mod state;
+mod stream_registry;
+mod sweeper;
+mod task_state;
+mod tasks;
+mod upstream;
+
+pub use policy_source::PolicySourceConfig;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,31 +64,29 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::{StatusCode, Uri};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, AuditTarget, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::{SqliteLedger, TaskLedger};
 use crate::mcp::jsonrpc::MAX_REQUEST_BYTES;
+use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::SidecarMetrics;
 
-use state::AppState;
+use policy_source::PolicyPublisher;
+use state::{AppState, PolicyWatch};
 use upstream::Upstream;
 
 /// Everything `lifeguard sidecar` is configured with.
 #[derive(Clone, Debug)]
 pub struct SidecarConfig {
-    pub policy_file: PathBuf,
+    pub policy: PolicySourceConfig,
     pub upstream: Uri,
     pub listen: SocketAddr,
     pub ledger: PathBuf,
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
-    /// JWKS of the approvers whose signatures make CapabilityExceptions valid, with optional
-    /// `revokedKeys` and `revokedApprovals` lists. Without it no exception is ever Active.
-    pub approver_keys: Option<PathBuf>,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
@@ -81,18 +112,17 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             .await
             .context("reading the audit key from the ledger")?,
     );
-    let initial_target = match &config.audit_file {
-        Some(path) => AuditTarget::File(path.clone()),
-        None => AuditTarget::Stdout,
-    };
     let idempotency_secret = ledger
         .secret(IDEMPOTENCY_SECRET)
         .await
         .context("reading the idempotency key from the ledger")?;
+    let initial_target = match &config.audit_file {
+        Some(path) => AuditTarget::File(path.clone()),
+        None => AuditTarget::Stdout,
+    };
     let (audit, audit_writer) = AuditLog::open(initial_target).context("opening the audit file")?;
     let metrics = Arc::new(SidecarMetrics::new());
-    let registry = Arc::new(KeyRegistry::new(shutdown.clone()));
-    let (publish, policy) = watch::channel(None);
+    let (publisher, policy) = PolicyPublisher::channel(metrics.clone());
     if config.audit_file.is_none() {
         // Without --audit-file, the policy's audit.sink decides where the trail goes.
         tokio::spawn(follow_audit_sink(
@@ -101,14 +131,9 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             shutdown.clone(),
         ));
     }
-    tokio::spawn(policy_file::watch_policy_file(
-        config.policy_file.clone(),
-        config.approver_keys.clone(),
-        registry.clone(),
-        publish,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    let registry = Arc::new(KeyRegistry::new(shutdown.clone()));
+    let source = config.policy.clone().into_source(registry);
+    tokio::spawn(source.run(publisher, shutdown.clone()));
     let upstream = Upstream::new(
         config.upstream.clone(),
         config.upstream_timeout,
@@ -123,14 +148,14 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         metrics,
         idempotency_secret,
         gate: capability::CapabilityGate::default(),
-        polls: tasks::PollClock::default(),
-        streams: Arc::new(listen::StreamRegistry::default()),
+        polls: state::PollClock::default(),
+        streams: Arc::new(stream_registry::StreamRegistry::default()),
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,
     });
 
-    tokio::spawn(lifecycle::sweep(app.clone(), shutdown.clone()));
-    tokio::spawn(lifecycle::apply_revocations(
+    tokio::spawn(sweeper::sweep(app.clone(), shutdown.clone()));
+    tokio::spawn(revocation::apply_revocations(
         app.clone(),
         app.policy.clone(),
         shutdown.clone(),
@@ -156,23 +181,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     tracing::info!(%local, upstream = %config.upstream, "sidecar listening");
 
     if let Some(admin_addr) = config.admin {
-        let admin_listener = tokio::net::TcpListener::bind(admin_addr)
-            .await
-            .with_context(|| format!("binding the admin address {admin_addr}"))?;
-        eprintln!(
-            "lifeguard: admin on http://{}",
-            admin_listener.local_addr()?
-        );
-        let admin_router = admin::router(app.clone());
-        let admin_shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let served = axum::serve(admin_listener, admin_router)
-                .with_graceful_shutdown(admin_shutdown.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "admin server failed");
-            }
-        });
+        crate::runtime::admin::spawn(admin_addr, app.clone(), shutdown.clone()).await?;
     }
 
     axum::serve(listener, mcp)
@@ -182,6 +191,25 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     drop(app);
     let _ = tokio::time::timeout(Duration::from_secs(5), audit_writer).await;
     Ok(())
+}
+
+impl Health for AppState {
+    /// Ready once a policy is in force (the ledger is opened before the server starts).
+    fn readiness(&self) -> Readiness {
+        match self.policy() {
+            Some(policy) => {
+                Readiness::Ready(format!("ready: policy {} {}", policy.name, policy.hash))
+            }
+            None => Readiness::NotReady("no policy loaded".into()),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics
+            .listen_streams
+            .set(i64::try_from(self.streams.len()).unwrap_or(i64::MAX));
+        self.metrics.encode()
+    }
 }
 
 /// RFC 9728 protected resource metadata, so clients can discover which authorization servers
@@ -201,11 +229,7 @@ async fn protected_resource_metadata(State(app): State<Arc<AppState>>) -> Respon
 }
 
 /// Points the audit trail at the policy's `audit.sink` whenever the policy changes.
-async fn follow_audit_sink(
-    mut policy: watch::Receiver<Option<Arc<state::ActivePolicy>>>,
-    audit: AuditLog,
-    shutdown: CancellationToken,
-) {
+async fn follow_audit_sink(mut policy: PolicyWatch, audit: AuditLog, shutdown: CancellationToken) {
     loop {
         let target = policy.borrow_and_update().as_ref().map(|p| {
             let rules = &p.effective.audit;

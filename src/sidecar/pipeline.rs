@@ -12,64 +12,16 @@ use serde_json::Value;
 
 use crate::audit::{AuditEvent, Decision};
 use crate::identity::{AuthError, Identity, bearer_token, validate_token};
-use crate::mcp::checks::{CheckOptions, RequestFacts, RequestKind, check_request};
+use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
-use crate::mcp::jsonrpc::{ErrorObject, Request, parse_request};
-use crate::telemetry::metrics::{ReasonLabels, RequestLabels};
+use crate::mcp::jsonrpc::{ErrorObject, parse_request};
+use crate::telemetry::metrics::RequestLabels;
 
-use super::relay;
-use super::respond;
-use super::state::{ActivePolicy, AppState};
-use super::tasks;
-
-/// Everything known about one authenticated, checked request.
-pub struct RequestContext {
-    pub correlation_id: String,
-    pub policy: Arc<ActivePolicy>,
-    pub identity: Identity,
-    pub request: Request,
-    pub facts: RequestFacts,
-    pub headers: HeaderMap,
-    /// The request body as received, forwarded unchanged when nothing in it needs rewriting.
-    pub body: Bytes,
-}
-
-impl RequestContext {
-    /// An audit event about this request, with the caller filled in.
-    pub fn audit(
-        &self,
-        event: &'static str,
-        decision: Decision,
-        reason: &'static str,
-    ) -> AuditEvent {
-        AuditEvent::new(
-            event,
-            &self.correlation_id,
-            &self.policy.name,
-            decision,
-            reason,
-        )
-        .owner(&self.identity.owner)
-    }
-
-    pub fn id(&self) -> Value {
-        self.request.response_id()
-    }
-}
-
-/// 128 random bits, hex: ties audit lines and logs of one request together.
-pub fn new_correlation_id() -> String {
-    let mut bytes = [0u8; 16];
-    // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
-    let _ = getrandom::fill(&mut bytes);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(32);
-    for b in bytes {
-        out.push(HEX[usize::from(b >> 4)] as char);
-        out.push(HEX[usize::from(b & 0x0f)] as char);
-    }
-    out
-}
+use super::active_policy::ActivePolicy;
+use super::context::{RequestContext, new_correlation_id};
+use super::revocation::revocation_of;
+use super::state::AppState;
+use super::{listen, relay, respond, tasks};
 
 fn method_label(method: &str) -> &'static str {
     use crate::mcp::methods::*;
@@ -176,7 +128,7 @@ pub async fn handle_mcp(
         RequestKind::TaskGet { task_id } => tasks::get(&app, &ctx, &task_id).await,
         RequestKind::TaskUpdate { task_id } => tasks::update(&app, &ctx, &task_id).await,
         RequestKind::TaskCancel { task_id } => tasks::cancel(&app, &ctx, &task_id).await,
-        RequestKind::Listen => super::listen::listen(app.clone(), ctx).await,
+        RequestKind::Listen => listen::listen(app.clone(), ctx).await,
         RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
     };
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
@@ -192,18 +144,12 @@ pub async fn handle_mcp(
 }
 
 fn deny_metric(app: &AppState, reason: &'static str) {
-    app.metrics
-        .denials
-        .get_or_create(&ReasonLabels { reason })
-        .inc();
+    app.metrics.denial(reason);
 }
 
 /// Validates the bearer token against the policy (refetching the issuer's keys once, rate
 /// limited, when the token names an unknown key) and refuses revoked principals.
-pub async fn authenticate(
-    policy: &ActivePolicy,
-    headers: &HeaderMap,
-) -> Result<Identity, AuthError> {
+async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Identity, AuthError> {
     let token = bearer_token(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))?;
     let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
     if let Some(identity) = policy.tokens.get(token, now_secs) {
@@ -231,18 +177,9 @@ pub async fn authenticate(
 
 /// Refuses tokens of a revoked principal issued at or before the revocation (or all tokens,
 /// for account-level revocations).
-pub fn check_revocations(policy: &ActivePolicy, identity: &Identity) -> Result<(), AuthError> {
-    let owner = &identity.owner;
-    let issued_at = identity
-        .issued_at
-        .and_then(|s| jiff::Timestamp::from_second(s).ok());
-    let revoked = policy.effective.revocations.iter().any(|r| {
-        r.covers(&owner.issuer, &owner.subject, &owner.tenant, &owner.client)
-            && r.refuses_token_issued_at(issued_at)
-    });
-    if revoked {
-        Err(AuthError::Revoked)
-    } else {
-        Ok(())
+fn check_revocations(policy: &ActivePolicy, identity: &Identity) -> Result<(), AuthError> {
+    match revocation_of(policy, identity) {
+        Some(_) => Err(AuthError::Revoked),
+        None => Ok(()),
     }
 }

@@ -4,15 +4,43 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::identity::store::KeyRegistry;
-use crate::policy::load_standalone;
-use crate::telemetry::metrics::{ResultLabels, SidecarMetrics};
+use crate::exception::{ApproverTrust, TrustError};
+use crate::identity::store::{KeyLoadError, KeyRegistry};
+use crate::policy::{StandaloneError, load_standalone};
 
-use super::state::ActivePolicy;
+use super::active_policy::ActivePolicy;
+use super::policy_source::{PolicyPublisher, PolicySource};
+
+/// Why a policy file version was not loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Compile(#[from] StandaloneError),
+    #[error("cannot load issuer keys: {0}")]
+    IssuerKeys(#[source] KeyLoadError),
+    #[error("approver keys {path}: {source}")]
+    ApproverKeys {
+        path: PathBuf,
+        #[source]
+        source: TrustError,
+    },
+    #[error("cannot read the approver keys {path}: {source}")]
+    ReadApproverKeys {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// How often the file is checked. A new version is applied once two consecutive reads agree
 /// (so a file caught half-written is never loaded), i.e. within two intervals plus the time to
@@ -25,13 +53,15 @@ pub async fn load_policy_file(
     path: &Path,
     approver_keys: Option<&Path>,
     registry: &KeyRegistry,
-) -> Result<ActivePolicy, String> {
+) -> Result<ActivePolicy, PolicyFileError> {
     let text = tokio::fs::read_to_string(path)
         .await
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|source| PolicyFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
     let (effective, warnings) =
-        load_standalone(&path.display().to_string(), &text, jiff::Timestamp::now())
-            .map_err(|e| e.to_string())?;
+        load_standalone(&path.display().to_string(), &text, jiff::Timestamp::now())?;
     for warning in warnings {
         tracing::warn!(%warning, "policy warning");
     }
@@ -42,18 +72,23 @@ pub async fn load_policy_file(
     let keys = registry
         .prepare(&effective, &base_dir)
         .await
-        .map_err(|e| format!("cannot load issuer keys: {e}"))?;
+        .map_err(PolicyFileError::IssuerKeys)?;
     registry.retain(&keys);
     let trust = match approver_keys {
         None => None,
         Some(file) => {
-            let bytes = tokio::fs::read(file)
-                .await
-                .map_err(|e| format!("cannot read the approver keys {}: {e}", file.display()))?;
-            Some(
-                crate::exception::ApproverTrust::from_json(&bytes)
-                    .map_err(|e| format!("approver keys {}: {e}", file.display()))?,
-            )
+            let bytes = tokio::fs::read(file).await.map_err(|source| {
+                PolicyFileError::ReadApproverKeys {
+                    path: file.to_owned(),
+                    source,
+                }
+            })?;
+            Some(ApproverTrust::from_json(&bytes).map_err(|source| {
+                PolicyFileError::ApproverKeys {
+                    path: file.to_owned(),
+                    source,
+                }
+            })?)
         }
     };
     report_exceptions(&effective, trust.as_ref());
@@ -63,11 +98,8 @@ pub async fn load_policy_file(
 /// Verifies every exception once at load and logs its state. Exceptions that do not verify stay
 /// in the policy (the gate verifies again at every use and refuses them with the precise reason,
 /// and a NotYetValid one becomes usable at `notBefore` without a reload).
-fn report_exceptions(
-    effective: &crate::policy::EffectivePolicy,
-    trust: Option<&crate::exception::ApproverTrust>,
-) {
-    let empty = crate::exception::ApproverTrust::default();
+fn report_exceptions(effective: &crate::policy::EffectivePolicy, trust: Option<&ApproverTrust>) {
+    let empty = ApproverTrust::default();
     let trust = trust.unwrap_or(&empty);
     let now = jiff::Timestamp::now();
     for exception in &effective.exceptions {
@@ -88,19 +120,45 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 /// Retry interval for a version that failed to load for reasons outside the file (keys).
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
+/// The policy file as a [`PolicySource`].
+pub struct FilePolicySource {
+    path: PathBuf,
+    approver_keys: Option<PathBuf>,
+    registry: Arc<KeyRegistry>,
+}
+
+impl FilePolicySource {
+    pub fn new(path: PathBuf, approver_keys: Option<PathBuf>, registry: Arc<KeyRegistry>) -> Self {
+        Self {
+            path,
+            approver_keys,
+            registry,
+        }
+    }
+}
+
+#[async_trait]
+impl PolicySource for FilePolicySource {
+    async fn run(self: Box<Self>, publisher: PolicyPublisher, shutdown: CancellationToken) {
+        watch_policy_file(*self, publisher, shutdown).await;
+    }
+}
+
 /// Watches the policy file and publishes every good version. Compares contents rather than
 /// modification times, so atomic replacements (Kubernetes' symlink swap, editors' rename) and
 /// sub-second edits are all seen. A bad version is logged and ignored; the last good policy
 /// stays in force. A version that failed is retried every few seconds (its keys may become
 /// reachable).
-pub async fn watch_policy_file(
-    path: PathBuf,
-    approver_keys: Option<PathBuf>,
-    registry: Arc<KeyRegistry>,
-    publish: watch::Sender<Option<Arc<ActivePolicy>>>,
-    metrics: Arc<SidecarMetrics>,
+async fn watch_policy_file(
+    source: FilePolicySource,
+    publisher: PolicyPublisher,
     shutdown: CancellationToken,
 ) {
+    let FilePolicySource {
+        path,
+        approver_keys,
+        registry,
+    } = source;
     let mut applied: Option<[u8; 32]> = None;
     // The digest seen on the previous poll: a version must be read twice in a row to count.
     let mut previous: Option<[u8; 32]> = None;
@@ -131,13 +189,7 @@ pub async fn watch_policy_file(
                 if stable && applied != Some(current) && retry_due {
                     match load_policy_file(&path, approver_keys.as_deref(), &registry).await {
                         Ok(policy) => {
-                            tracing::info!(policy = %policy.name, hash = %policy.hash, "policy loaded");
-                            metrics
-                                .policy_reloads
-                                .get_or_create(&ResultLabels { result: "success" })
-                                .inc();
-                            metrics.policy_loaded.set(1);
-                            publish.send_replace(Some(Arc::new(policy)));
+                            publisher.publish(policy);
                             applied = Some(current);
                             failed = None;
                         }
@@ -147,10 +199,7 @@ pub async fn watch_policy_file(
                                 %error,
                                 "policy file rejected; the previous policy stays in force"
                             );
-                            metrics
-                                .policy_reloads
-                                .get_or_create(&ResultLabels { result: "rejected" })
-                                .inc();
+                            publisher.rejected();
                             failed = Some((current, std::time::Instant::now()));
                         }
                     }

@@ -1,55 +1,28 @@
-//! What every request handler shares.
+//! What every request handler and background task shares.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, TaskHasher};
-use crate::identity::cache::TokenCache;
-use crate::identity::store::IssuerKeys;
-use crate::ledger::TaskLedger;
-use crate::policy::EffectivePolicy;
+use crate::ledger::{TaskId, TaskLedger};
 use crate::telemetry::metrics::SidecarMetrics;
 
-use super::respond::resource_metadata_url;
+use super::active_policy::ActivePolicy;
+use super::capability::CapabilityGate;
+use super::stream_registry::StreamRegistry;
 use super::upstream::Upstream;
 
-/// The policy in force with everything derived from it.
-pub struct ActivePolicy {
-    pub effective: EffectivePolicy,
-    pub keys: IssuerKeys,
-    pub hash: String,
-    /// `namespace/name`, for audit lines.
-    pub name: String,
-    pub resource_metadata_url: String,
-    /// Tokens that validated under this policy version.
-    pub tokens: TokenCache,
-    /// Trusted approvers of capability exceptions (`--approver-keys`), when configured.
-    pub trust: Option<crate::exception::ApproverTrust>,
-}
-
-impl ActivePolicy {
-    pub fn new(
-        effective: EffectivePolicy,
-        keys: IssuerKeys,
-        trust: Option<crate::exception::ApproverTrust>,
-    ) -> Self {
-        Self {
-            hash: effective.hash(),
-            name: effective.policy.to_string(),
-            resource_metadata_url: resource_metadata_url(&effective.resource),
-            effective,
-            keys,
-            tokens: TokenCache::default(),
-            trust,
-        }
-    }
-}
+/// The channel the policy in force travels on: `None` until a policy is loaded.
+pub type PolicyWatch = watch::Receiver<Option<Arc<ActivePolicy>>>;
 
 /// Shared state of the sidecar.
 pub struct AppState {
     /// `None` until a policy is loaded: then the sidecar refuses everything (fail closed).
-    pub policy: watch::Receiver<Option<Arc<ActivePolicy>>>,
+    pub policy: PolicyWatch,
     pub ledger: Arc<dyn TaskLedger>,
     pub upstream: Upstream,
     pub audit: AuditLog,
@@ -58,20 +31,45 @@ pub struct AppState {
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
     /// Decisions and budgets of the capability gate.
-    pub gate: super::capability::CapabilityGate,
+    pub gate: CapabilityGate,
     /// When each task's state was last asked of the server.
-    pub polls: super::tasks::PollClock,
+    pub polls: PollClock,
     /// Open listen streams.
-    pub streams: Arc<super::listen::StreamRegistry>,
+    pub streams: Arc<StreamRegistry>,
     /// Fires when the sidecar shuts down (listen streams end gracefully).
-    pub shutdown: tokio_util::sync::CancellationToken,
+    pub shutdown: CancellationToken,
     /// Bound on waiting for the server's response headers.
-    pub upstream_timeout: std::time::Duration,
+    pub upstream_timeout: Duration,
 }
 
 impl AppState {
     /// The policy in force now.
     pub fn policy(&self) -> Option<Arc<ActivePolicy>> {
         self.policy.borrow().clone()
+    }
+}
+
+/// When the server was last asked about each task (in memory: it only paces polls, and
+/// forgetting it on restart costs one extra upstream call).
+#[derive(Default)]
+pub struct PollClock {
+    last: Mutex<HashMap<TaskId, i64>>,
+}
+
+impl PollClock {
+    /// Most tasks remembered; beyond it the clock starts over.
+    const MAX: usize = 100_000;
+
+    pub fn touch(&self, id: &TaskId, now: i64) {
+        if let Ok(mut last) = self.last.lock() {
+            if last.len() >= Self::MAX {
+                last.clear();
+            }
+            last.insert(id.clone(), now);
+        }
+    }
+
+    pub fn last(&self, id: &TaskId) -> Option<i64> {
+        self.last.lock().ok().and_then(|l| l.get(id).copied())
     }
 }

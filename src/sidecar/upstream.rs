@@ -28,8 +28,8 @@ pub enum UpstreamBody {
     Sse(SseStream<Incoming>),
     /// No body (e.g. 202 for a notification).
     Empty,
-    /// Anything else, read (bounded).
-    Other(Bytes),
+    /// Anything else (read, bounded, and dropped).
+    Other,
 }
 
 pub struct UpstreamResponse {
@@ -126,7 +126,7 @@ impl Upstream {
         } else if content_type.starts_with("application/json") {
             UpstreamBody::Json(bytes)
         } else {
-            UpstreamBody::Other(bytes)
+            UpstreamBody::Other
         };
         Ok(UpstreamResponse { status, body })
     }
@@ -160,9 +160,10 @@ impl Upstream {
                     "the event stream ended without a response".into(),
                 ))
             }
-            UpstreamBody::Empty | UpstreamBody::Other(_) => Err(UpstreamError::BadResponse(
-                format!("HTTP {} without a JSON-RPC response", response.status),
-            )),
+            UpstreamBody::Empty | UpstreamBody::Other => Err(UpstreamError::BadResponse(format!(
+                "HTTP {} without a JSON-RPC response",
+                response.status
+            ))),
         }
     }
 }

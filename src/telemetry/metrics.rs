@@ -52,6 +52,7 @@ pub struct SidecarMetrics {
     pub listen_streams: Gauge,
     pub listen_closed: Family<ReasonLabels, Counter>,
     pub capability_decisions: Family<CapabilityLabels, Counter>,
+    pub errors: Family<ReasonLabels, Counter>,
 }
 
 impl Default for SidecarMetrics {
@@ -75,6 +76,7 @@ impl SidecarMetrics {
         let listen_streams = Gauge::default();
         let listen_closed = Family::<ReasonLabels, Counter>::default();
         let capability_decisions = Family::<CapabilityLabels, Counter>::default();
+        let errors = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "requests",
             "MCP requests by method and decision",
@@ -131,6 +133,11 @@ impl SidecarMetrics {
             "Server-to-client input requests for deprecated capabilities, by capability, decision and reason",
             capability_decisions.clone(),
         );
+        registry.register(
+            "errors",
+            "Failures while serving requests (ledger, upstream), by kind",
+            errors.clone(),
+        );
         Self {
             registry,
             requests,
@@ -145,7 +152,18 @@ impl SidecarMetrics {
             listen_streams,
             listen_closed,
             capability_decisions,
+            errors,
         }
+    }
+
+    /// Counts one anomaly: upstream behaviour Lifeguard overrode or refused.
+    pub fn anomaly(&self, reason: &'static str) {
+        self.anomalies.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts one refused request.
+    pub fn denial(&self, reason: &'static str) {
+        self.denials.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// The text exposition format.

@@ -2,7 +2,6 @@
 //! and the request id, filtered to what the policy allows and the caller owns, and re-checked on
 //! every event.
 
-pub mod registry;
 mod stream;
 
 use std::collections::HashMap;
@@ -28,15 +27,14 @@ use crate::mcp::listen::{
 };
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
 
+use super::context::RequestContext;
 use super::decisions::{Operation, authorize};
-use super::forward::{client_request_headers, set_mcp_headers};
-use super::pipeline::RequestContext;
+use super::error::Error;
+use super::forward::set_mcp_headers;
 use super::respond;
 use super::state::AppState;
-use super::tasks::{QUOTA_EXCEEDED, now_ms};
+use super::task_state::now_ms;
 use super::upstream::UpstreamBody;
-
-pub use registry::{CloseReason, StreamRegistry};
 
 /// Frames buffered per stream before the listener counts as a slow consumer and is cut off:
 /// memory per stream stays bounded whatever the server emits.
@@ -137,7 +135,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             &ctx,
             &app,
             StatusCode::TOO_MANY_REQUESTS,
-            ErrorObject::new(QUOTA_EXCEEDED, "Too many open listen streams")
+            ErrorObject::new(codes::QUOTA_EXCEEDED, "Too many open listen streams")
                 .with_data(json!({"scope": "streams"})),
             "stream_quota",
         );
@@ -157,11 +155,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
 
     let mut message = ctx.request.message.clone();
     message["params"]["notifications"] = allowed.to_wire();
-    let mut headers = client_request_headers(
-        &ctx.headers,
-        &ctx.identity,
-        ctx.policy.effective.upstream_identity,
-    );
+    let mut headers = ctx.upstream_headers();
     set_mcp_headers(&mut headers, methods::LISTEN, None);
     headers.insert(
         header::ACCEPT,
@@ -170,7 +164,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
     let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
     let upstream = match app.upstream.send(headers, body).await {
         Ok(r) => r,
-        Err(e) => return super::relay::upstream_failure(&subscription_id, &e),
+        Err(e) => return Error::from(e).respond(&app.metrics, &subscription_id),
     };
     let mut events = match upstream.body {
         UpstreamBody::Sse(events) => events,
@@ -178,16 +172,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             // The server refused the listen request: pass its error on.
             return respond::raw_json(upstream.status, bytes);
         }
-        _ => {
-            return respond::rpc_error(
-                StatusCode::BAD_GATEWAY,
-                &subscription_id,
-                &ErrorObject::new(
-                    codes::INTERNAL_ERROR,
-                    "The MCP server did not open a stream",
-                ),
-            );
-        }
+        _ => return Error::NoStream.respond(&app.metrics, &subscription_id),
     };
 
     // The server's acknowledgement must come first; nothing is forwarded before it.
@@ -210,22 +195,11 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
     .ok()
     .flatten();
     let Some(upstream_ack) = acked else {
-        return respond::rpc_error(
-            StatusCode::BAD_GATEWAY,
-            &subscription_id,
-            &ErrorObject::new(
-                codes::INTERNAL_ERROR,
-                "The MCP server did not acknowledge the subscription",
-            ),
-        );
+        return Error::NoAcknowledgement.respond(&app.metrics, &subscription_id);
     };
     let upstream_filter = allowed.intersect(&upstream_ack);
-    let mut client_filter = upstream_filter.clone();
-    client_filter.task_ids = upstream_filter
-        .task_ids
-        .iter()
-        .filter_map(|u| to_sidecar.get(u).map(|id| id.as_str().to_owned()))
-        .collect();
+    let client_filter =
+        upstream_filter.map_task_ids(|u| to_sidecar.get(u).map(|id| id.as_str().to_owned()));
     let _ = tx.try_send(acknowledgement(&client_filter, &subscription_id));
     app.audit.log(
         ctx.audit("listen.opened", Decision::Allow, "accepted")
@@ -239,7 +213,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             .detail("tasks", client_filter.task_ids.len())
             .detail(
                 "dropped",
-                entries(&asked).saturating_sub(entries(&client_filter)),
+                asked.entries().saturating_sub(client_filter.entries()),
             ),
     );
 
@@ -256,13 +230,4 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
     };
     tokio::spawn(pump.run());
     sse_response(rx)
-}
-
-/// How many subscriptions a filter holds.
-fn entries(f: &ListenFilter) -> usize {
-    usize::from(f.tools_list_changed)
-        + usize::from(f.prompts_list_changed)
-        + usize::from(f.resources_list_changed)
-        + f.resource_subscriptions.len()
-        + f.task_ids.len()
 }

@@ -19,13 +19,12 @@ use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result
 use crate::mcp::task::{parse_reported_state, replace_task_id};
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::super::decisions::{Operation, authorize};
-use super::super::pipeline::RequestContext;
+use super::super::capability_screen::{Receiver, screen_task_state};
+use super::super::context::RequestContext;
+use super::super::decisions::{Operation, authorize, task_view, upstream_end};
 use super::super::state::AppState;
-use super::super::tasks::{
-    finish_from_report, now_ms, screen_task_state, settle_terminal, task_view,
-};
-use super::registry::{CloseReason, StreamSlot};
+use super::super::stream_registry::{CloseReason, StreamSlot};
+use super::super::task_state::{now_ms, settle_terminal};
 
 pub(super) struct Pump {
     pub app: Arc<AppState>,
@@ -68,13 +67,7 @@ impl Pump {
                 _ = tokio::time::sleep_until(end_by_duration) => Step::Close(CloseReason::MaxDuration),
                 changed = policy.changed() => {
                     let still = changed.is_ok() && policy.borrow_and_update().as_ref().is_some_and(|p| {
-                        p.effective.listen.as_ref().is_some_and(|rules| {
-                            let mut without_tasks = self.client_filter.clone();
-                            without_tasks.task_ids.clear();
-                            without_tasks.still_allowed_by(rules)
-                                && (self.client_filter.task_ids.is_empty()
-                                    || rules.notifications.contains(&crate::api::ListenNotification::TaskIds))
-                        })
+                        p.effective.listen.as_ref().is_some_and(|rules| self.client_filter.survives(rules))
                     });
                     if still { Step::Continue } else { Step::Close(CloseReason::PolicyChanged) }
                 }
@@ -151,7 +144,7 @@ impl Pump {
         if !record.status.is_terminal()
             && let Some(finish) = parse_reported_state(&params)
                 .as_ref()
-                .and_then(finish_from_report)
+                .and_then(|state| upstream_end(state, now_ms()))
             && let Some(settled) = settle_terminal(
                 &self.app,
                 &self.ctx.policy,
@@ -165,11 +158,7 @@ impl Pump {
         }
         let params = if record.status.is_terminal() {
             let payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
-            let mut state = task_view(&record, &self.ctx).get_result(payload);
-            if let Some(o) = state.as_object_mut() {
-                o.remove("resultType");
-            }
-            state
+            task_view(&record, self.ctx.policy.min_poll_ms()).notification_params(payload)
         } else {
             let mut params = params;
             replace_task_id(&mut params, upstream_id, id.as_str());
@@ -181,9 +170,7 @@ impl Pump {
                 &self.app,
                 &self.ctx.policy,
                 &record,
-                &self.ctx.facts.capabilities,
-                &self.ctx.facts.protocol_version,
-                &self.ctx.correlation_id,
+                &Receiver::of(&self.ctx),
                 &mut params,
             );
             params

@@ -1,4 +1,4 @@
-//! Pure authorization decisions about existing tasks.
+//! Who may touch an existing task, and with which scopes.
 
 use crate::identity::Identity;
 use crate::ledger::TaskRecord;

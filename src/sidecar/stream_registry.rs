@@ -125,10 +125,6 @@ impl StreamRegistry {
     pub fn len(&self) -> usize {
         self.streams.lock().map(|s| s.len()).unwrap_or(0)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,19 @@
+//! Server plumbing every long-running subcommand shares (sidecar today; operator and webhook
+//! next): the Tokio runtime, shutdown on signals, and the admin endpoint (`/live`, `/ready`,
+//! `/metrics`). Nothing here knows what the server does.
+
+pub mod admin;
+pub mod signals;
+
+pub use admin::{Health, Readiness};
+pub use signals::shutdown_on_signals;
+
+/// A multi-threaded Tokio runtime with `worker_threads` workers (Tokio's default, one per
+/// core, when `None`).
+pub fn tokio_runtime(worker_threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    builder.enable_all().build()
+}

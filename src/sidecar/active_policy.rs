@@ -1,0 +1,114 @@
+//! The policy in force, with everything derived from it once per policy version: issuer keys,
+//! the token cache, the approver trust, and the numbers every task request needs.
+
+use crate::exception::ApproverTrust;
+use crate::identity::cache::TokenCache;
+use crate::identity::store::IssuerKeys;
+use crate::ledger::QuotaLimits;
+use crate::policy::{EffectivePolicy, TaskRules};
+
+use super::respond::resource_metadata_url;
+
+/// The policy in force with everything derived from it.
+pub struct ActivePolicy {
+    pub effective: EffectivePolicy,
+    pub keys: IssuerKeys,
+    pub hash: String,
+    /// `namespace/name`, for audit lines.
+    pub name: String,
+    pub resource_metadata_url: String,
+    /// Tokens that validated under this policy version.
+    pub tokens: TokenCache,
+    /// Trusted approvers of capability exceptions (`--approver-keys`), when configured.
+    pub trust: Option<ApproverTrust>,
+    /// The task numbers of this version; `None` when no request may become a task.
+    pub tasks: Option<TaskNumbers>,
+}
+
+impl ActivePolicy {
+    pub fn new(effective: EffectivePolicy, keys: IssuerKeys, trust: Option<ApproverTrust>) -> Self {
+        Self {
+            hash: effective.hash(),
+            name: effective.policy.to_string(),
+            resource_metadata_url: resource_metadata_url(&effective.resource),
+            tasks: effective.tasks.as_ref().map(TaskNumbers::from_rules),
+            effective,
+            keys,
+            tokens: TokenCache::default(),
+            trust,
+        }
+    }
+
+    /// The policy's `minPollInterval` in milliseconds (0 without a tasks section).
+    pub fn min_poll_ms(&self) -> i64 {
+        self.tasks.as_ref().map_or(0, |t| t.min_poll_ms)
+    }
+}
+
+/// Numbers of a tasks section in the units requests use, computed once per policy version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskNumbers {
+    pub quota: QuotaLimits,
+    pub min_poll_ms: i64,
+    pub idempotency_window_ms: i64,
+    /// `Retry-After` (seconds) of a quota refusal: one poll interval, at least a second.
+    pub retry_after_secs: u64,
+    /// `deleteResultAfterRetrieval`.
+    pub read_once: bool,
+}
+
+impl TaskNumbers {
+    pub fn from_rules(rules: &TaskRules) -> Self {
+        let c = &rules.concurrency;
+        Self {
+            quota: QuotaLimits {
+                per_principal: c.per_principal,
+                per_tenant: c.per_tenant,
+                per_client: c.per_client,
+                per_server: c.per_server,
+            },
+            min_poll_ms: millis(rules.min_poll_interval.get()),
+            idempotency_window_ms: millis(rules.idempotency_window.get()),
+            retry_after_secs: rules.min_poll_interval.get().as_secs().max(1),
+            read_once: rules.delete_result_after_retrieval,
+        }
+    }
+}
+
+fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::load_standalone;
+
+    fn tasks_of(yaml_tasks: &str) -> TaskNumbers {
+        let yaml = format!(
+            "apiVersion: lifeguard.dev/v1alpha1\nkind: McpServerPolicy\nmetadata: {{name: p, namespace: n}}\n\
+             spec:\n  resource: https://mcp.example.com/mcp\n  identity:\n    issuers:\n      - issuer: https://idp.example.com\n        audiences: [https://mcp.example.com/mcp]\n        jwksUri: https://idp.example.com/jwks\n  tasks:\n{yaml_tasks}"
+        );
+        let (policy, _) = load_standalone("test", &yaml, jiff::Timestamp::now()).expect("policy");
+        TaskNumbers::from_rules(policy.tasks.as_ref().expect("tasks"))
+    }
+
+    #[test]
+    fn numbers_follow_the_tasks_section() {
+        let n = tasks_of(
+            "    enabled: true\n    minPollInterval: 2500ms\n    concurrency: {perPrincipal: 3, perTenant: 7}\n    idempotency: {window: 2m}\n    retention: {defaultTtl: 1m, maxTtl: 1h, deleteResultAfterRetrieval: true}\n",
+        );
+        assert_eq!(n.min_poll_ms, 2_500);
+        assert_eq!(n.retry_after_secs, 2);
+        assert_eq!(n.quota.per_principal, 3);
+        assert_eq!(n.quota.per_tenant, 7);
+        assert_eq!(n.idempotency_window_ms, 120_000);
+        assert!(n.read_once);
+    }
+
+    #[test]
+    fn retry_after_is_at_least_a_second() {
+        let n = tasks_of("    enabled: true\n    minPollInterval: 100ms\n");
+        assert_eq!(n.retry_after_secs, 1);
+    }
+}

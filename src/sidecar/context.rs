@@ -1,0 +1,107 @@
+//! What is known about one authenticated, checked client request, as every handler sees it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::Value;
+
+use crate::audit::{AuditEvent, Decision};
+use crate::identity::Identity;
+use crate::mcp::checks::RequestFacts;
+use crate::mcp::jsonrpc::Request;
+
+use super::active_policy::ActivePolicy;
+use super::forward::client_request_headers;
+
+/// Everything known about one authenticated, checked request.
+pub struct RequestContext {
+    pub correlation_id: String,
+    pub policy: Arc<ActivePolicy>,
+    pub identity: Identity,
+    pub request: Request,
+    pub facts: RequestFacts,
+    pub headers: HeaderMap,
+    /// The request body as received, forwarded unchanged when nothing in it needs rewriting.
+    pub body: Bytes,
+}
+
+impl RequestContext {
+    /// An audit event about this request, with the caller filled in.
+    pub fn audit(
+        &self,
+        event: &'static str,
+        decision: Decision,
+        reason: &'static str,
+    ) -> AuditEvent {
+        AuditEvent::new(
+            event,
+            &self.correlation_id,
+            &self.policy.name,
+            decision,
+            reason,
+        )
+        .owner(&self.identity.owner)
+    }
+
+    /// The id to answer with.
+    pub fn id(&self) -> Value {
+        self.request.response_id()
+    }
+
+    /// Headers for forwarding this request (or one derived from it) to the server.
+    pub fn upstream_headers(&self) -> HeaderMap {
+        client_request_headers(
+            &self.headers,
+            &self.identity,
+            self.policy.effective.upstream_identity,
+        )
+    }
+
+    /// The `arguments` of a `tools/call` (null when absent).
+    pub fn tool_arguments(&self) -> Value {
+        self.request
+            .params()
+            .and_then(|p| p.get("arguments"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// The id of a request the sidecar sends upstream on this request's behalf.
+    pub fn sidecar_request_id(&self) -> String {
+        sidecar_request_id(&self.correlation_id)
+    }
+}
+
+/// The JSON-RPC id of a request the sidecar itself sends upstream for a correlation id.
+pub fn sidecar_request_id(correlation_id: &str) -> String {
+    format!("lifeguard-{correlation_id}")
+}
+
+/// 128 random bits, hex: ties audit lines and logs of one request together.
+pub fn new_correlation_id() -> String {
+    let mut bytes = [0u8; 16];
+    // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
+    let _ = getrandom::fill(&mut bytes);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0x0f)] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correlation_ids_are_128_random_bits_in_hex() {
+        let a = new_correlation_id();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(a, new_correlation_id());
+        assert_eq!(sidecar_request_id("ab"), "lifeguard-ab");
+    }
+}

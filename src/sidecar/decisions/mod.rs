@@ -1,0 +1,19 @@
+//! The sidecar's decisions as pure functions: facts in (a ledger record, a clock reading, the
+//! policy's numbers, an upstream reply), a verdict out. No IO, no shared state; the handlers
+//! gather the facts, call these, and carry out the verdict. Each file is tested on its own.
+
+mod access;
+mod creation;
+mod endings;
+mod reads;
+mod replies;
+
+pub use access::{Access, Operation, authorize, missing_scopes};
+pub use creation::confirmation_terms;
+pub use endings::{
+    cancellation, deadline_exceeded, lifecycle_event, revocation, upstream_end, upstream_lost,
+};
+pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
+pub use replies::{
+    FinalAnswer, TaskReply, classify_final, forwardable_inputs, interpret_task_reply,
+};

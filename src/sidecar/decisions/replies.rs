@@ -1,0 +1,155 @@
+//! What an upstream answer means: a task state reply, the final answer to a forwarded request,
+//! and which of a client's input responses may reach the server.
+
+use serde_json::{Map, Value};
+
+use crate::mcp::codes;
+use crate::mcp::jsonrpc::{MessageKind, classify};
+use crate::mcp::task::{ReportedState, ResultType, parse_reported_state, response_result_type};
+
+/// The server's answer to a `tasks/get` about one task.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskReply {
+    /// The server says no such task (-32602): it restarted or purged it.
+    Lost,
+    /// Another JSON-RPC error: passed on to the caller.
+    Error,
+    /// A state the server reported (terminal or not).
+    State(ReportedState),
+    /// Neither a result nor an error.
+    NoResult,
+    /// A result that is not a task state.
+    Malformed,
+}
+
+/// Interprets the server's answer to a `tasks/get`.
+pub fn interpret_task_reply(reply: &Value) -> TaskReply {
+    if let Some(error) = reply.get("error") {
+        return if error.get("code").and_then(Value::as_i64) == Some(codes::INVALID_PARAMS) {
+            TaskReply::Lost
+        } else {
+            TaskReply::Error
+        };
+    }
+    match reply.get("result") {
+        None => TaskReply::NoResult,
+        Some(result) => parse_reported_state(result).map_or(TaskReply::Malformed, TaskReply::State),
+    }
+}
+
+/// What the final answer to a forwarded request is, for the sidecar's purposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalAnswer {
+    /// Not the response to this request (another id, a notification, not JSON-RPC).
+    NotTheResponse,
+    /// The server asks for input before answering (multi round-trip): screen the requests.
+    InputRequired,
+    /// The request became a task.
+    Task,
+    /// Any other result or error: passed on as is.
+    Plain,
+}
+
+/// Classifies an upstream message against the request (`request_id`) it should answer.
+pub fn classify_final(message: &Value, request_id: &Value) -> FinalAnswer {
+    if classify(message, request_id) != MessageKind::ResponseToRequest {
+        return FinalAnswer::NotTheResponse;
+    }
+    match response_result_type(message) {
+        Some(ResultType::InputRequired) => FinalAnswer::InputRequired,
+        Some(ResultType::Task) => FinalAnswer::Task,
+        _ => FinalAnswer::Plain,
+    }
+}
+
+/// The input responses of a `tasks/update` that may reach the server: answers to requests
+/// outstanding right now that the capability gate did not refuse. Everything else is dropped.
+pub fn forwardable_inputs(
+    offered: Map<String, Value>,
+    outstanding: &[String],
+    refused: impl Fn(&str) -> bool,
+) -> Map<String, Value> {
+    offered
+        .into_iter()
+        .filter(|(key, _)| outstanding.contains(key) && !refused(key))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ledger::TaskStatus;
+
+    #[test]
+    fn task_replies() {
+        assert_eq!(
+            interpret_task_reply(&json!({"error": {"code": -32602, "message": "gone"}})),
+            TaskReply::Lost
+        );
+        assert_eq!(
+            interpret_task_reply(&json!({"error": {"code": -32603, "message": "oops"}})),
+            TaskReply::Error
+        );
+        assert_eq!(interpret_task_reply(&json!({"id": 1})), TaskReply::NoResult);
+        assert_eq!(
+            interpret_task_reply(&json!({"result": {"status": "exploded"}})),
+            TaskReply::Malformed
+        );
+        match interpret_task_reply(&json!({"result": {"status": "completed", "result": {}}})) {
+            TaskReply::State(s) => assert_eq!(s.status, TaskStatus::Completed),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn final_answers() {
+        let id = json!(7);
+        assert_eq!(
+            classify_final(
+                &json!({"jsonrpc": "2.0", "id": 7, "result": {"resultType": "task"}}),
+                &id
+            ),
+            FinalAnswer::Task
+        );
+        assert_eq!(
+            classify_final(
+                &json!({"jsonrpc": "2.0", "id": 7, "result": {"resultType": "input_required"}}),
+                &id
+            ),
+            FinalAnswer::InputRequired
+        );
+        assert_eq!(
+            classify_final(
+                &json!({"jsonrpc": "2.0", "id": 7, "result": {"content": []}}),
+                &id
+            ),
+            FinalAnswer::Plain
+        );
+        assert_eq!(
+            classify_final(
+                &json!({"jsonrpc": "2.0", "id": 7, "error": {"code": 1}}),
+                &id
+            ),
+            FinalAnswer::Plain
+        );
+        assert_eq!(
+            classify_final(
+                &json!({"jsonrpc": "2.0", "id": 8, "result": {"resultType": "task"}}),
+                &id
+            ),
+            FinalAnswer::NotTheResponse
+        );
+    }
+
+    #[test]
+    fn only_outstanding_unrefused_inputs_are_forwarded() {
+        let offered = json!({"a": 1, "b": 2, "c": 3})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let kept = forwardable_inputs(offered, &["a".into(), "b".into()], |k| k == "b");
+        assert_eq!(Value::Object(kept), json!({"a": 1}));
+    }
+}

@@ -1,0 +1,150 @@
+//! What can go wrong inside the sidecar while it serves a request, and the one place each
+//! failure becomes a client-visible JSON-RPC error, an HTTP status and a metric label.
+//!
+//! Denials (a caller refused by policy) are not errors: they have their own answers
+//! (`respond::task_not_found`, `respond::unauthorized`, …). These are failures of the sidecar,
+//! its ledger or the protected server. Internal detail goes to the log, never to the client.
+
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::Value;
+
+use crate::ledger::LedgerError;
+use crate::mcp::codes;
+use crate::mcp::jsonrpc::{ErrorObject, error_message};
+use crate::telemetry::metrics::{ReasonLabels, SidecarMetrics};
+
+use super::respond;
+use super::upstream::UpstreamError;
+
+/// A failure while serving one request.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("task ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("the MCP server's answer is not JSON")]
+    NotJson,
+    #[error("the MCP server returned a response that is not JSON-RPC")]
+    NotJsonRpc,
+    #[error("the MCP server returned a malformed task")]
+    MalformedTask,
+    #[error("the MCP server answered with a task, which this request may not create")]
+    UnexpectedTask,
+    #[error("the MCP server asked for a capability this policy does not allow")]
+    CapabilityNotAllowed,
+    #[error("the MCP server did not open a stream")]
+    NoStream,
+    #[error("the MCP server did not acknowledge the subscription")]
+    NoAcknowledgement,
+}
+
+impl Error {
+    /// The HTTP status of the answer when the error is the whole response.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            Self::Ledger(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// What the client is told: generic for the sidecar's own failures, precise about what the
+    /// server did wrong.
+    pub fn error_object(&self) -> ErrorObject {
+        let message = match self {
+            Self::Ledger(_) => "Internal error",
+            Self::Upstream(_) => "The MCP server is unavailable",
+            Self::NotJson => "The MCP server's answer is not JSON",
+            Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
+            Self::MalformedTask => "The MCP server returned a malformed task",
+            Self::UnexpectedTask => {
+                "The MCP server answered with a task, which this request may not create"
+            }
+            Self::CapabilityNotAllowed => {
+                "The MCP server asked for a capability this policy does not allow"
+            }
+            Self::NoStream => "The MCP server did not open a stream",
+            Self::NoAcknowledgement => "The MCP server did not acknowledge the subscription",
+        };
+        ErrorObject::new(codes::INTERNAL_ERROR, message)
+    }
+
+    /// Bounded label for the `errors` metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Ledger(e) => e.metric_label(),
+            Self::Upstream(UpstreamError::Timeout(_)) => "upstream_timeout",
+            Self::Upstream(UpstreamError::Unreachable(_)) => "upstream_unreachable",
+            Self::Upstream(UpstreamError::BadResponse(_)) => "upstream_bad_response",
+            Self::NotJson => "upstream_not_json",
+            Self::NotJsonRpc => "upstream_not_json_rpc",
+            Self::MalformedTask => "upstream_malformed_task",
+            Self::UnexpectedTask => "upstream_unexpected_task",
+            Self::CapabilityNotAllowed => "capability_not_allowed",
+            Self::NoStream => "upstream_no_stream",
+            Self::NoAcknowledgement => "upstream_no_acknowledgement",
+        }
+    }
+
+    /// The error as a JSON-RPC response message answering `id` (for answers that travel
+    /// inside a stream, or are rewritten in place). Logged and counted.
+    pub fn message(&self, metrics: &SidecarMetrics, id: &Value) -> Value {
+        self.record(metrics);
+        error_message(id, &self.error_object())
+    }
+
+    /// The error as the whole HTTP response to the request with `id`. Logged and counted.
+    pub fn respond(&self, metrics: &SidecarMetrics, id: &Value) -> Response {
+        self.record(metrics);
+        respond::rpc_error(self.http_status(), id, &self.error_object())
+    }
+
+    fn record(&self, metrics: &SidecarMetrics) {
+        match self {
+            Self::Ledger(_) => tracing::error!(error = %self, "request failed"),
+            _ => tracing::warn!(error = %self, "request failed"),
+        }
+        metrics
+            .errors
+            .get_or_create(&ReasonLabels {
+                reason: self.metric_label(),
+            })
+            .inc();
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn internal_failures_are_generic_and_server_failures_are_bad_gateway() {
+        let ledger = Error::from(LedgerError::Closed);
+        assert_eq!(ledger.http_status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(ledger.error_object().message, "Internal error");
+        assert_eq!(ledger.metric_label(), "closed");
+
+        let timeout = Error::from(UpstreamError::Timeout(Duration::from_secs(1)));
+        assert_eq!(timeout.http_status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            timeout.error_object().message,
+            "The MCP server is unavailable"
+        );
+        assert_eq!(timeout.metric_label(), "upstream_timeout");
+
+        let metrics = SidecarMetrics::new();
+        let message = Error::MalformedTask.message(&metrics, &serde_json::json!(7));
+        assert_eq!(message["id"], 7);
+        assert_eq!(message["error"]["code"], codes::INTERNAL_ERROR);
+        assert!(
+            metrics
+                .encode()
+                .contains("lifeguard_errors_total{reason=\"upstream_malformed_task\"} 1")
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Requests the sidecar makes to the server on its own about a task — asking its state,
+//! cancelling it, declining its input requests — always as the sidecar (`Lifeguard-Initiator:
+//! sidecar`), never with a client's token.
+
+use serde_json::{Map, Value};
+
+use crate::identity::Identity;
+use crate::ledger::TaskRecord;
+use crate::mcp::methods;
+use crate::mcp::task::sidecar_task_request;
+
+use super::active_policy::ActivePolicy;
+use super::context::sidecar_request_id;
+use super::decisions::{TaskReply, interpret_task_reply, upstream_end, upstream_lost};
+use super::forward::{set_mcp_headers, sidecar_request_headers};
+use super::state::AppState;
+use super::task_state::{now_ms, observe_if_changed, settle_terminal};
+use super::upstream::Upstream;
+
+/// The owner of a task as an identity for requests the sidecar makes about it.
+pub fn owner_identity(record: &TaskRecord) -> Identity {
+    Identity {
+        owner: record.owner.clone(),
+        scopes: record.scopes.iter().cloned().collect(),
+        issued_at: None,
+        expires_at: 0,
+    }
+}
+
+/// A `tasks/*` request about `upstream_id` on behalf of `identity`, with its headers.
+fn task_request(
+    method: &str,
+    identity: &Identity,
+    upstream_id: &str,
+    correlation_id: &str,
+    reason: &str,
+) -> (http::HeaderMap, Value) {
+    let mut headers = sidecar_request_headers(identity, reason);
+    set_mcp_headers(&mut headers, method, Some(upstream_id));
+    let message = sidecar_task_request(method, upstream_id, &sidecar_request_id(correlation_id));
+    (headers, message)
+}
+
+/// Asks the server for the task's state and records what it learns: a terminal state ends the
+/// task in the ledger, a forgotten task fails. Returns the record as it stands afterwards, or
+/// `None` when the server could not be asked.
+pub async fn refresh_from_upstream(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    reason: &str,
+) -> Option<TaskRecord> {
+    let (headers, message) = task_request(
+        methods::TASKS_GET,
+        &owner_identity(record),
+        &record.upstream_id,
+        correlation_id,
+        reason,
+    );
+    let (_, reply) = match app.upstream.call(headers, &message).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "refreshing a task from the server failed");
+            return None;
+        }
+    };
+    match interpret_task_reply(&reply) {
+        TaskReply::Lost => {
+            settle_terminal(app, policy, correlation_id, record, upstream_lost(now_ms()))
+                .await
+                .map(|s| s.record)
+        }
+        TaskReply::State(state) => match upstream_end(&state, now_ms()) {
+            Some(finish) => settle_terminal(app, policy, correlation_id, record, finish)
+                .await
+                .map(|s| s.record),
+            None => {
+                observe_if_changed(app, record, &state).await;
+                let mut updated = record.clone();
+                updated.status = state.status;
+                updated.status_message = state.status_message;
+                Some(updated)
+            }
+        },
+        TaskReply::Error | TaskReply::NoResult | TaskReply::Malformed => None,
+    }
+}
+
+/// Asks the server to stop a task the ledger ended on its own authority (deadline,
+/// revocation): cooperative, best effort; waits for the server's answer.
+pub async fn cancel_at_server(
+    app: &AppState,
+    correlation_id: &str,
+    record: &TaskRecord,
+    reason: &str,
+) {
+    let (headers, message) = task_request(
+        methods::TASKS_CANCEL,
+        &owner_identity(record),
+        &record.upstream_id,
+        correlation_id,
+        reason,
+    );
+    if let Err(e) = app.upstream.call(headers, &message).await {
+        tracing::warn!(error = %e, reason, "asking the server to cancel a task failed");
+    }
+}
+
+/// Best-effort `tasks/cancel`, in the background, for a task no client will ever know about
+/// (the server created it where it must not, or the ledger could not record it).
+pub fn cancel_orphan(
+    upstream: &Upstream,
+    requester: &Identity,
+    upstream_id: &str,
+    correlation_id: &str,
+    reason: &str,
+) {
+    let (headers, message) = task_request(
+        methods::TASKS_CANCEL,
+        requester,
+        upstream_id,
+        correlation_id,
+        reason,
+    );
+    let upstream = upstream.clone();
+    tokio::spawn(async move {
+        if let Err(e) = upstream.call(headers, &message).await {
+            tracing::warn!(error = %e, "cancelling an orphaned upstream task failed");
+        }
+    });
+}
+
+/// Sends the server, in the background, `responses` to input requests of `record` (the
+/// declines of refused capability requests), so the task moves on instead of waiting.
+pub fn send_input_responses(
+    upstream: &Upstream,
+    record: &TaskRecord,
+    correlation_id: &str,
+    responses: Map<String, Value>,
+) {
+    let (headers, mut message) = task_request(
+        methods::TASKS_UPDATE,
+        &owner_identity(record),
+        &record.upstream_id,
+        correlation_id,
+        "capability_declined",
+    );
+    message["params"]["inputResponses"] = Value::Object(responses);
+    let upstream = upstream.clone();
+    tokio::spawn(async move {
+        if let Err(e) = upstream.call(headers, &message).await {
+            tracing::warn!(error = %e, "sending a capability decline to the server failed");
+        }
+    });
+}

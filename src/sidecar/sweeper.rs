@@ -1,0 +1,70 @@
+//! What the sidecar does on a timer, without a client asking: ending tasks past their deadline
+//! and purging tasks past their retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditEvent, Decision};
+use crate::ledger::TaskRecord;
+
+use super::active_policy::ActivePolicy;
+use super::context::new_correlation_id;
+use super::decisions::deadline_exceeded;
+use super::server_tasks::cancel_at_server;
+use super::state::AppState;
+use super::task_state::{now_ms, settle_terminal};
+
+/// How often deadlines and retention are checked: deadlines take effect within this interval
+/// (plus one ledger write), well inside the one-second promise.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+/// Most tasks handled per sweep and kind; the rest follow on the next sweep.
+const SWEEP_BATCH: usize = 200;
+
+/// Ends tasks past their deadline and purges tasks past their retention, until shutdown.
+pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+        }
+        let Some(policy) = app.policy() else { continue };
+        let now = now_ms();
+        match app.ledger.past_deadline(now, SWEEP_BATCH).await {
+            Ok(due) => {
+                for record in due {
+                    end_at_deadline(&app, &policy, &record).await;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "reading tasks past their deadline failed"),
+        }
+        match app.ledger.purge_expired(now, SWEEP_BATCH).await {
+            Ok(purged) => {
+                for id in purged {
+                    app.audit.log(
+                        AuditEvent::new(
+                            "task.expired",
+                            &new_correlation_id(),
+                            &policy.name,
+                            Decision::Record,
+                            "retention",
+                        )
+                        .task(app.hasher.hash(&id)),
+                    );
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "purging expired tasks failed"),
+        }
+    }
+}
+
+async fn end_at_deadline(app: &AppState, policy: &ActivePolicy, record: &TaskRecord) {
+    let correlation = new_correlation_id();
+    let finish = deadline_exceeded(record, now_ms());
+    if let Some(settled) = settle_terminal(app, policy, &correlation, record, finish).await
+        && settled.applied
+    {
+        cancel_at_server(app, &correlation, record, "deadline").await;
+    }
+}

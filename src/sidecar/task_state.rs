@@ -1,0 +1,139 @@
+//! Recording what happens to a task: terminal transitions (first terminal write wins, with the
+//! metric and audit event each one gets) and changes of an unfinished task's state. Every
+//! handler and background job that learns something about a task records it through here.
+
+use std::time::Instant;
+
+use crate::audit::{AuditEvent, Decision};
+use crate::ledger::{EndReason, Finish, FinishOutcome, LedgerError, TaskRecord};
+use crate::mcp::task::ReportedState;
+use crate::telemetry::metrics::TerminalLabels;
+
+use super::active_policy::ActivePolicy;
+use super::decisions::lifecycle_event;
+use super::error::Result;
+use super::state::AppState;
+
+/// The sidecar's clock: Unix milliseconds.
+pub fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// A terminal transition as recorded.
+pub struct Settled {
+    /// The state to report from now on.
+    pub record: TaskRecord,
+    /// Whether this call ended the task (false: it was already terminal; first write wins).
+    pub applied: bool,
+}
+
+/// Records a terminal state; returns the state to report from now on (the earlier terminal
+/// state when one was already recorded: first terminal write wins), `None` when the task is
+/// gone or the ledger failed (logged: every caller carries on with what it knew).
+/// Lifecycle audit events name the task's owner.
+pub async fn settle_terminal(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    finish: Finish,
+) -> Option<Settled> {
+    let status = finish.status;
+    let reason = finish.ending.reason;
+    let outcome = match record_finish(app, record, finish).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            tracing::error!(error = %e, "recording a terminal task state failed");
+            return None;
+        }
+    };
+    let audit = |event: &'static str, why: &'static str| {
+        AuditEvent::new(event, correlation_id, &policy.name, Decision::Record, why)
+            .owner(&record.owner)
+            .tool(&record.tool)
+            .task(app.hasher.hash(&record.id))
+    };
+    match outcome {
+        FinishOutcome::Applied(after) => {
+            app.audit
+                .log(audit(lifecycle_event(status, reason), reason.as_str()));
+            Some(Settled {
+                record: *after,
+                applied: true,
+            })
+        }
+        FinishOutcome::AlreadyTerminal(existing) => {
+            // A server reporting a different end than the one recorded breaks terminal
+            // immutability: keep the first, audit the second. Races between the sidecar's own
+            // ends (deadline, revocation, cancel) are not anomalies.
+            if reason == EndReason::Upstream && existing.status != status {
+                app.metrics.anomaly("terminal_state_changed");
+                app.audit.log(
+                    audit("task.anomaly", "terminal_state_changed")
+                        .detail("kept", existing.status.as_str())
+                        .detail("reported", status.as_str()),
+                );
+            }
+            Some(Settled {
+                record: *existing,
+                applied: false,
+            })
+        }
+        FinishOutcome::NotFound => None,
+    }
+}
+
+/// Records a terminal state a client asked for (`tasks/cancel`); returns whether this request
+/// ended the task. The caller audits it, as the client's request.
+pub async fn finish_for_client(
+    app: &AppState,
+    record: &TaskRecord,
+    finish: Finish,
+) -> Result<bool> {
+    Ok(matches!(
+        record_finish(app, record, finish).await?,
+        FinishOutcome::Applied(_)
+    ))
+}
+
+/// The ledger write of a terminal transition, timed, and counted when it applied.
+async fn record_finish(
+    app: &AppState,
+    record: &TaskRecord,
+    finish: Finish,
+) -> Result<FinishOutcome, LedgerError> {
+    let labels = TerminalLabels {
+        status: finish.status.as_str(),
+        reason: finish.ending.reason.as_str(),
+    };
+    let started = Instant::now();
+    let outcome = app.ledger.finish(&record.id, finish).await;
+    app.metrics
+        .ledger_write_seconds
+        .observe(started.elapsed().as_secs_f64());
+    if let Ok(FinishOutcome::Applied(_)) = &outcome {
+        app.metrics.tasks_terminal.get_or_create(&labels).inc();
+    }
+    outcome
+}
+
+/// Records a non-terminal state the server reported, when it differs from the ledger's: only a
+/// changed status is worth a (durable) ledger write. A failed write is logged: the state is
+/// only a cache of the server's.
+pub async fn observe_if_changed(app: &AppState, record: &TaskRecord, state: &ReportedState) {
+    if state.status == record.status && state.status_message == record.status_message {
+        return;
+    }
+    if let Err(e) = app
+        .ledger
+        .observe(
+            &record.id,
+            state.status,
+            state.status_message.clone(),
+            now_ms(),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "caching a task status failed");
+    }
+}

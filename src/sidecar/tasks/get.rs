@@ -1,0 +1,159 @@
+//! `tasks/get`: answered from the ledger when it knows enough (terminal tasks, polls faster
+//! than `minPollInterval`), otherwise from the server, whose report is recorded first.
+
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::audit::Decision;
+use crate::ledger::{TaskRecord, TaskStatus};
+use crate::mcp::task::replace_task_id;
+
+use super::super::capability_screen::{Receiver, screen_task_state};
+use super::super::context::RequestContext;
+use super::super::decisions::{
+    Operation, ReadPlan, TaskReply, deliver_result, interpret_task_reply, plan_read, task_view,
+    upstream_end, upstream_lost,
+};
+use super::super::error::Error;
+use super::super::respond;
+use super::super::state::AppState;
+use super::super::task_state::{now_ms, observe_if_changed, settle_terminal};
+use super::super::upstream::UpstreamError;
+use super::{authorized_task, forwarded_task_message};
+
+/// Status message of a completed task whose result was read once under
+/// `deleteResultAfterRetrieval`.
+pub const RESULT_DELETED: &str = "The result was deleted after it was retrieved";
+
+/// `tasks/get`.
+pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Response {
+    let (record, _) = match authorized_task(app, ctx, task_id, Operation::Read).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let plan = plan_read(
+        &record,
+        app.polls.last(&record.id),
+        now_ms(),
+        ctx.policy.min_poll_ms(),
+    );
+    if plan == ReadPlan::FromLedger {
+        return answer_from_ledger(app, ctx, &record).await;
+    }
+    let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
+    let (status, mut reply) = match app.upstream.call(headers, &message).await {
+        Ok(r) => r,
+        Err(e) => return Error::from(e).respond(&app.metrics, &ctx.id()),
+    };
+    let state = match interpret_task_reply(&reply) {
+        TaskReply::State(state) => state,
+        TaskReply::Lost => {
+            // The server forgot a task the ledger says is running (it restarted, or purged it).
+            let lost = upstream_lost(now_ms());
+            if let Some(settled) =
+                settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, lost).await
+            {
+                return answer_from_ledger(app, ctx, &settled.record).await;
+            }
+            return pass_on_error(status, reply, &record);
+        }
+        TaskReply::Error => return pass_on_error(status, reply, &record),
+        TaskReply::NoResult => {
+            let error = UpstreamError::BadResponse("no result".into());
+            return Error::from(error).respond(&app.metrics, &ctx.id());
+        }
+        TaskReply::Malformed => {
+            app.metrics.anomaly("malformed_task_state");
+            return Error::MalformedTask.respond(&app.metrics, &ctx.id());
+        }
+    };
+    if let Some(finish) = upstream_end(&state, now_ms()) {
+        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
+        return match settled {
+            Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
+            None => respond::task_not_found(&ctx.id()),
+        };
+    }
+    // An unchanged poll only updates the in-memory poll clock that paces the next one.
+    app.polls.touch(&record.id, now_ms());
+    observe_if_changed(app, &record, &state).await;
+    let mut result = reply.get_mut("result").map(Value::take).unwrap_or_default();
+    replace_task_id(&mut result, &record.upstream_id, record.id.as_str());
+    let view = task_view(&record, ctx.policy.min_poll_ms());
+    result["taskId"] = json!(record.id.as_str());
+    result["ttlMs"] = json!(record.ttl_ms);
+    let upstream_poll = result
+        .get("pollIntervalMs")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    result["pollIntervalMs"] = json!(upstream_poll.max(view.poll_interval_ms));
+    screen_task_state(app, &ctx.policy, &record, &Receiver::of(ctx), &mut result);
+    audit_status_read(app, ctx, &record, state.status);
+    respond::rpc_result(&ctx.id(), result)
+}
+
+/// The server's error answer, passed on in the sidecar's task ID.
+fn pass_on_error(status: StatusCode, mut reply: Value, record: &TaskRecord) -> Response {
+    replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
+    respond::json(status, &reply)
+}
+
+/// Answers a read from the ledger alone: terminal tasks, and unfinished tasks polled faster
+/// than `minPollInterval`. A completed result is counted as read, withheld from all but the
+/// first read under read-once (and then forgotten), and audited when delivered.
+async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskRecord) -> Response {
+    let mut payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
+    let completed = record.status == TaskStatus::Completed;
+    let read_once = ctx.policy.tasks.as_ref().is_some_and(|t| t.read_once);
+    if completed && payload.is_some() {
+        let reads = app.ledger.note_result_read(&record.id).await.unwrap_or(0);
+        if deliver_result(read_once, reads) {
+            app.audit.log(
+                ctx.audit("task.result_read", Decision::Allow, "owner")
+                    .tool(&record.tool)
+                    .task(app.hasher.hash(&record.id))
+                    .detail("reads", reads),
+            );
+        } else {
+            payload = None;
+        }
+        if read_once && let Err(e) = app.ledger.forget_payload(&record.id).await {
+            tracing::error!(error = %e, "deleting a retrieved result failed");
+        }
+    }
+    let mut result = task_view(record, ctx.policy.min_poll_ms()).get_result(payload);
+    if completed && payload.is_none() {
+        result["statusMessage"] = json!(RESULT_DELETED);
+    }
+    if payload.is_none() {
+        audit_status_read(app, ctx, record, record.status);
+    }
+    respond::rpc_result(&ctx.id(), result)
+}
+
+/// A sampled `task.status_read` audit event (the policy's `statusReadSamplePercent`).
+fn audit_status_read(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    status: TaskStatus,
+) {
+    if sampled(ctx.policy.effective.audit.status_read_sample_percent) {
+        app.audit.log(
+            ctx.audit("task.status_read", Decision::Allow, "owner")
+                .tool(&record.tool)
+                .task(app.hasher.hash(&record.id))
+                .detail("status", status.as_str()),
+        );
+    }
+}
+
+fn sampled(percent: u8) -> bool {
+    if percent >= 100 {
+        return true;
+    }
+    let mut byte = [0u8; 1];
+    let _ = getrandom::fill(&mut byte);
+    u32::from(byte[0]) * 100 < u32::from(percent) * 256
+}

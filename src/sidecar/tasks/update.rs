@@ -1,0 +1,94 @@
+//! `tasks/update`: only answers to input requests that are outstanding right now, and that the
+//! capability gate did not refuse, reach the server.
+
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use crate::audit::Decision;
+use crate::mcp::methods;
+use crate::mcp::task::{empty_ack, parse_reported_state, replace_task_id};
+
+use super::super::context::RequestContext;
+use super::super::decisions::{Operation, forwardable_inputs};
+use super::super::error::Error;
+use super::super::forward::set_mcp_headers;
+use super::super::respond;
+use super::super::state::AppState;
+use super::{authorized_task, forwarded_task_message};
+
+/// `tasks/update`.
+pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Response {
+    let (record, _) = match authorized_task(app, ctx, task_id, Operation::Update).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let hashed = app.hasher.hash(&record.id);
+    if record.status.is_terminal() {
+        app.audit.log(
+            ctx.audit("task.updated", Decision::Allow, "terminal_ignored")
+                .tool(&record.tool)
+                .task(hashed),
+        );
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    // Ask the server which input requests are outstanding now.
+    let outstanding = match outstanding_inputs(app, ctx, &record.upstream_id).await {
+        Ok(keys) => keys,
+        Err(e) => return e.respond(&app.metrics, &ctx.id()),
+    };
+    let offered = ctx
+        .request
+        .params()
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let offered_count = offered.len();
+    let kept = forwardable_inputs(offered, &outstanding, |key| {
+        app.gate.refused(record.id.as_str(), key)
+    });
+    let forwarded = kept.len();
+    app.audit.log(
+        ctx.audit("task.updated", Decision::Allow, "owner")
+            .tool(&record.tool)
+            .task(hashed)
+            .detail("inputsForwarded", forwarded)
+            .detail("inputsDropped", offered_count - forwarded),
+    );
+    if kept.is_empty() {
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    let (headers, mut message) = forwarded_task_message(ctx, &record.upstream_id);
+    message["params"]["inputResponses"] = Value::Object(kept);
+    match app.upstream.call(headers, &message).await {
+        Ok((status, mut reply)) => {
+            replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
+            respond::json(status, &reply)
+        }
+        Err(e) => Error::from(e).respond(&app.metrics, &ctx.id()),
+    }
+}
+
+/// The keys of the input requests the task has outstanding now, asked of the server with the
+/// caller's own request turned into a `tasks/get`.
+async fn outstanding_inputs(
+    app: &AppState,
+    ctx: &RequestContext,
+    upstream_id: &str,
+) -> Result<Vec<String>, Error> {
+    let mut probe = ctx.request.message.clone();
+    probe["method"] = json!(methods::TASKS_GET);
+    probe["id"] = json!(ctx.sidecar_request_id());
+    probe["params"] = json!({
+        "taskId": upstream_id,
+        "_meta": ctx.request.params().and_then(|p| p.get("_meta")).cloned().unwrap_or(Value::Null),
+    });
+    let mut headers = ctx.upstream_headers();
+    set_mcp_headers(&mut headers, methods::TASKS_GET, Some(upstream_id));
+    let (_, reply) = app.upstream.call(headers, &probe).await?;
+    Ok(reply
+        .get("result")
+        .and_then(parse_reported_state)
+        .map(|s| s.input_keys)
+        .unwrap_or_default())
+}
