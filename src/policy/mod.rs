@@ -23,3 +23,33 @@ pub use effective::*;
 pub use problem::{Problem, Severity};
 pub use uri_pattern::UriPattern;
 pub use validate::CompileMode;
+
+/// Policies for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{EffectivePolicy, load_standalone};
+
+    /// A minimal valid McpServerPolicy whose `spec.tasks` is `tasks_yaml` (indented by four
+    /// spaces, one field per line), compiled.
+    pub fn with_tasks(tasks_yaml: &str) -> EffectivePolicy {
+        let yaml = format!(
+            "apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {{name: reports, namespace: team-a}}
+spec:
+  selector: {{matchLabels: {{app: reports}}}}
+  resource: https://mcp.example.com/mcp
+  identity:
+    issuers:
+      - issuer: https://idp.example.com
+        audiences: [https://mcp.example.com/mcp]
+        jwksUri: https://idp.example.com/jwks
+  tasks:
+{tasks_yaml}"
+        );
+        match load_standalone("test.yaml", &yaml, jiff::Timestamp::now()) {
+            Ok((policy, _)) => policy,
+            Err(e) => panic!("test policy does not compile: {e}\n{yaml}"),
+        }
+    }
+}

@@ -82,14 +82,9 @@ fn millis(d: std::time::Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::load_standalone;
 
     fn tasks_of(yaml_tasks: &str) -> TaskNumbers {
-        let yaml = format!(
-            "apiVersion: lifeguard.dev/v1alpha1\nkind: McpServerPolicy\nmetadata: {{name: p, namespace: n}}\n\
-             spec:\n  resource: https://mcp.example.com/mcp\n  identity:\n    issuers:\n      - issuer: https://idp.example.com\n        audiences: [https://mcp.example.com/mcp]\n        jwksUri: https://idp.example.com/jwks\n  tasks:\n{yaml_tasks}"
-        );
-        let (policy, _) = load_standalone("test", &yaml, jiff::Timestamp::now()).expect("policy");
+        let policy = crate::policy::testing::with_tasks(yaml_tasks);
         TaskNumbers::from_rules(policy.tasks.as_ref().expect("tasks"))
     }
 

@@ -51,8 +51,6 @@ mod task_state;
 mod tasks;
 mod upstream;
 
-pub use policy_source::PolicySourceConfig;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,9 +71,34 @@ use crate::mcp::jsonrpc::MAX_REQUEST_BYTES;
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::SidecarMetrics;
 
-use policy_source::PolicyPublisher;
+use policy_file::FilePolicySource;
+use policy_source::{PolicyPublisher, PolicySource};
 use state::{AppState, PolicyWatch};
 use upstream::Upstream;
+
+/// Which source feeds the sidecar's policy.
+#[derive(Clone, Debug)]
+pub enum PolicySourceConfig {
+    /// Standalone mode: a file of CRD YAML (McpServerPolicy, CapabilityException,
+    /// PrincipalRevocation), reloaded when it or the approver keys change.
+    File {
+        path: PathBuf,
+        /// JWKS of the approvers whose signatures make CapabilityExceptions valid.
+        approver_keys: Option<PathBuf>,
+    },
+}
+
+impl PolicySourceConfig {
+    /// The source this configuration names.
+    fn into_source(self, registry: Arc<KeyRegistry>) -> Box<dyn PolicySource> {
+        match self {
+            Self::File {
+                path,
+                approver_keys,
+            } => Box::new(FilePolicySource::new(path, approver_keys, registry)),
+        }
+    }
+}
 
 /// Everything `lifeguard sidecar` is configured with.
 #[derive(Clone, Debug)]

@@ -3,43 +3,16 @@
 //! the source goes quiet. Standalone mode reads a file ([`super::policy_file`]); in a cluster
 //! the operator's distribution stream will be a second source behind the same trait.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::identity::store::KeyRegistry;
 use crate::telemetry::metrics::{ResultLabels, SidecarMetrics};
 
 use super::active_policy::ActivePolicy;
-use super::policy_file::FilePolicySource;
 use super::state::PolicyWatch;
-
-/// Which source feeds the sidecar's policy.
-#[derive(Clone, Debug)]
-pub enum PolicySourceConfig {
-    /// Standalone mode: a file of CRD YAML (McpServerPolicy, CapabilityException,
-    /// PrincipalRevocation), reloaded when it or the approver keys change.
-    File {
-        path: PathBuf,
-        /// JWKS of the approvers whose signatures make CapabilityExceptions valid.
-        approver_keys: Option<PathBuf>,
-    },
-}
-
-impl PolicySourceConfig {
-    /// The source this configuration names.
-    pub fn into_source(self, registry: Arc<KeyRegistry>) -> Box<dyn PolicySource> {
-        match self {
-            Self::File {
-                path,
-                approver_keys,
-            } => Box::new(FilePolicySource::new(path, approver_keys, registry)),
-        }
-    }
-}
 
 /// A producer of policy versions.
 #[async_trait]

@@ -59,13 +59,13 @@ pub fn confirmation_terms(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::load_standalone;
 
     fn rules() -> TaskRules {
-        let yaml = "apiVersion: lifeguard.dev/v1alpha1\nkind: McpServerPolicy\nmetadata: {name: p, namespace: n}\n\
-spec:\n  resource: https://mcp.example.com/mcp\n  identity:\n    issuers:\n      - issuer: https://idp.example.com\n        audiences: [https://mcp.example.com/mcp]\n        jwksUri: https://idp.example.com/jwks\n  tasks:\n    enabled: true\n    retention: {defaultTtl: 10m, maxTtl: 1h}\n    deadline: {default: 30m, max: 2h}\n";
-        let (policy, _) = load_standalone("test", yaml, jiff::Timestamp::now()).expect("policy");
-        policy.tasks.expect("tasks")
+        crate::policy::testing::with_tasks(
+            "    enabled: true\n    retention: {defaultTtl: 10m, maxTtl: 1h}\n    deadline: {default: 30m, max: 2h}\n",
+        )
+        .tasks
+        .expect("tasks")
     }
 
     fn created(ttl_ms: Option<i64>, poll: Option<i64>, status: TaskStatus) -> CreatedTask {
