@@ -1,5 +1,6 @@
 //! Child processes: the example MCP server and the sidecar, killed when dropped.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,25 +11,57 @@ use tempfile::TempDir;
 
 use super::{fixture, policy_yaml};
 
-/// Path of a Cargo example binary built next to the lifeguard binary.
-pub fn example_binary(name: &str) -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_lifeguard"));
-    let path = bin
+/// The directory of this build profile's binaries (`target/<profile>`).
+pub fn profile_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lifeguard"))
         .parent()
         .expect("binary has a directory")
+        .to_owned()
+}
+
+/// Path of a Cargo example binary of this build profile, built (or confirmed up to date) first,
+/// once per test binary: a plain `cargo test` builds examples, `cargo test --test NAME` does
+/// not, and a test must never run a stale example.
+pub fn example_binary(name: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let path = profile_dir()
         .join("examples")
-        .join(name);
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.contains(name) {
+        build_example(name);
+        built.insert(name.to_owned());
+    }
     assert!(
-        path.exists(),
-        "{} is missing: build examples first (cargo test builds them; or cargo build --examples)",
+        path.is_file(),
+        "{} is missing: build it with `cargo build --example {name}`",
         path.display()
     );
     path
 }
 
+fn build_example(name: &str) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--quiet", "--example", name, "--manifest-path"])
+        .arg(super::repo().join("Cargo.toml"));
+    if profile_dir().file_name().is_some_and(|p| p == "release") {
+        command.arg("--release");
+    }
+    match command.status() {
+        Ok(status) => assert!(
+            status.success(),
+            "cargo build --example {name} failed: {status}"
+        ),
+        // No cargo at hand (test binary run directly): use whatever was built before.
+        Err(e) => eprintln!("could not run cargo ({e}); using the {name} built before"),
+    }
+}
+
 /// Spawns `command`, collecting its stdout/stderr lines; returns the child and the shared line
 /// buffer, plus a receiver that gets every line as it arrives.
-fn spawn_collecting(
+pub(super) fn spawn_collecting(
     mut command: Command,
 ) -> (Child, Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -60,7 +93,10 @@ fn spawn_collecting(
     (child, lines, rx)
 }
 
-fn wait_for_line(
+/// Waits for a line of the child's output containing `marker` (up to 30 s, or until the
+/// child's output ends) and returns what follows the marker; fails with all the output
+/// collected otherwise.
+pub(super) fn wait_for_line(
     rx: &mpsc::Receiver<String>,
     marker: &str,
     what: &str,
@@ -94,8 +130,13 @@ pub struct ExampleServer {
 
 impl ExampleServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts the example server with `args` added to its command line.
+    pub fn start_with(args: &[&str]) -> Self {
         let mut command = Command::new(example_binary("example_server"));
-        command.args(["--listen", "127.0.0.1:0"]);
+        command.args(["--listen", "127.0.0.1:0"]).args(args);
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "example server", &output);
         let base = url.trim_end_matches("/mcp").to_owned();
@@ -119,16 +160,32 @@ impl ExampleServer {
             .unwrap()
     }
 
-    /// The rows `write_rows` wrote with `label`.
-    pub async fn rows_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+    /// The rows `write_rows` wrote whose `field` is `value`.
+    pub async fn rows_where(&self, field: &str, value: &str) -> Vec<serde_json::Value> {
         self.debug("/_example/rows")
             .await
             .as_array()
-            .unwrap()
+            .expect("rows array")
             .iter()
-            .filter(|r| r["label"] == label)
+            .filter(|r| r[field] == value)
             .cloned()
             .collect()
+    }
+
+    /// The rows `write_rows` wrote with `label`.
+    pub async fn rows_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+        self.rows_where("label", label).await
+    }
+
+    /// Makes the server emit a notification (`POST /_example/emit`).
+    pub async fn emit(&self, event: serde_json::Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/_example/emit", self.base))
+            .json(&event)
+            .send()
+            .await
+            .expect("POST /_example/emit");
+        assert_eq!(response.status(), 200, "emit {event}");
     }
 }
 
