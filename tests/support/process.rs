@@ -1,9 +1,9 @@
 //! Child processes: the example MCP server and the sidecar, killed when dropped.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -57,6 +57,65 @@ fn build_example(name: &str) {
         // No cargo at hand (test binary run directly): use whatever was built before.
         Err(e) => eprintln!("could not run cargo ({e}); using the {name} built before"),
     }
+}
+
+/// Runs `command` to completion and returns its output. A guard against hangs, not a
+/// performance check: after `give_up` the process is killed and the test fails with the
+/// output so far.
+pub fn run_to_completion(mut command: Command, what: &str, give_up: Duration) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let (stdout, stdout_reader) = collect_bytes(child.stdout.take().expect("piped stdout"));
+    let (stderr, stderr_reader) = collect_bytes(child.stderr.take().expect("piped stderr"));
+    let give_up_at = std::time::Instant::now() + give_up;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < give_up_at => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = |b: &Arc<Mutex<Vec<u8>>>| {
+                    String::from_utf8_lossy(&b.lock().unwrap()).into_owned()
+                };
+                panic!(
+                    "{what} did not finish within {give_up:?} (hung?) and was killed; \
+                     stdout so far:\n{}\nstderr so far:\n{}",
+                    text(&stdout),
+                    text(&stderr)
+                );
+            }
+        }
+    };
+    let _ = stdout_reader.join();
+    let _ = stderr_reader.join();
+    let take = |b: Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap());
+    Output {
+        status,
+        stdout: take(stdout),
+        stderr: take(stderr),
+    }
+}
+
+/// Copies everything `stream` yields into a shared buffer, on a thread of its own.
+fn collect_bytes(
+    mut stream: impl Read + Send + 'static,
+) -> (Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
+    let buffer = Arc::new(Mutex::new(Vec::new()));
+    let sink = buffer.clone();
+    let reader = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = stream.read(&mut chunk)
+            && n > 0
+        {
+            sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    (buffer, reader)
 }
 
 /// Spawns `command`, collecting its stdout/stderr lines; returns the child and the shared line
