@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::User;
 use support::listen::ListenStream;
-use support::{ExampleServer, User};
 
 const SUB_ID: &str = "io.modelcontextprotocol/subscriptionId";
 const SPEC: &str = r#"  tasks:
@@ -19,15 +19,6 @@ const SPEC: &str = r#"  tasks:
     maxStreamsPerPrincipal: 3
     maxStreamDuration: 30s
 "#;
-
-async fn emit(server: &ExampleServer, body: Value) {
-    reqwest::Client::new()
-        .post(format!("{}/_example/emit", server.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-}
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(5);
@@ -53,7 +44,7 @@ async fn the_acknowledgement_comes_first_and_every_frame_carries_the_subscriptio
             ack["params"]["notifications"],
             json!({"toolsListChanged": true, "resourceSubscriptions": ["example://team-a/r1"]})
         );
-        emit(&server, json!({"kind": "toolsListChanged"})).await;
+        server.emit(json!({"kind": "toolsListChanged"})).await;
         let event = stream.next(LONG).await.expect("tools list changed");
         assert_eq!(event["method"], "notifications/tools/list_changed");
         assert_eq!(event["params"]["_meta"][SUB_ID], id);
@@ -90,17 +81,13 @@ async fn filters_are_narrowed_to_what_the_policy_allows_and_the_listener_owns() 
         "foreign and forged task IDs are dropped alike, and so are foreign URIs"
     );
     // Events for what was dropped never arrive.
-    emit(&server, json!({"kind": "promptsListChanged"})).await;
-    emit(
-        &server,
-        json!({"kind": "resourceUpdated", "uri": "example://team-b/theirs"}),
-    )
-    .await;
-    emit(
-        &server,
-        json!({"kind": "resourceUpdated", "uri": "example://team-a/mine"}),
-    )
-    .await;
+    server.emit(json!({"kind": "promptsListChanged"})).await;
+    server
+        .emit(json!({"kind": "resourceUpdated", "uri": "example://team-b/theirs"}))
+        .await;
+    server
+        .emit(json!({"kind": "resourceUpdated", "uri": "example://team-a/mine"}))
+        .await;
     let event = stream.next(LONG).await.expect("allowed resource update");
     assert_eq!(event["params"]["uri"], "example://team-a/mine");
     client.cancel_task(&bob, &bobs_task).await;
@@ -254,7 +241,7 @@ async fn streams_are_capped_per_principal_and_closed_ends_free_the_slot() {
     .await;
     assert!(reopened.is_some());
     let closed = support::eventually(LONG, async || {
-        emit(&server, json!({"kind": "toolsListChanged"})).await;
+        server.emit(json!({"kind": "toolsListChanged"})).await;
         sidecar
             .audit()
             .into_iter()
@@ -380,11 +367,9 @@ async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
     .await;
     stream.next(LONG).await.expect("ack");
     // Flood without reading.
-    emit(
-        &server,
-        json!({"kind": "resourceUpdated", "uri": "example://team-a/flood", "count": 200000}),
-    )
-    .await;
+    server
+        .emit(json!({"kind": "resourceUpdated", "uri": "example://team-a/flood", "count": 200000}))
+        .await;
     let cut = support::eventually(Duration::from_secs(20), async || {
         sidecar
             .audit()

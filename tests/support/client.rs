@@ -4,7 +4,27 @@
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
+use super::listen::ListenStream;
+
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub const PROTOCOL_VERSION: &str = "2026-07-28";
+
+/// Client capabilities declaring the Tasks extension, or nothing.
+pub fn capabilities(tasks: bool) -> Value {
+    if tasks {
+        json!({"extensions": {TASKS_EXTENSION: {}}})
+    } else {
+        json!({})
+    }
+}
+
+/// The `_meta` a 2026-07-28 client sends with every request, declaring `caps`.
+pub fn request_meta(caps: Value) -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": caps,
+    })
+}
 
 #[derive(Clone)]
 pub struct McpClient {
@@ -155,19 +175,12 @@ impl RequestBuilder {
         self
     }
 
-    /// The JSON-RPC message this builder sends.
+    /// The JSON-RPC message this builder sends: `params` as given when they carry a `_meta`,
+    /// else with the standard one added.
     pub fn message(&self) -> Value {
         let mut params = self.params.clone();
         if params.get("_meta").is_none() {
-            let caps = if self.tasks {
-                json!({"extensions": {TASKS_EXTENSION: {}}})
-            } else {
-                json!({})
-            };
-            params["_meta"] = json!({
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": caps,
-            });
+            params["_meta"] = request_meta(capabilities(self.tasks));
         }
         json!({"jsonrpc": "2.0", "id": self.id, "method": self.method, "params": params})
     }
@@ -183,7 +196,7 @@ impl RequestBuilder {
         h.insert("accept", HeaderValue::from_static(accept));
         h.insert(
             "mcp-protocol-version",
-            HeaderValue::from_static("2026-07-28"),
+            HeaderValue::from_static(PROTOCOL_VERSION),
         );
         h.insert("mcp-method", HeaderValue::from_str(&self.method).unwrap());
         let name = match self.method.as_str() {
@@ -221,15 +234,7 @@ impl RequestBuilder {
     }
 
     pub async fn send_raw(self, body: String) -> Reply {
-        let response = self
-            .client
-            .http
-            .post(&self.client.url)
-            .headers(self.headers())
-            .body(body)
-            .send()
-            .await
-            .expect("HTTP request");
+        let response = self.post(body).await;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let is_sse = headers
@@ -253,5 +258,23 @@ impl RequestBuilder {
             messages,
             raw,
         }
+    }
+
+    /// Sends the request and reads the answer frame by frame as it arrives (for answers that
+    /// stay open, such as `subscriptions/listen`, or to look at each SSE frame).
+    pub async fn stream(self) -> ListenStream {
+        let body = self.message().to_string();
+        ListenStream::from_response(self.post(body).await)
+    }
+
+    async fn post(self, body: String) -> reqwest::Response {
+        self.client
+            .http
+            .post(&self.client.url)
+            .headers(self.headers())
+            .body(body)
+            .send()
+            .await
+            .expect("HTTP request")
     }
 }

@@ -1,14 +1,20 @@
-//! A listen-stream client for tests: sends `subscriptions/listen` and reads SSE frames one by
-//! one, with timeouts.
+//! A reader of event-stream answers for tests, `subscriptions/listen` above all: it reads SSE
+//! frames one by one, with timeouts.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::client::{McpClient, capabilities, request_meta};
+
 pub struct ListenStream {
     response: reqwest::Response,
     buffer: String,
     pub status: u16,
+    /// The answer's `Content-Type`.
+    pub content_type: String,
+    /// The `event:` field of the frame `next` returned last (`None` when it had none).
+    pub last_event: Option<String>,
 }
 
 impl ListenStream {
@@ -20,12 +26,7 @@ impl ListenStream {
         notifications: Value,
         declare_tasks: bool,
     ) -> Self {
-        let caps = if declare_tasks {
-            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
-        } else {
-            json!({})
-        };
-        Self::open_declaring(url, token, id, notifications, caps).await
+        Self::open_declaring(url, token, id, notifications, capabilities(declare_tasks)).await
     }
 
     /// Opens a stream declaring `caps` as the request's client capabilities.
@@ -36,26 +37,31 @@ impl ListenStream {
         notifications: Value,
         caps: Value,
     ) -> Self {
-        let body = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
-            "notifications": notifications,
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                      "io.modelcontextprotocol/clientCapabilities": caps}}});
-        let response = reqwest::Client::new()
-            .post(url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "subscriptions/listen")
-            .header("authorization", format!("Bearer {token}"))
-            .body(body.to_string())
-            .send()
+        let params = json!({"notifications": notifications, "_meta": request_meta(caps)});
+        McpClient::new(url)
+            .request("subscriptions/listen", params)
+            .id(id)
+            .token(token)
+            .accept_sse()
+            .stream()
             .await
-            .expect("listen request");
+    }
+
+    /// Reads the frames of `response` as they arrive.
+    pub fn from_response(response: reqwest::Response) -> Self {
         let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         Self {
             response,
             buffer: String::new(),
             status,
+            content_type,
+            last_event: None,
         }
     }
 
@@ -79,6 +85,8 @@ impl ListenStream {
         serde_json::from_str(&self.response.text().await.unwrap_or_default()).unwrap_or(Value::Null)
     }
 
+    /// The next complete frame carrying data; frames without data (comments, keep-alives) are
+    /// skipped. Data that is not JSON fails the test: every MCP message is JSON.
     fn take_frame(&mut self) -> Option<Value> {
         loop {
             let end = self.buffer.find("\n\n")?;
@@ -91,9 +99,13 @@ impl ListenStream {
             if data.is_empty() {
                 continue;
             }
-            if let Ok(v) = serde_json::from_str(&data.join("\n")) {
-                return Some(v);
-            }
+            self.last_event = block
+                .lines()
+                .find_map(|l| l.strip_prefix("event:"))
+                .map(|e| e.trim().to_owned());
+            let frame = serde_json::from_str(&data.join("\n"))
+                .unwrap_or_else(|e| panic!("SSE frame data is not JSON ({e}): {block}"));
+            return Some(frame);
         }
     }
 

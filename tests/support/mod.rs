@@ -122,9 +122,19 @@ pub fn audit_events(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes. A wait for a state,
+/// not a timing check: keep `timeout` generous.
 pub async fn eventually<T>(
     timeout: std::time::Duration,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
+    poll_until(timeout, std::time::Duration::from_millis(50), check).await
+}
+
+/// Polls `check` every `interval` until it returns `Some` or `timeout` passes.
+pub async fn poll_until<T>(
+    timeout: std::time::Duration,
+    interval: std::time::Duration,
     mut check: impl AsyncFnMut() -> Option<T>,
 ) -> Option<T> {
     let deadline = std::time::Instant::now() + timeout;
@@ -135,6 +145,6 @@ pub async fn eventually<T>(
         if std::time::Instant::now() >= deadline {
             return None;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(interval).await;
     }
 }

@@ -1,8 +1,9 @@
 //! Child processes: the example MCP server and the sidecar, killed when dropped.
 
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -10,25 +11,116 @@ use tempfile::TempDir;
 
 use super::{fixture, policy_yaml};
 
-/// Path of a Cargo example binary built next to the lifeguard binary.
-pub fn example_binary(name: &str) -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_lifeguard"));
-    let path = bin
+/// The directory of this build profile's binaries (`target/<profile>`).
+pub fn profile_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lifeguard"))
         .parent()
         .expect("binary has a directory")
+        .to_owned()
+}
+
+/// Path of a Cargo example binary of this build profile, built (or confirmed up to date) first,
+/// once per test binary: a plain `cargo test` builds examples, `cargo test --test NAME` does
+/// not, and a test must never run a stale example.
+pub fn example_binary(name: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let path = profile_dir()
         .join("examples")
-        .join(name);
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.contains(name) {
+        build_example(name);
+        built.insert(name.to_owned());
+    }
     assert!(
-        path.exists(),
-        "{} is missing: build examples first (cargo test builds them; or cargo build --examples)",
+        path.is_file(),
+        "{} is missing: build it with `cargo build --example {name}`",
         path.display()
     );
     path
 }
 
+fn build_example(name: &str) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--quiet", "--example", name, "--manifest-path"])
+        .arg(super::repo().join("Cargo.toml"));
+    if profile_dir().file_name().is_some_and(|p| p == "release") {
+        command.arg("--release");
+    }
+    match command.status() {
+        Ok(status) => assert!(
+            status.success(),
+            "cargo build --example {name} failed: {status}"
+        ),
+        // No cargo at hand (test binary run directly): use whatever was built before.
+        Err(e) => eprintln!("could not run cargo ({e}); using the {name} built before"),
+    }
+}
+
+/// Runs `command` to completion and returns its output. A guard against hangs, not a
+/// performance check: after `give_up` the process is killed and the test fails with the
+/// output so far.
+pub fn run_to_completion(mut command: Command, what: &str, give_up: Duration) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let (stdout, stdout_reader) = collect_bytes(child.stdout.take().expect("piped stdout"));
+    let (stderr, stderr_reader) = collect_bytes(child.stderr.take().expect("piped stderr"));
+    let give_up_at = std::time::Instant::now() + give_up;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < give_up_at => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = |b: &Arc<Mutex<Vec<u8>>>| {
+                    String::from_utf8_lossy(&b.lock().unwrap()).into_owned()
+                };
+                panic!(
+                    "{what} did not finish within {give_up:?} (hung?) and was killed; \
+                     stdout so far:\n{}\nstderr so far:\n{}",
+                    text(&stdout),
+                    text(&stderr)
+                );
+            }
+        }
+    };
+    let _ = stdout_reader.join();
+    let _ = stderr_reader.join();
+    let take = |b: Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap());
+    Output {
+        status,
+        stdout: take(stdout),
+        stderr: take(stderr),
+    }
+}
+
+/// Copies everything `stream` yields into a shared buffer, on a thread of its own.
+fn collect_bytes(
+    mut stream: impl Read + Send + 'static,
+) -> (Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
+    let buffer = Arc::new(Mutex::new(Vec::new()));
+    let sink = buffer.clone();
+    let reader = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = stream.read(&mut chunk)
+            && n > 0
+        {
+            sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    (buffer, reader)
+}
+
 /// Spawns `command`, collecting its stdout/stderr lines; returns the child and the shared line
 /// buffer, plus a receiver that gets every line as it arrives.
-fn spawn_collecting(
+pub(super) fn spawn_collecting(
     mut command: Command,
 ) -> (Child, Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -60,7 +152,10 @@ fn spawn_collecting(
     (child, lines, rx)
 }
 
-fn wait_for_line(
+/// Waits for a line of the child's output containing `marker` (up to 30 s, or until the
+/// child's output ends) and returns what follows the marker; fails with all the output
+/// collected otherwise.
+pub(super) fn wait_for_line(
     rx: &mpsc::Receiver<String>,
     marker: &str,
     what: &str,
@@ -94,8 +189,13 @@ pub struct ExampleServer {
 
 impl ExampleServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts the example server with `args` added to its command line.
+    pub fn start_with(args: &[&str]) -> Self {
         let mut command = Command::new(example_binary("example_server"));
-        command.args(["--listen", "127.0.0.1:0"]);
+        command.args(["--listen", "127.0.0.1:0"]).args(args);
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "example server", &output);
         let base = url.trim_end_matches("/mcp").to_owned();
@@ -119,16 +219,32 @@ impl ExampleServer {
             .unwrap()
     }
 
-    /// The rows `write_rows` wrote with `label`.
-    pub async fn rows_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+    /// The rows `write_rows` wrote whose `field` is `value`.
+    pub async fn rows_where(&self, field: &str, value: &str) -> Vec<serde_json::Value> {
         self.debug("/_example/rows")
             .await
             .as_array()
-            .unwrap()
+            .expect("rows array")
             .iter()
-            .filter(|r| r["label"] == label)
+            .filter(|r| r[field] == value)
             .cloned()
             .collect()
+    }
+
+    /// The rows `write_rows` wrote with `label`.
+    pub async fn rows_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+        self.rows_where("label", label).await
+    }
+
+    /// Makes the server emit a notification (`POST /_example/emit`).
+    pub async fn emit(&self, event: serde_json::Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/_example/emit", self.base))
+            .json(&event)
+            .send()
+            .await
+            .expect("POST /_example/emit");
+        assert_eq!(response.status(), 200, "emit {event}");
     }
 }
 

@@ -1,10 +1,11 @@
 //! Python-based protocol peers (FastMCP with the Tasks extension), installed by
 //! `scripts/test.sh` into `target/interop-venv` from the pinned `tests/interop/requirements.txt`.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+
+use super::process::{spawn_collecting, wait_for_line};
 
 /// The interpreter of the interop virtualenv. Missing is a test failure, never a skip: the
 /// interop tests are part of the suite.
@@ -21,46 +22,22 @@ pub fn python() -> PathBuf {
     path
 }
 
-/// A free loopback port (bound and released; the peer binds it right after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// The FastMCP server of `tests/interop/fastmcp_server.py`.
+/// The FastMCP server of `tests/interop/fastmcp_server.py`. It binds port 0 itself and prints
+/// the URL it listens on, so no other process can take the port in between.
 pub struct FastMcpServer {
     child: Child,
     pub url: String,
+    /// What the server printed (stdout and stderr), for diagnostics.
+    pub output: Arc<Mutex<Vec<String>>>,
 }
 
 impl FastMcpServer {
     pub async fn start() -> Self {
-        let port = free_port();
-        let child = Command::new(python())
-            .arg(super::repo().join("tests/interop/fastmcp_server.py"))
-            .arg(port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the FastMCP server");
-        let server = Self {
-            child,
-            url: format!("http://127.0.0.1:{port}/mcp"),
-        };
-        let up = super::eventually(Duration::from_secs(30), async || {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .ok()
-                .map(|_| ())
-        })
-        .await;
-        assert!(
-            up.is_some(),
-            "the FastMCP server did not start on port {port}"
-        );
-        server
+        let mut command = Command::new(python());
+        command.arg(super::repo().join("tests/interop/fastmcp_server.py"));
+        let (child, output, rx) = spawn_collecting(command);
+        let url = wait_for_line(&rx, "listening on ", "the FastMCP server", &output);
+        Self { child, url, output }
     }
 }
 
