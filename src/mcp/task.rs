@@ -92,6 +92,68 @@ pub fn response_input_requests_mut(message: &mut Value) -> Option<&mut Map<Strin
         .and_then(Value::as_object_mut)
 }
 
+/// The `inputResponses` a client sent (`tasks/update`, or a retried multi round-trip request).
+pub fn input_responses(params: Option<&Map<String, Value>>) -> Map<String, Value> {
+    params
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Sets a request's `params.inputResponses`; with `request_state`, also its `requestState`
+/// (`Some(Value::Null)` removes it: the server sent none). No effect on a message without
+/// params.
+pub fn set_input_responses(
+    request: &mut Value,
+    responses: Map<String, Value>,
+    request_state: Option<Value>,
+) {
+    let Some(params) = request.get_mut("params").and_then(Value::as_object_mut) else {
+        return;
+    };
+    params.insert("inputResponses".into(), Value::Object(responses));
+    match request_state {
+        Some(Value::Null) => {
+            params.remove("requestState");
+        }
+        Some(state) => {
+            params.insert("requestState".into(), state);
+        }
+        None => {}
+    }
+}
+
+/// The `requestState` of an `input_required` response message (null when absent).
+pub fn response_request_state(message: &Value) -> Value {
+    message
+        .pointer("/result/requestState")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Presents a task state or `CreateTaskResult` of the server under the sidecar's identity: the
+/// upstream ID replaced everywhere, `taskId` and `ttlMs` the ledger's, and (with a floor)
+/// `pollIntervalMs` the server's raised to at least `poll_floor_ms`.
+pub fn present_task(
+    value: &mut Value,
+    upstream_id: &str,
+    sidecar_id: &str,
+    ttl_ms: i64,
+    poll_floor_ms: Option<i64>,
+) {
+    replace_task_id(value, upstream_id, sidecar_id);
+    value["taskId"] = json!(sidecar_id);
+    value["ttlMs"] = json!(ttl_ms);
+    if let Some(floor) = poll_floor_ms {
+        let upstream = value
+            .get("pollIntervalMs")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        value["pollIntervalMs"] = json!(upstream.max(floor));
+    }
+}
+
 /// A task request the sidecar sends on its own (`tasks/get`, `tasks/update`, `tasks/cancel`):
 /// its own request id, the protocol version and the Tasks extension declared.
 pub fn sidecar_task_request(method: &str, upstream_id: &str, request_id: &str) -> Value {
@@ -395,6 +457,36 @@ mod tests {
         let mut done = json!({"status": "completed", "inputRequests": {}});
         clear_input_requests(&mut done);
         assert_eq!(done, json!({"status": "completed"}));
+    }
+
+    #[test]
+    fn presents_tasks_under_the_sidecars_identity() {
+        let mut v = json!({"taskId": "task-42", "statusMessage": "task-42 runs",
+                           "ttlMs": 999, "pollIntervalMs": 100});
+        present_task(&mut v, "task-42", "lgt_X", 60_000, Some(2_000));
+        assert_eq!(
+            v,
+            json!({"taskId": "lgt_X", "statusMessage": "lgt_X runs", "ttlMs": 60_000,
+                   "pollIntervalMs": 2_000})
+        );
+        let mut slow = json!({"taskId": "t", "pollIntervalMs": 9_000});
+        present_task(&mut slow, "t", "lgt_Y", 1, Some(2_000));
+        assert_eq!(slow["pollIntervalMs"], 9_000);
+        let mut kept = json!({"taskId": "t", "pollIntervalMs": 5});
+        present_task(&mut kept, "t", "lgt_Z", 1, None);
+        assert_eq!(kept["pollIntervalMs"], 5);
+    }
+
+    #[test]
+    fn input_responses_round_trip_with_request_state() {
+        let mut request = json!({"params": {"inputResponses": {"old": 1}, "requestState": "s0"}});
+        let offered = input_responses(request["params"].as_object());
+        assert_eq!(Value::Object(offered.clone()), json!({"old": 1}));
+        set_input_responses(&mut request, offered.clone(), Some(json!("s1")));
+        assert_eq!(request["params"]["requestState"], "s1");
+        set_input_responses(&mut request, offered, Some(Value::Null));
+        assert!(request["params"].get("requestState").is_none());
+        assert_eq!(response_request_state(&json!({"result": {}})), Value::Null);
     }
 
     #[test]

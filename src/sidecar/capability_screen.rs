@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use crate::ledger::TaskRecord;
 use crate::mcp::task::{
     ResultType, clear_input_requests, input_requests_mut, response_input_requests_mut,
-    response_result_type,
+    response_request_state, response_result_type, set_input_responses,
 };
 
 use super::active_policy::ActivePolicy;
@@ -123,13 +123,15 @@ pub async fn screen_request_inputs(
             .into_iter()
             .map(|(key, method, reason)| (key, decline(&method, reason)))
             .collect();
-        let request_state = message
-            .pointer("/result/requestState")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let Some(retry) = decline_retry(ctx, declines, request_state) else {
+        let Some(mut retry) = serde_json::from_slice::<Value>(&ctx.body)
+            .ok()
+            .filter(|r| r.get("params").is_some_and(Value::is_object))
+        else {
             break;
         };
+        // The client's request again, answering with the declines under the server's
+        // requestState.
+        set_input_responses(&mut retry, declines, Some(response_request_state(&message)));
         message = match app.upstream.call(ctx.upstream_headers(), &retry).await {
             Ok((_, answer)) => answer,
             Err(e) => {
@@ -142,21 +144,4 @@ pub async fn screen_request_inputs(
         }
     }
     Error::CapabilityNotAllowed.message(&app.metrics, &ctx.id())
-}
-
-/// The client's request again, answering with `declines` under the server's `requestState`.
-fn decline_retry(
-    ctx: &RequestContext,
-    declines: Map<String, Value>,
-    request_state: Value,
-) -> Option<Value> {
-    let mut retry: Value = serde_json::from_slice(&ctx.body).ok()?;
-    let params = retry.get_mut("params")?.as_object_mut()?;
-    params.insert("inputResponses".into(), Value::Object(declines));
-    if request_state.is_null() {
-        params.remove("requestState");
-    } else {
-        params.insert("requestState".into(), request_state);
-    }
-    Some(retry)
 }

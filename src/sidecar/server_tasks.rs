@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use crate::identity::Identity;
 use crate::ledger::TaskRecord;
 use crate::mcp::methods;
-use crate::mcp::task::sidecar_task_request;
+use crate::mcp::task::{set_input_responses, sidecar_task_request};
 
 use super::active_policy::ActivePolicy;
 use super::context::sidecar_request_id;
@@ -146,7 +146,7 @@ pub fn send_input_responses(
         correlation_id,
         "capability_declined",
     );
-    message["params"]["inputResponses"] = Value::Object(responses);
+    set_input_responses(&mut message, responses, None);
     let upstream = upstream.clone();
     tokio::spawn(async move {
         if let Err(e) = upstream.call(headers, &message).await {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use hyper::body::Incoming;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sse_stream::SseStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::audit::Decision;
 use crate::ledger::TaskId;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
-use crate::mcp::task::{parse_reported_state, replace_task_id};
+use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::telemetry::metrics::ReasonLabels;
 
 use super::super::capability_screen::{Receiver, screen_task_state};
@@ -161,9 +161,7 @@ impl Pump {
             task_view(&record, self.ctx.policy.min_poll_ms()).notification_params(payload)
         } else {
             let mut params = params;
-            replace_task_id(&mut params, upstream_id, id.as_str());
-            params["taskId"] = json!(id.as_str());
-            params["ttlMs"] = json!(record.ttl_ms);
+            present_task(&mut params, upstream_id, id.as_str(), record.ttl_ms, None);
             // Input requests inside notifications pass the same gate as in tasks/get, judged
             // by what the listen request declared.
             screen_task_state(

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::audit::{Decision, summarize};
 use crate::ledger::{IdempotencyClaim, Reservation, ReserveOutcome, TaskId, TaskLedger};
 use crate::mcp::jsonrpc::ErrorObject;
-use crate::mcp::task::{iso_millis, parse_created_task, replace_task_id};
+use crate::mcp::task::{iso_millis, parse_created_task, present_task};
 use crate::mcp::{TASKS_EXTENSION, codes};
 use crate::policy::TaskRules;
 
@@ -345,10 +345,13 @@ impl TaskCreation {
                 .detail("arguments", summarize(&ctx.tool_arguments())),
         );
         if let Some(result) = message.get_mut("result") {
-            replace_task_id(result, &created.upstream_id, pending.id.as_str());
-            result["taskId"] = json!(pending.id.as_str());
-            result["ttlMs"] = json!(record.ttl_ms);
-            result["pollIntervalMs"] = json!(terms.poll_interval_ms);
+            present_task(
+                result,
+                &created.upstream_id,
+                pending.id.as_str(),
+                record.ttl_ms,
+                Some(self.min_poll_ms),
+            );
         }
         Ok(message)
     }

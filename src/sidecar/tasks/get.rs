@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::audit::Decision;
 use crate::ledger::{TaskRecord, TaskStatus};
-use crate::mcp::task::replace_task_id;
+use crate::mcp::task::{present_task, replace_task_id};
 
 use super::super::capability_screen::{Receiver, screen_task_state};
 use super::super::context::RequestContext;
@@ -79,15 +79,14 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     app.polls.touch(&record.id, now_ms());
     observe_if_changed(app, &record, &state).await;
     let mut result = reply.get_mut("result").map(Value::take).unwrap_or_default();
-    replace_task_id(&mut result, &record.upstream_id, record.id.as_str());
-    let view = task_view(&record, ctx.policy.min_poll_ms());
-    result["taskId"] = json!(record.id.as_str());
-    result["ttlMs"] = json!(record.ttl_ms);
-    let upstream_poll = result
-        .get("pollIntervalMs")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    result["pollIntervalMs"] = json!(upstream_poll.max(view.poll_interval_ms));
+    let floor = task_view(&record, ctx.policy.min_poll_ms()).poll_interval_ms;
+    present_task(
+        &mut result,
+        &record.upstream_id,
+        record.id.as_str(),
+        record.ttl_ms,
+        Some(floor),
+    );
     screen_task_state(app, &ctx.policy, &record, &Receiver::of(ctx), &mut result);
     audit_status_read(app, ctx, &record, state.status);
     respond::rpc_result(&ctx.id(), result)

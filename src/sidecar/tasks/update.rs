@@ -6,7 +6,9 @@ use serde_json::{Value, json};
 
 use crate::audit::Decision;
 use crate::mcp::methods;
-use crate::mcp::task::{empty_ack, parse_reported_state, replace_task_id};
+use crate::mcp::task::{
+    empty_ack, input_responses, parse_reported_state, replace_task_id, set_input_responses,
+};
 
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, forwardable_inputs};
@@ -36,13 +38,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         Ok(keys) => keys,
         Err(e) => return e.respond(&app.metrics, &ctx.id()),
     };
-    let offered = ctx
-        .request
-        .params()
-        .and_then(|p| p.get("inputResponses"))
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
+    let offered = input_responses(ctx.request.params());
     let offered_count = offered.len();
     let kept = forwardable_inputs(offered, &outstanding, |key| {
         app.gate.refused(record.id.as_str(), key)
@@ -59,7 +55,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
     let (headers, mut message) = forwarded_task_message(ctx, &record.upstream_id);
-    message["params"]["inputResponses"] = Value::Object(kept);
+    set_input_responses(&mut message, kept, None);
     match app.upstream.call(headers, &message).await {
         Ok((status, mut reply)) => {
             replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
