@@ -11,6 +11,7 @@ pub mod exception;
 pub mod identity;
 pub mod ledger;
 pub mod mcp;
+pub mod model;
 pub mod policy;
 pub mod sidecar;
 pub mod telemetry;

@@ -24,6 +24,7 @@ use super::{
     Confirmation, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation, ReserveOutcome,
     Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
+use crate::model::ModelError;
 
 /// Read connections kept open. Reads are short point or index lookups, so a handful covers the
 /// concurrency of a sidecar on a few cores.
@@ -241,7 +242,7 @@ impl TaskLedger for SqliteLedger {
             return Ok(value);
         }
         let mut fresh = [0u8; 32];
-        getrandom::fill(&mut fresh).map_err(|e| LedgerError::Random(e.to_string()))?;
+        getrandom::fill(&mut fresh).map_err(ModelError::Random)?;
         let name = name.to_owned();
         self.writer
             .call(move |conn| ops::create_secret(conn, &name, &fresh))
