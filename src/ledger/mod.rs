@@ -10,16 +10,16 @@
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
 pub mod conformance;
+mod error;
 pub mod sqlite;
 
+pub use error::{BoxError, LedgerError, Result};
 pub use sqlite::SqliteLedger;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use crate::model::{Owner, TASK_ID_PREFIX, TaskId, TaskStatus};
-
-use crate::model::ModelError;
 
 /// Why a task reached its terminal state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -221,41 +221,6 @@ pub struct PrincipalFilter {
     pub tenant: Option<String>,
     pub client: Option<String>,
 }
-
-#[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
-    #[error("ledger storage error: {0}")]
-    Storage(String),
-    #[error("ledger is closed")]
-    Closed,
-    #[error("no such reservation")]
-    NoReservation,
-    /// A task ID or secret could not be drawn from the OS random number generator.
-    #[error(transparent)]
-    Random(#[from] ModelError),
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
-    /// The request breaks the contract (e.g. a terminal status passed to `observe`); nothing
-    /// was written.
-    #[error("invalid ledger request: {0}")]
-    InvalidArgument(String),
-}
-
-impl LedgerError {
-    /// Bounded label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Storage(_) => "storage",
-            Self::Closed => "closed",
-            Self::NoReservation => "no_reservation",
-            Self::Random(_) => "random",
-            Self::Corrupt(_) => "corrupt",
-            Self::InvalidArgument(_) => "invalid_argument",
-        }
-    }
-}
-
-pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
 
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
 /// safe to call concurrently from many requests (and, for shared backends, many replicas).

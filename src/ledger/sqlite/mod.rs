@@ -139,9 +139,9 @@ impl<T> Ctx<T> for rusqlite::Result<T> {
     fn ctx(self, what: &str) -> Result<T> {
         self.map_err(|e| match e.sqlite_error_code() {
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
-                LedgerError::Corrupt(format!("{what}: {e}"))
+                LedgerError::corrupt_because(what, e)
             }
-            _ => LedgerError::Storage(format!("{what}: {e}")),
+            _ => LedgerError::storage(what, e),
         })
     }
 }

@@ -66,20 +66,20 @@ impl RawTask {
 
     fn into_record(self) -> Result<TaskRecord> {
         fn need<T>(value: Option<T>, column: &str) -> Result<T> {
-            value.ok_or_else(|| LedgerError::Corrupt(format!("confirmed task without {column}")))
+            value.ok_or_else(|| LedgerError::corrupt(format!("confirmed task without {column}")))
         }
         fn json<T: serde::de::DeserializeOwned>(text: &str, column: &str) -> Result<T> {
             serde_json::from_str(text)
-                .map_err(|e| LedgerError::Corrupt(format!("task {column} is not valid: {e}")))
+                .map_err(|e| LedgerError::corrupt_because(format!("task {column} is not valid"), e))
         }
         let status_text = need(self.status, "status")?;
         let status = TaskStatus::parse(&status_text)
-            .ok_or_else(|| LedgerError::Corrupt(format!("unknown task status {status_text:?}")))?;
+            .ok_or_else(|| LedgerError::corrupt(format!("unknown task status {status_text:?}")))?;
         let ended = match (self.ended_at, self.end_reason) {
             (None, None) => None,
             (Some(at), Some(reason)) => Some(Ending {
                 reason: EndReason::parse(&reason).ok_or_else(|| {
-                    LedgerError::Corrupt(format!("unknown end reason {reason:?}"))
+                    LedgerError::corrupt(format!("unknown end reason {reason:?}"))
                 })?,
                 by: self
                     .ended_by
@@ -93,7 +93,7 @@ impl RawTask {
                     .transpose()?,
                 at,
             }),
-            _ => return Err(LedgerError::Corrupt("half-recorded task ending".into())),
+            _ => return Err(LedgerError::corrupt("half-recorded task ending")),
         };
         Ok(TaskRecord {
             id: TaskId::from_string(self.id),
@@ -110,14 +110,14 @@ impl RawTask {
             poll_interval_ms: self.poll_interval_ms,
             ended,
             result_reads: u32::try_from(self.result_reads)
-                .map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))?,
+                .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
             token_issued_at: self.token_issued_at,
         })
     }
 }
 
 fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| LedgerError::Storage(format!("encode {what}: {e}")))
+    serde_json::to_string(value).map_err(|e| LedgerError::storage(format!("encode {what}"), e))
 }
 
 /// SQLite's LIMIT is signed; anything beyond `i64::MAX` means "no limit" anyway.
@@ -174,7 +174,7 @@ pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutco
                     return Ok(ReserveOutcome::InFlight(TaskId::from_string(id)));
                 }
                 let record = load_task(conn, &id)?
-                    .ok_or_else(|| LedgerError::Corrupt("idempotency key of a lost task".into()))?;
+                    .ok_or_else(|| LedgerError::corrupt("idempotency key of a lost task"))?;
                 return Ok(ReserveOutcome::Existing(Box::new(record)));
             }
             // The window lapsed: the key no longer means that task; free it for this claim.
@@ -301,7 +301,7 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<T
         until,
     ])
     .ctx("confirm task")?;
-    load_task(conn, id)?.ok_or_else(|| LedgerError::Storage("confirmed task vanished".into()))
+    load_task(conn, id)?.ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))
 }
 
 pub(super) fn release(conn: &Connection, id: &str) -> Result<()> {
@@ -363,7 +363,7 @@ pub(super) fn finish(conn: &Connection, id: &str, f: &Finish) -> Result<FinishOu
         ])
         .ctx("finish task")?;
     let after = load_task(conn, id)?
-        .ok_or_else(|| LedgerError::Storage("finished task vanished".into()))?;
+        .ok_or_else(|| LedgerError::Internal("finished task vanished".into()))?;
     Ok(if changed == 1 {
         FinishOutcome::Applied(Box::new(after))
     } else {
@@ -383,9 +383,7 @@ pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
         .ctx("count result read")?;
     match reads {
         None => Ok(0),
-        Some(n) => {
-            u32::try_from(n).map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))
-        }
+        Some(n) => u32::try_from(n).map_err(|_| LedgerError::corrupt("result_reads out of range")),
     }
 }
 
@@ -461,7 +459,7 @@ pub(super) fn read_secret(conn: &Connection, name: &str) -> Result<Option<[u8; 3
     value
         .map(|v| {
             <[u8; 32]>::try_from(v.as_slice())
-                .map_err(|_| LedgerError::Corrupt(format!("secret {name:?} is not 32 bytes")))
+                .map_err(|_| LedgerError::corrupt(format!("secret {name:?} is not 32 bytes")))
         })
         .transpose()
 }
@@ -473,5 +471,5 @@ pub(super) fn create_secret(conn: &Connection, name: &str, fresh: &[u8; 32]) -> 
         .ctx("prepare secret insert")?
         .execute(params![name, &fresh[..]])
         .ctx("store secret")?;
-    read_secret(conn, name)?.ok_or_else(|| LedgerError::Storage("stored secret vanished".into()))
+    read_secret(conn, name)?.ok_or_else(|| LedgerError::Internal("stored secret vanished".into()))
 }

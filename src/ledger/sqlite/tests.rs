@@ -99,9 +99,16 @@ fn refuses_a_newer_schema() {
     raw(&path).pragma_update(None, "user_version", 99).unwrap();
     let err = SqliteLedger::open(&path).unwrap_err();
     assert!(
-        matches!(&err, LedgerError::Storage(m) if m.contains("version 99")),
+        matches!(
+            err,
+            LedgerError::UnsupportedSchema {
+                found: 99,
+                supported: super::schema::SCHEMA_VERSION
+            }
+        ),
         "{err}"
     );
+    assert!(err.to_string().contains("version 99"), "{err}");
 }
 
 #[test]
@@ -110,7 +117,14 @@ fn refuses_a_file_that_is_not_a_database() {
     let path = dir.path().join("ledger.db");
     std::fs::write(&path, vec![7u8; 8192]).unwrap();
     let err = SqliteLedger::open(&path).unwrap_err();
-    assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    let cause = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+        .expect("the SQLite error is the source");
+    assert_eq!(
+        cause.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::NotADatabase)
+    );
 }
 
 /// Payloads may be sensitive; a purge must not leave them readable in free pages.

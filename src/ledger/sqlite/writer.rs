@@ -50,7 +50,42 @@ trait Job: Send {
 
     /// Sends the command's result. `outcome` is the fate of the whole transaction: when it
     /// failed, a command that succeeded inside it did not take effect and must report so.
-    fn reply(self: Box<Self>, outcome: &std::result::Result<(), String>);
+    fn reply(self: Box<Self>, outcome: &Outcome);
+}
+
+/// The fate of a whole transaction, shared by every command in it.
+type Outcome = std::result::Result<(), BatchFailure>;
+
+/// Why a transaction did not commit.
+#[derive(Clone, Debug)]
+enum BatchFailure {
+    /// A transaction statement (`BEGIN`, `COMMIT`) failed. Every command of the batch reports
+    /// it, so the source of their errors is a shared `Arc<rusqlite::Error>`.
+    Statement {
+        context: &'static str,
+        error: Arc<rusqlite::Error>,
+    },
+    /// Another command broke the transaction; this one's work was rolled back with it.
+    Aborted,
+}
+
+impl BatchFailure {
+    fn statement(context: &'static str, error: rusqlite::Error) -> Self {
+        Self::Statement {
+            context,
+            error: Arc::new(error),
+        }
+    }
+
+    /// The error each command of the failed transaction reports.
+    fn to_error(&self) -> LedgerError {
+        match self {
+            Self::Statement { context, error } => LedgerError::storage(*context, Arc::clone(error)),
+            Self::Aborted => {
+                LedgerError::Internal("transaction aborted by a failing ledger command".into())
+            }
+        }
+    }
 }
 
 struct Command<T, F> {
@@ -67,7 +102,9 @@ where
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(work) = self.work.take() else {
             // Each job is run at most once (a batch pops it before running it).
-            self.result = Some(Err(LedgerError::Storage("ledger command ran twice".into())));
+            self.result = Some(Err(LedgerError::Internal(
+                "ledger command ran twice".into(),
+            )));
             return true;
         };
         let (result, healthy) = run_in_savepoint(conn, work);
@@ -75,12 +112,12 @@ where
         healthy && !conn.is_autocommit()
     }
 
-    fn reply(self: Box<Self>, outcome: &std::result::Result<(), String>) {
+    fn reply(self: Box<Self>, outcome: &Outcome) {
         let result = match (self.result, outcome) {
-            (Some(Ok(_)), Err(why)) => Err(LedgerError::Storage(why.clone())),
+            (Some(Ok(_)), Err(why)) => Err(why.to_error()),
             (Some(result), _) => result,
-            (None, Err(why)) => Err(LedgerError::Storage(why.clone())),
-            (None, Ok(())) => Err(LedgerError::Storage("ledger command did not run".into())),
+            (None, Err(why)) => Err(why.to_error()),
+            (None, Ok(())) => Err(LedgerError::Internal("ledger command did not run".into())),
         };
         // The caller may have stopped waiting (its future was dropped); the write stands.
         let _ = self.reply.send(result);
@@ -92,19 +129,16 @@ fn run_in_savepoint<T>(
     work: impl FnOnce(&Connection) -> Result<T>,
 ) -> (Result<T>, bool) {
     if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-        return (Err(LedgerError::Storage(format!("savepoint: {e}"))), false);
+        return (Err(LedgerError::storage("savepoint", e)), false);
     }
     // A panicking command must not take the writer (and every later write) down with it; its
     // partial writes are rolled back like any other failure.
     let result = catch_unwind(AssertUnwindSafe(|| work(conn)))
-        .unwrap_or_else(|_| Err(LedgerError::Storage("ledger command panicked".into())));
+        .unwrap_or_else(|_| Err(LedgerError::Internal("ledger command panicked".into())));
     match result {
         Ok(value) => match conn.execute_batch("RELEASE job") {
             Ok(()) => (Ok(value), true),
-            Err(e) => (
-                Err(LedgerError::Storage(format!("release savepoint: {e}"))),
-                false,
-            ),
+            Err(e) => (Err(LedgerError::storage("release savepoint", e)), false),
         },
         Err(err) => {
             let healthy = conn.execute_batch("ROLLBACK TO job; RELEASE job").is_ok();
@@ -139,7 +173,7 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || writer_loop(&conn, receiver, &thread_counters))
-            .map_err(|e| LedgerError::Storage(format!("start ledger writer thread: {e}")))?;
+            .map_err(|e| LedgerError::storage("start ledger writer thread", e))?;
         Ok(Self {
             queue: Some(queue),
             thread: Some(thread),
@@ -189,7 +223,7 @@ impl Writer {
         match self.thread.take() {
             Some(thread) => thread
                 .join()
-                .map_err(|_| LedgerError::Storage("ledger writer thread panicked".into())),
+                .map_err(|_| LedgerError::Internal("ledger writer thread panicked".into())),
             None => Ok(()),
         }
     }
@@ -227,7 +261,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
     // IMMEDIATE takes the write lock up front, so a second process on the same file makes us
     // wait (busy_timeout) here rather than fail halfway through the batch.
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let outcome = Err(format!("begin transaction: {e}"));
+        let outcome = Err(BatchFailure::statement("begin transaction", e));
         for job in pending.drain(..) {
             job.reply(&outcome);
         }
@@ -242,7 +276,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            let outcome = Err("transaction aborted by a failing ledger command".to_string());
+            let outcome = Err(BatchFailure::Aborted);
             for job in done {
                 job.reply(&outcome);
             }
@@ -251,7 +285,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
     }
     let outcome = conn
         .execute_batch("COMMIT")
-        .map_err(|e| format!("commit: {e}"));
+        .map_err(|e| BatchFailure::statement("commit", e));
     match &outcome {
         Ok(()) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -303,7 +337,7 @@ mod tests {
         move |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (?1)", [v])
                 .map(|_| ())
-                .map_err(|e| LedgerError::Storage(e.to_string()))
+                .map_err(|e| LedgerError::storage("insert", e))
         }
     }
 
@@ -336,12 +370,16 @@ mod tests {
         ));
         assert!(matches!(
             p_answer.await.unwrap(),
-            Err(LedgerError::Storage(_))
+            Err(LedgerError::Internal(_))
         ));
-        assert!(matches!(
-            d_answer.await.unwrap(),
-            Err(LedgerError::Storage(_))
-        ));
+        let duplicate = d_answer.await.unwrap().unwrap_err();
+        let cause = std::error::Error::source(&duplicate)
+            .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+            .expect("the SQLite error is the source");
+        assert_eq!(
+            cause.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::ConstraintViolation)
+        );
         assert!(e_answer.await.unwrap().is_ok());
         assert_eq!(
             writer.stats(),
