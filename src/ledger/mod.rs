@@ -5,10 +5,11 @@
 //! wins); quotas and idempotency are decided inside the ledger's own transactions so concurrent
 //! requests can never double-spend. Backends: embedded SQLite (default, one pod) and PostgreSQL
 //! (replicas of one MCP server share it). Both pass the same conformance suite
-//! ([`conformance`]).
+//! (`conformance`, compiled for tests only).
 //!
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
+#[cfg(test)]
 pub mod conformance;
 mod error;
 pub mod sqlite;

@@ -17,50 +17,7 @@ fn fresh() -> (TempDir, SqliteLedger) {
     (dir, ledger)
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread")]
-        async fn $name() {
-            let (_dir, ledger) = fresh();
-            conformance::$name(&ledger).await;
-        }
-    )*};
-}
-
-conformance!(
-    round_trip,
-    reservations_are_invisible,
-    release,
-    reservations_expire,
-    quota_principal,
-    quota_tenant,
-    quota_client,
-    quota_order,
-    quota_without_tenant_or_client,
-    quota_server,
-    quota_race,
-    idempotency,
-    idempotency_window,
-    idempotency_race,
-    finish_cas,
-    finish_race,
-    observe,
-    result_reads,
-    forget_payload,
-    past_deadline,
-    purge_expired,
-    active_for,
-    secret,
-    run_all,
-);
-
-/// The suite's claim that it can share a database: all of it at once, twice over.
-#[tokio::test(flavor = "multi_thread")]
-async fn suite_shares_one_ledger() {
-    let (_dir, ledger) = fresh();
-    conformance::run_shared(&ledger).await;
-    conformance::run_shared(&ledger).await;
-}
+conformance::ledger_conformance_tests!(async || fresh());
 
 fn raw(path: &Path) -> Connection {
     Connection::open(path).expect("open raw connection")
