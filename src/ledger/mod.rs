@@ -12,6 +12,7 @@
 #[cfg(test)]
 pub mod conformance;
 mod error;
+mod settlements;
 pub mod sqlite;
 
 pub use error::{BoxError, LedgerError, Result};
@@ -177,7 +178,7 @@ pub enum ReserveOutcome {
     /// The idempotency key already maps to a confirmed task within its window.
     Existing(Box<TaskRecord>),
     /// The idempotency key is held by a reservation still in flight, under this ID: wait for it
-    /// to be confirmed or released, then ask again.
+    /// to be confirmed or released ([`TaskLedger::wait_settled`]), then ask again.
     InFlight(TaskId),
     /// A quota is exhausted; nothing was reserved.
     OverQuota(QuotaScope),
@@ -243,6 +244,22 @@ pub trait TaskLedger: Send + Sync {
     /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
     /// tasks are never touched.
     async fn release(&self, id: &TaskId) -> Result<()>;
+
+    /// Waits until the reservation `id` is no longer pending: confirmed, released, or gone
+    /// (voided by expiry and swept by `reserve` or `purge_expired`). Returns at once when it is
+    /// not pending now (including IDs that were never reserved). Meant for
+    /// [`ReserveOutcome::InFlight`]: wait on the holder, then call `reserve` again.
+    ///
+    /// Race-free: interest is registered before the current state is checked, so a settlement
+    /// committed at any point after the call starts wakes it. It does not poll storage: each
+    /// backend signals settlements its own way (SQLite: in-process notification after the
+    /// commit; a shared backend such as PostgreSQL: its own mechanism, e.g. LISTEN/NOTIFY, so a
+    /// reservation settled by another replica wakes it too).
+    ///
+    /// Callers must still bound the wait (`tokio::time::timeout`): a reservation voided only by
+    /// the clock (its expiry passed but nothing swept it yet) is never signalled, and an SQLite
+    /// file shared with another process is not watched for that process's writes.
+    async fn wait_settled(&self, id: &TaskId) -> Result<()>;
 
     /// A confirmed task by ID. Reservations are invisible.
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>>;

@@ -61,6 +61,11 @@ macro_rules! ledger_conformance_tests {
             purge_expired,
             active_for,
             secret,
+            settle_not_pending,
+            settle_on_confirm,
+            settle_on_release,
+            settle_on_sweep,
+            settle_many_waiters,
             run_all,
         );
 
@@ -89,6 +94,7 @@ use futures_util::future::{LocalBoxFuture, join_all};
 mod admission;
 mod lifecycle;
 mod records;
+mod settlement;
 
 pub use admission::{
     idempotency, idempotency_race, idempotency_window, quota_client, quota_order, quota_principal,
@@ -99,6 +105,9 @@ pub use lifecycle::{
     result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
+pub use settlement::{
+    settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
+};
 
 use super::{
     Confirmation, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner, QuotaLimits,
@@ -148,6 +157,11 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     purge_expired(ledger).await;
     active_for(ledger).await;
     secret(ledger).await;
+    settle_not_pending(ledger).await;
+    settle_on_confirm(ledger).await;
+    settle_on_release(ledger).await;
+    settle_on_sweep(ledger).await;
+    settle_many_waiters(ledger).await;
 }
 
 /// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
@@ -177,6 +191,11 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         purge_expired(ledger).boxed_local(),
         active_for(ledger).boxed_local(),
         secret(ledger).boxed_local(),
+        settle_not_pending(ledger).boxed_local(),
+        settle_on_confirm(ledger).boxed_local(),
+        settle_on_release(ledger).boxed_local(),
+        settle_on_sweep(ledger).boxed_local(),
+        settle_many_waiters(ledger).boxed_local(),
     ];
     join_all(suite).await;
 }

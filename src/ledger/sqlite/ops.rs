@@ -149,14 +149,37 @@ fn count_active(conn: &Connection, sql: &str, args: &[&dyn rusqlite::ToSql]) -> 
         .ctx("count active tasks")
 }
 
-pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
+/// Deletes reservations whose expiry is at or before `now`; returns their IDs.
+fn void_expired_reservations(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1 RETURNING id",
+        )
+        .ctx("prepare reservation sweep")?;
+    let ids = stmt
+        .query_map([now], |row| row.get::<_, String>(0))
+        .ctx("void expired reservations")?;
+    ids.map(|id| id.ctx("read voided reservation id")).collect()
+}
+
+/// Whether `id` is a reservation (not yet confirmed, released or swept away).
+pub(super) fn is_reserved(conn: &Connection, id: &str) -> Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND confirmed = 0)")
+        .ctx("prepare reservation check")?
+        .query_row([id], |row| row.get(0))
+        .ctx("check reservation")
+}
+
+/// Returns the outcome and the IDs of the expired reservations it voided on the way.
+pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<(ReserveOutcome, Vec<String>)> {
     // Void expired reservations first, so neither the idempotency lookup nor the counts below
     // can see one.
-    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
-        .ctx("prepare reservation sweep")?
-        .execute([r.now])
-        .ctx("void expired reservations")?;
+    let voided = void_expired_reservations(conn, r.now)?;
+    let outcome = reserve_slot(conn, r)?;
+    Ok((outcome, voided))
+}
 
+fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     if let Some(claim) = &r.idempotency {
         let holder: Option<(String, bool, i64)> = conn
             .prepare_cached(
@@ -411,11 +434,13 @@ pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result
     collect(rows)
 }
 
-pub(super) fn purge_expired(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskId>> {
-    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
-        .ctx("prepare reservation sweep")?
-        .execute([now])
-        .ctx("void expired reservations")?;
+/// Returns the IDs of the purged tasks and of the voided reservations.
+pub(super) fn purge_expired(
+    conn: &Connection,
+    now: i64,
+    limit: usize,
+) -> Result<(Vec<TaskId>, Vec<String>)> {
+    let voided = void_expired_reservations(conn, now)?;
     let mut stmt = conn
         .prepare_cached(
             "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
@@ -428,8 +453,10 @@ pub(super) fn purge_expired(conn: &Connection, now: i64, limit: usize) -> Result
             row.get::<_, String>(0)
         })
         .ctx("purge expired tasks")?;
-    ids.map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
-        .collect()
+    let purged = ids
+        .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
+        .collect::<Result<_>>()?;
+    Ok((purged, voided))
 }
 
 pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {

@@ -19,6 +19,39 @@ fn fresh() -> (TempDir, SqliteLedger) {
 
 conformance::ledger_conformance_tests!(async || fresh());
 
+/// Waiters leave nothing behind, whether their reservation settles or they give up.
+#[tokio::test(flavor = "multi_thread")]
+async fn settlement_waiters_leave_nothing_behind() {
+    let (_dir, ledger) = fresh();
+    let owner = fresh_owner();
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+
+    let mut gives_up = ledger.wait_settled(&id);
+    let mut waits = ledger.wait_settled(&id);
+    assert!(futures_util::poll!(&mut gives_up).is_pending());
+    assert!(futures_util::poll!(&mut waits).is_pending());
+    assert_eq!(ledger.settlements.tracked(), 1);
+    drop(gives_up); // as a caller's timeout would
+    assert_eq!(
+        ledger.settlements.tracked(),
+        1,
+        "the other waiter still waits"
+    );
+    ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    waits.await.unwrap();
+    assert_eq!(ledger.settlements.tracked(), 0);
+
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let mut gives_up = ledger.wait_settled(&id);
+    assert!(futures_util::poll!(&mut gives_up).is_pending());
+    drop(gives_up);
+    assert_eq!(ledger.settlements.tracked(), 0);
+}
+
 fn raw(path: &Path) -> Connection {
     Connection::open(path).expect("open raw connection")
 }

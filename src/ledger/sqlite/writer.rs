@@ -5,7 +5,9 @@
 //! contention (no `SQLITE_BUSY` between our own writers) and lets that thread amortise the fsync:
 //! it takes whatever commands are queued, runs them in one transaction, each under its own
 //! SAVEPOINT, and commits once. A failing command rolls back to its savepoint and affects nobody
-//! else; a reply is sent only after the COMMIT returned, so `Ok` always means "durable".
+//! else; a reply is sent only after the COMMIT returned, so `Ok` always means "durable". A
+//! command may carry a hook that runs on the writer thread once its work is durable, before the
+//! reply: the ledger uses it to wake waiters on settled reservations.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -88,16 +90,19 @@ impl BatchFailure {
     }
 }
 
-struct Command<T, F> {
+struct Command<T, F, A> {
     work: Option<F>,
+    /// Runs with the successful result once the transaction committed.
+    after_commit: Option<A>,
     result: Option<Result<T>>,
     reply: oneshot::Sender<Result<T>>,
 }
 
-impl<T, F> Job for Command<T, F>
+impl<T, F, A> Job for Command<T, F, A>
 where
     T: Send,
     F: FnOnce(&Connection) -> Result<T> + Send,
+    A: FnOnce(&T) + Send,
 {
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(work) = self.work.take() else {
@@ -119,6 +124,9 @@ where
             (None, Err(why)) => Err(why.to_error()),
             (None, Ok(())) => Err(LedgerError::Internal("ledger command did not run".into())),
         };
+        if let (Ok(value), Some(after_commit)) = (&result, self.after_commit) {
+            after_commit(value);
+        }
         // The caller may have stopped waiting (its future was dropped); the write stands.
         let _ = self.reply.send(result);
     }
@@ -191,10 +199,23 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
+        self.call_then(work, |_: &T| {}).await
+    }
+
+    /// [`Writer::call`], and once `work` succeeded and its transaction is durable, runs
+    /// `after_commit` with the result on the writer thread, before the reply is sent. The hook
+    /// runs even if the returned future was dropped; it must be quick and must not panic.
+    pub(super) async fn call_then<T, F, A>(&self, work: F, after_commit: A) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        A: FnOnce(&T) + Send + 'static,
+    {
         let queue = self.queue.as_ref().ok_or(LedgerError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let command = Command {
             work: Some(work),
+            after_commit: Some(after_commit),
             result: None,
             reply,
         };
@@ -326,6 +347,7 @@ mod tests {
         (
             Box::new(Command {
                 work: Some(work),
+                after_commit: None::<fn(&T)>,
                 result: None,
                 reply,
             }),
@@ -390,6 +412,29 @@ mod tests {
         );
         writer.close().unwrap();
         assert_eq!(count(&dir.path().join("w.db")), 2);
+    }
+
+    #[tokio::test]
+    async fn hooks_run_only_after_a_commit_and_before_the_reply() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = Writer::spawn(table_conn(&dir)).unwrap();
+        let ran = Arc::new(AtomicU64::new(0));
+        let hook = |ran: &Arc<AtomicU64>| {
+            let ran = Arc::clone(ran);
+            move |_: &()| {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        writer.call_then(insert(1), hook(&ran)).await.unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "ran before the reply");
+        let duplicate = writer.call_then(insert(1), hook(&ran)).await;
+        assert!(duplicate.is_err());
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "no hook for a failed command"
+        );
+        writer.close().unwrap();
     }
 
     #[tokio::test]
