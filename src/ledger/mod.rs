@@ -7,15 +7,19 @@
 //! (replicas of one MCP server share it). Both pass the same conformance suite
 //! (`conformance`, compiled for tests only).
 //!
+//! [`LedgerLocation`] names where a ledger lives and opens the backend that holds it.
+//!
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
 #[cfg(test)]
 pub mod conformance;
 mod error;
+mod location;
 mod settlements;
 pub mod sqlite;
 
 pub use error::{BoxError, LedgerError, Result};
+pub use location::{LedgerLocation, LocationError};
 pub use sqlite::SqliteLedger;
 
 use async_trait::async_trait;
