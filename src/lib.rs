@@ -30,6 +30,7 @@ pub mod exception;
 pub mod identity;
 pub mod ledger;
 pub mod mcp;
+pub mod model;
 pub mod policy;
 pub mod runtime;
 pub mod sidecar;

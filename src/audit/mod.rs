@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::ledger::{Owner, TaskId};
+use crate::model::{Owner, TaskId};
 
 /// Decision recorded with an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

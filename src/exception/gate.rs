@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::api::{ExceptionCapability, ExceptionState};
-use crate::ledger::Owner;
+use crate::model::Owner;
 use crate::policy::GrantedException;
 
 use super::Verification;

@@ -4,7 +4,7 @@ use serde_json::json;
 use super::gate::{CapabilityRequest, Rejection, covers};
 use super::*;
 use crate::api::{CapabilityException, ExceptionCapability};
-use crate::ledger::Owner;
+use crate::model::Owner;
 use crate::policy::{GrantedException, ObjectKey};
 
 const APPROVER_KEY: &[u8] = include_bytes!("../../tests/fixtures/keys/issuer-ed25519.pem");

@@ -80,7 +80,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ledger::Owner;
+    use crate::model::Owner;
 
     fn identity(exp: i64) -> Identity {
         Identity {

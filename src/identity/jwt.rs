@@ -9,7 +9,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
 use crate::api::JwsAlgorithm;
-use crate::ledger::Owner;
+use crate::model::Owner;
 use crate::policy::{EffectivePolicy, TrustedIssuer};
 
 use super::keys::KeySet;

@@ -5,125 +5,27 @@
 //! wins); quotas and idempotency are decided inside the ledger's own transactions so concurrent
 //! requests can never double-spend. Backends: embedded SQLite (default, one pod) and PostgreSQL
 //! (replicas of one MCP server share it). Both pass the same conformance suite
-//! ([`conformance`]).
+//! (`conformance`, compiled for tests only).
+//!
+//! [`LedgerLocation`] names where a ledger lives and opens the backend that holds it.
 //!
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
+#[cfg(test)]
 pub mod conformance;
+mod error;
+mod location;
+mod settlements;
 pub mod sqlite;
 
+pub use error::{BoxError, LedgerError, Result};
+pub use location::{LedgerLocation, LocationError};
 pub use sqlite::SqliteLedger;
 
-use std::fmt;
-
 use async_trait::async_trait;
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
-/// A task ID the sidecar minted: `lgt_` + 192 bits from the OS CSPRNG, base64url.
-/// Unguessable, and unrelated to the upstream server's own ID (which never reaches clients).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct TaskId(String);
-
-/// Prefix of every sidecar task ID (also makes them recognisable to secret scanners).
-pub const TASK_ID_PREFIX: &str = "lgt_";
-
-impl TaskId {
-    /// Mints a fresh ID.
-    pub fn generate() -> Result<Self, LedgerError> {
-        let mut bytes = [0u8; 24];
-        getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
-        Ok(Self(format!(
-            "{TASK_ID_PREFIX}{}",
-            URL_SAFE_NO_PAD.encode(bytes)
-        )))
-    }
-
-    /// Wraps an ID received from a client or read from storage. Any string is accepted (unknown
-    /// IDs simply match nothing); use [`TaskId::looks_minted`] to skip a lookup for IDs that
-    /// cannot exist.
-    pub fn from_string(id: impl Into<String>) -> Self {
-        Self(id.into())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether the ID has the shape of one this sidecar mints.
-    pub fn looks_minted(&self) -> bool {
-        self.0.len() == TASK_ID_PREFIX.len() + 32
-            && self.0.starts_with(TASK_ID_PREFIX)
-            && self.0[TASK_ID_PREFIX.len()..]
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    }
-}
-
-impl fmt::Display for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Task IDs are bearer-like secrets for existence; never print them in debug output.
-impl fmt::Debug for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TaskId(..)")
-    }
-}
-
-/// Who a task belongs to: issuer + subject, tenant and OAuth client, from the creating token.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Owner {
-    pub issuer: String,
-    pub subject: String,
-    /// Empty when the token carries no tenant claim.
-    pub tenant: String,
-    /// Empty when the token carries no client claim.
-    pub client: String,
-}
-
-/// Task status as in the MCP Tasks extension.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Working,
-    InputRequired,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
-    }
-
-    /// The wire name (`working`, `input_required`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Working => "working",
-            Self::InputRequired => "input_required",
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "working" => Self::Working,
-            "input_required" => Self::InputRequired,
-            "completed" => Self::Completed,
-            "failed" => Self::Failed,
-            "cancelled" => Self::Cancelled,
-            _ => return None,
-        })
-    }
-}
+pub use crate::model::{Owner, TASK_ID_PREFIX, TaskId, TaskStatus};
 
 /// Why a task reached its terminal state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -280,7 +182,7 @@ pub enum ReserveOutcome {
     /// The idempotency key already maps to a confirmed task within its window.
     Existing(Box<TaskRecord>),
     /// The idempotency key is held by a reservation still in flight, under this ID: wait for it
-    /// to be confirmed or released, then ask again.
+    /// to be confirmed or released ([`TaskLedger::wait_settled`]), then ask again.
     InFlight(TaskId),
     /// A quota is exhausted; nothing was reserved.
     OverQuota(QuotaScope),
@@ -326,40 +228,6 @@ pub struct PrincipalFilter {
     pub client: Option<String>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
-    #[error("ledger storage error: {0}")]
-    Storage(String),
-    #[error("ledger is closed")]
-    Closed,
-    #[error("no such reservation")]
-    NoReservation,
-    #[error("random number generator failed: {0}")]
-    Random(String),
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
-    /// The request breaks the contract (e.g. a terminal status passed to `observe`); nothing
-    /// was written.
-    #[error("invalid ledger request: {0}")]
-    InvalidArgument(String),
-}
-
-impl LedgerError {
-    /// Bounded label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Storage(_) => "storage",
-            Self::Closed => "closed",
-            Self::NoReservation => "no_reservation",
-            Self::Random(_) => "random",
-            Self::Corrupt(_) => "corrupt",
-            Self::InvalidArgument(_) => "invalid_argument",
-        }
-    }
-}
-
-pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
-
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
 /// safe to call concurrently from many requests (and, for shared backends, many replicas).
 #[async_trait]
@@ -380,6 +248,22 @@ pub trait TaskLedger: Send + Sync {
     /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
     /// tasks are never touched.
     async fn release(&self, id: &TaskId) -> Result<()>;
+
+    /// Waits until the reservation `id` is no longer pending: confirmed, released, or gone
+    /// (voided by expiry and swept by `reserve` or `purge_expired`). Returns at once when it is
+    /// not pending now (including IDs that were never reserved). Meant for
+    /// [`ReserveOutcome::InFlight`]: wait on the holder, then call `reserve` again.
+    ///
+    /// Race-free: interest is registered before the current state is checked, so a settlement
+    /// committed at any point after the call starts wakes it. It does not poll storage: each
+    /// backend signals settlements its own way (SQLite: in-process notification after the
+    /// commit; a shared backend such as PostgreSQL: its own mechanism, e.g. LISTEN/NOTIFY, so a
+    /// reservation settled by another replica wakes it too).
+    ///
+    /// Callers must still bound the wait (`tokio::time::timeout`): a reservation voided only by
+    /// the clock (its expiry passed but nothing swept it yet) is never signalled, and an SQLite
+    /// file shared with another process is not watched for that process's writes.
+    async fn wait_settled(&self, id: &TaskId) -> Result<()>;
 
     /// A confirmed task by ID. Reservations are invisible.
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
@@ -428,28 +312,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn minted_ids_are_unique_and_well_formed() {
-        let a = TaskId::generate().unwrap();
-        let b = TaskId::generate().unwrap();
-        assert_ne!(a, b);
-        assert!(a.looks_minted(), "{a}");
-        assert_eq!(a.as_str().len(), 36);
-        assert!(!TaskId::from_string("task-1").looks_minted());
-        assert!(!TaskId::from_string(format!("{TASK_ID_PREFIX}{}", "!".repeat(32))).looks_minted());
-        assert_eq!(format!("{a:?}"), "TaskId(..)");
-    }
-
-    #[test]
-    fn status_and_reason_names_round_trip() {
-        for s in [
-            TaskStatus::Working,
-            TaskStatus::InputRequired,
-            TaskStatus::Completed,
-            TaskStatus::Failed,
-            TaskStatus::Cancelled,
-        ] {
-            assert_eq!(TaskStatus::parse(s.as_str()), Some(s));
-        }
+    fn reason_names_round_trip() {
         for r in [
             EndReason::Upstream,
             EndReason::OwnerCancel,

@@ -1,9 +1,9 @@
 //! Backend-independent conformance suite for [`TaskLedger`] implementations.
 //!
-//! Every function drives a ledger through the trait only and panics on the first violation, so
-//! a backend's tests just call them (or [`run_all`]) against a fresh instance. Compiled in
-//! normal builds so integration tests and other backends can reuse it; it depends on nothing
-//! test-only.
+//! Every function drives a ledger through the trait only and panics on the first violation. A
+//! backend gets the whole suite as tests by invoking [`ledger_conformance_tests!`] once with a
+//! factory for fresh instances. Compiled for the crate's unit tests only (backends live in this
+//! crate), so none of it ships in the binary.
 //!
 //! Sharing one database between tests (e.g. one PostgreSQL schema for a whole test run) is
 //! supported with one exception: every function makes its own random principals, tenants,
@@ -15,12 +15,86 @@
 //! rest concurrently on one ledger to prove the point. Functions leave their rows behind
 //! (including reservations alive until [`FAR`]), so a shared database only grows.
 
+/// Expands to one `#[tokio::test(flavor = "multi_thread")]` per conformance function, each on
+/// a fresh ledger, plus `run_all` (the whole suite in order on one fresh ledger) and
+/// `run_shared` (the shareable part, interleaved, twice over on one ledger).
+///
+/// The argument is a factory called once per test: an async closure (or anything callable with
+/// no arguments that returns a future) resolving to `(guard, ledger)`, where `ledger` is a
+/// concrete [`TaskLedger`] and `guard` is anything that must outlive it (a temporary directory,
+/// a database schema to drop). Invoke it once in the backend's test module:
+///
+/// ```ignore
+/// crate::ledger::conformance::ledger_conformance_tests!(async || {
+///     let dir = tempfile::tempdir().expect("temp dir");
+///     let ledger = SqliteLedger::open(&dir.path().join("ledger.db")).expect("open ledger");
+///     (dir, ledger)
+/// });
+/// ```
+///
+/// The generated tests are named after the functions, so the invoking module must not define
+/// items of those names.
+macro_rules! ledger_conformance_tests {
+    ($fresh:expr $(,)?) => {
+        $crate::ledger::conformance::ledger_conformance_tests!(
+            @each $fresh;
+            round_trip,
+            reservations_are_invisible,
+            release,
+            reservations_expire,
+            quota_principal,
+            quota_tenant,
+            quota_client,
+            quota_order,
+            quota_without_tenant_or_client,
+            quota_server,
+            quota_race,
+            idempotency,
+            idempotency_window,
+            idempotency_race,
+            finish_cas,
+            finish_race,
+            observe,
+            result_reads,
+            forget_payload,
+            past_deadline,
+            purge_expired,
+            active_for,
+            secret,
+            settle_not_pending,
+            settle_on_confirm,
+            settle_on_release,
+            settle_on_sweep,
+            settle_many_waiters,
+            run_all,
+        );
+
+        /// The suite's claim that it can share a database: all of it at once, twice over.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn run_shared() {
+            let (_guard, ledger) = ($fresh)().await;
+            $crate::ledger::conformance::run_shared(&ledger).await;
+            $crate::ledger::conformance::run_shared(&ledger).await;
+        }
+    };
+    (@each $fresh:expr; $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $name() {
+            let (_guard, ledger) = ($fresh)().await;
+            $crate::ledger::conformance::$name(&ledger).await;
+        }
+    )*};
+}
+
+pub(crate) use ledger_conformance_tests;
+
 use futures_util::FutureExt;
 use futures_util::future::{LocalBoxFuture, join_all};
 
 mod admission;
 mod lifecycle;
 mod records;
+mod settlement;
 
 pub use admission::{
     idempotency, idempotency_race, idempotency_window, quota_client, quota_order, quota_principal,
@@ -31,6 +105,9 @@ pub use lifecycle::{
     result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
+pub use settlement::{
+    settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
+};
 
 use super::{
     Confirmation, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner, QuotaLimits,
@@ -80,6 +157,11 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     purge_expired(ledger).await;
     active_for(ledger).await;
     secret(ledger).await;
+    settle_not_pending(ledger).await;
+    settle_on_confirm(ledger).await;
+    settle_on_release(ledger).await;
+    settle_on_sweep(ledger).await;
+    settle_many_waiters(ledger).await;
 }
 
 /// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
@@ -109,6 +191,11 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         purge_expired(ledger).boxed_local(),
         active_for(ledger).boxed_local(),
         secret(ledger).boxed_local(),
+        settle_not_pending(ledger).boxed_local(),
+        settle_on_confirm(ledger).boxed_local(),
+        settle_on_release(ledger).boxed_local(),
+        settle_on_sweep(ledger).boxed_local(),
+        settle_many_waiters(ledger).boxed_local(),
     ];
     join_all(suite).await;
 }

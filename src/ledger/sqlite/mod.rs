@@ -13,17 +13,19 @@ mod tests;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, ErrorCode};
 
 pub use self::writer::WriteStats;
 use self::writer::Writer;
+use super::settlements::Settlements;
 use super::{
     Confirmation, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation, ReserveOutcome,
     Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
+use crate::model::ModelError;
 
 /// Read connections kept open. Reads are short point or index lookups, so a handful covers the
 /// concurrency of a sidecar on a few cores.
@@ -35,11 +37,17 @@ const READ_CONNECTIONS: usize = 4;
 /// committed with `synchronous=FULL` (on disk); a write whose future is dropped after it was
 /// queued still happens; dropping the ledger (or [`SqliteLedger::close`]) finishes every queued
 /// write before the file is closed, blocking the dropping thread meanwhile.
+///
+/// [`TaskLedger::wait_settled`] is woken by the writer thread right after the commit that
+/// confirmed, released or voided the reservation, before that write's caller gets its answer;
+/// writes by another process sharing the file wake nobody.
 pub struct SqliteLedger {
     // Declared before `writer` so the read connections close first and the writer's connection
     // is the last one: SQLite then checkpoints and removes the WAL file on close.
     readers: ReadPool,
     writer: Writer,
+    /// Waiters on reservations, woken after the commits that settle them.
+    settlements: Arc<Settlements>,
     path: PathBuf,
 }
 
@@ -55,6 +63,7 @@ impl SqliteLedger {
         Ok(Self {
             readers,
             writer,
+            settlements: Arc::default(),
             path: path.to_owned(),
         })
     }
@@ -75,6 +84,7 @@ impl SqliteLedger {
         let Self {
             readers,
             mut writer,
+            settlements: _,
             path: _,
         } = self;
         drop(readers);
@@ -138,9 +148,9 @@ impl<T> Ctx<T> for rusqlite::Result<T> {
     fn ctx(self, what: &str) -> Result<T> {
         self.map_err(|e| match e.sqlite_error_code() {
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
-                LedgerError::Corrupt(format!("{what}: {e}"))
+                LedgerError::corrupt_because(what, e)
             }
-            _ => LedgerError::Storage(format!("{what}: {e}")),
+            _ => LedgerError::storage(what, e),
         })
     }
 }
@@ -158,22 +168,54 @@ fn require_nonterminal(status: TaskStatus, operation: &str) -> Result<()> {
 #[async_trait]
 impl TaskLedger for SqliteLedger {
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome> {
-        self.writer
-            .call(move |conn| ops::reserve(conn, &reservation))
-            .await
+        let settlements = Arc::clone(&self.settlements);
+        let (outcome, _voided) = self
+            .writer
+            .call_then(
+                move |conn| ops::reserve(conn, &reservation),
+                move |(_, voided)| settlements.settle(voided),
+            )
+            .await?;
+        Ok(outcome)
     }
 
     async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord> {
         require_nonterminal(confirmation.status, "confirm")?;
         let id = id.as_str().to_owned();
+        let settlements = Arc::clone(&self.settlements);
         self.writer
-            .call(move |conn| ops::confirm(conn, &id, &confirmation))
+            .call_then(
+                move |conn| ops::confirm(conn, &id, &confirmation),
+                move |record: &TaskRecord| settlements.settle([record.id.as_str()]),
+            )
             .await
     }
 
     async fn release(&self, id: &TaskId) -> Result<()> {
         let id = id.as_str().to_owned();
-        self.writer.call(move |conn| ops::release(conn, &id)).await
+        let settlements = Arc::clone(&self.settlements);
+        let released = id.clone();
+        self.writer
+            .call_then(
+                move |conn| ops::release(conn, &id),
+                move |()| settlements.settle([released]),
+            )
+            .await
+    }
+
+    async fn wait_settled(&self, id: &TaskId) -> Result<()> {
+        loop {
+            // Interest first, then the check: a settlement committed after the check wakes us.
+            let (_interest, settled) = self.settlements.interest(id.as_str());
+            if !self
+                .readers
+                .with(|conn| ops::is_reserved(conn, id.as_str()))?
+            {
+                return Ok(());
+            }
+            // Woken only by a settlement of this ID, so the next check normally returns.
+            settled.await;
+        }
     }
 
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
@@ -227,9 +269,15 @@ impl TaskLedger for SqliteLedger {
     }
 
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
-        self.writer
-            .call(move |conn| ops::purge_expired(conn, now, limit))
-            .await
+        let settlements = Arc::clone(&self.settlements);
+        let (purged, _voided) = self
+            .writer
+            .call_then(
+                move |conn| ops::purge_expired(conn, now, limit),
+                move |(_, voided)| settlements.settle(voided),
+            )
+            .await?;
+        Ok(purged)
     }
 
     async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
@@ -241,7 +289,7 @@ impl TaskLedger for SqliteLedger {
             return Ok(value);
         }
         let mut fresh = [0u8; 32];
-        getrandom::fill(&mut fresh).map_err(|e| LedgerError::Random(e.to_string()))?;
+        getrandom::fill(&mut fresh).map_err(ModelError::Random)?;
         let name = name.to_owned();
         self.writer
             .call(move |conn| ops::create_secret(conn, &name, &fresh))

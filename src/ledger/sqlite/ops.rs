@@ -66,20 +66,20 @@ impl RawTask {
 
     fn into_record(self) -> Result<TaskRecord> {
         fn need<T>(value: Option<T>, column: &str) -> Result<T> {
-            value.ok_or_else(|| LedgerError::Corrupt(format!("confirmed task without {column}")))
+            value.ok_or_else(|| LedgerError::corrupt(format!("confirmed task without {column}")))
         }
         fn json<T: serde::de::DeserializeOwned>(text: &str, column: &str) -> Result<T> {
             serde_json::from_str(text)
-                .map_err(|e| LedgerError::Corrupt(format!("task {column} is not valid: {e}")))
+                .map_err(|e| LedgerError::corrupt_because(format!("task {column} is not valid"), e))
         }
         let status_text = need(self.status, "status")?;
         let status = TaskStatus::parse(&status_text)
-            .ok_or_else(|| LedgerError::Corrupt(format!("unknown task status {status_text:?}")))?;
+            .ok_or_else(|| LedgerError::corrupt(format!("unknown task status {status_text:?}")))?;
         let ended = match (self.ended_at, self.end_reason) {
             (None, None) => None,
             (Some(at), Some(reason)) => Some(Ending {
                 reason: EndReason::parse(&reason).ok_or_else(|| {
-                    LedgerError::Corrupt(format!("unknown end reason {reason:?}"))
+                    LedgerError::corrupt(format!("unknown end reason {reason:?}"))
                 })?,
                 by: self
                     .ended_by
@@ -93,7 +93,7 @@ impl RawTask {
                     .transpose()?,
                 at,
             }),
-            _ => return Err(LedgerError::Corrupt("half-recorded task ending".into())),
+            _ => return Err(LedgerError::corrupt("half-recorded task ending")),
         };
         Ok(TaskRecord {
             id: TaskId::from_string(self.id),
@@ -110,14 +110,14 @@ impl RawTask {
             poll_interval_ms: self.poll_interval_ms,
             ended,
             result_reads: u32::try_from(self.result_reads)
-                .map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))?,
+                .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
             token_issued_at: self.token_issued_at,
         })
     }
 }
 
 fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| LedgerError::Storage(format!("encode {what}: {e}")))
+    serde_json::to_string(value).map_err(|e| LedgerError::storage(format!("encode {what}"), e))
 }
 
 /// SQLite's LIMIT is signed; anything beyond `i64::MAX` means "no limit" anyway.
@@ -149,14 +149,37 @@ fn count_active(conn: &Connection, sql: &str, args: &[&dyn rusqlite::ToSql]) -> 
         .ctx("count active tasks")
 }
 
-pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
+/// Deletes reservations whose expiry is at or before `now`; returns their IDs.
+fn void_expired_reservations(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1 RETURNING id",
+        )
+        .ctx("prepare reservation sweep")?;
+    let ids = stmt
+        .query_map([now], |row| row.get::<_, String>(0))
+        .ctx("void expired reservations")?;
+    ids.map(|id| id.ctx("read voided reservation id")).collect()
+}
+
+/// Whether `id` is a reservation (not yet confirmed, released or swept away).
+pub(super) fn is_reserved(conn: &Connection, id: &str) -> Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND confirmed = 0)")
+        .ctx("prepare reservation check")?
+        .query_row([id], |row| row.get(0))
+        .ctx("check reservation")
+}
+
+/// Returns the outcome and the IDs of the expired reservations it voided on the way.
+pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<(ReserveOutcome, Vec<String>)> {
     // Void expired reservations first, so neither the idempotency lookup nor the counts below
     // can see one.
-    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
-        .ctx("prepare reservation sweep")?
-        .execute([r.now])
-        .ctx("void expired reservations")?;
+    let voided = void_expired_reservations(conn, r.now)?;
+    let outcome = reserve_slot(conn, r)?;
+    Ok((outcome, voided))
+}
 
+fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     if let Some(claim) = &r.idempotency {
         let holder: Option<(String, bool, i64)> = conn
             .prepare_cached(
@@ -174,7 +197,7 @@ pub(super) fn reserve(conn: &Connection, r: &Reservation) -> Result<ReserveOutco
                     return Ok(ReserveOutcome::InFlight(TaskId::from_string(id)));
                 }
                 let record = load_task(conn, &id)?
-                    .ok_or_else(|| LedgerError::Corrupt("idempotency key of a lost task".into()))?;
+                    .ok_or_else(|| LedgerError::corrupt("idempotency key of a lost task"))?;
                 return Ok(ReserveOutcome::Existing(Box::new(record)));
             }
             // The window lapsed: the key no longer means that task; free it for this claim.
@@ -301,7 +324,7 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<T
         until,
     ])
     .ctx("confirm task")?;
-    load_task(conn, id)?.ok_or_else(|| LedgerError::Storage("confirmed task vanished".into()))
+    load_task(conn, id)?.ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))
 }
 
 pub(super) fn release(conn: &Connection, id: &str) -> Result<()> {
@@ -363,7 +386,7 @@ pub(super) fn finish(conn: &Connection, id: &str, f: &Finish) -> Result<FinishOu
         ])
         .ctx("finish task")?;
     let after = load_task(conn, id)?
-        .ok_or_else(|| LedgerError::Storage("finished task vanished".into()))?;
+        .ok_or_else(|| LedgerError::Internal("finished task vanished".into()))?;
     Ok(if changed == 1 {
         FinishOutcome::Applied(Box::new(after))
     } else {
@@ -383,9 +406,7 @@ pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
         .ctx("count result read")?;
     match reads {
         None => Ok(0),
-        Some(n) => {
-            u32::try_from(n).map_err(|_| LedgerError::Corrupt("result_reads out of range".into()))
-        }
+        Some(n) => u32::try_from(n).map_err(|_| LedgerError::corrupt("result_reads out of range")),
     }
 }
 
@@ -413,11 +434,13 @@ pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result
     collect(rows)
 }
 
-pub(super) fn purge_expired(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskId>> {
-    conn.prepare_cached("DELETE FROM tasks WHERE confirmed = 0 AND reservation_expires_at <= ?1")
-        .ctx("prepare reservation sweep")?
-        .execute([now])
-        .ctx("void expired reservations")?;
+/// Returns the IDs of the purged tasks and of the voided reservations.
+pub(super) fn purge_expired(
+    conn: &Connection,
+    now: i64,
+    limit: usize,
+) -> Result<(Vec<TaskId>, Vec<String>)> {
+    let voided = void_expired_reservations(conn, now)?;
     let mut stmt = conn
         .prepare_cached(
             "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
@@ -430,8 +453,10 @@ pub(super) fn purge_expired(conn: &Connection, now: i64, limit: usize) -> Result
             row.get::<_, String>(0)
         })
         .ctx("purge expired tasks")?;
-    ids.map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
-        .collect()
+    let purged = ids
+        .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
+        .collect::<Result<_>>()?;
+    Ok((purged, voided))
 }
 
 pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
@@ -461,7 +486,7 @@ pub(super) fn read_secret(conn: &Connection, name: &str) -> Result<Option<[u8; 3
     value
         .map(|v| {
             <[u8; 32]>::try_from(v.as_slice())
-                .map_err(|_| LedgerError::Corrupt(format!("secret {name:?} is not 32 bytes")))
+                .map_err(|_| LedgerError::corrupt(format!("secret {name:?} is not 32 bytes")))
         })
         .transpose()
 }
@@ -473,5 +498,5 @@ pub(super) fn create_secret(conn: &Connection, name: &str, fresh: &[u8; 32]) -> 
         .ctx("prepare secret insert")?
         .execute(params![name, &fresh[..]])
         .ctx("store secret")?;
-    read_secret(conn, name)?.ok_or_else(|| LedgerError::Storage("stored secret vanished".into()))
+    read_secret(conn, name)?.ok_or_else(|| LedgerError::Internal("stored secret vanished".into()))
 }

@@ -93,7 +93,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection> {
         .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
         .ctx("set journal_mode")?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(LedgerError::Storage(format!(
+        return Err(LedgerError::Internal(format!(
             "ledger database refused WAL mode (got {mode})"
         )));
     }
@@ -136,10 +136,10 @@ fn migrate_in_transaction(conn: &Connection) -> Result<()> {
         .pragma_query_one(None, "user_version")
         .ctx("read user_version")?;
     if !(0..=SCHEMA_VERSION).contains(&version) {
-        return Err(LedgerError::Storage(format!(
-            "ledger database has schema version {version}; this build supports up to \
-             {SCHEMA_VERSION} (refusing to touch a newer database)"
-        )));
+        return Err(LedgerError::UnsupportedSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
     }
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         conn.execute_batch(step).ctx("migrate ledger schema")?;

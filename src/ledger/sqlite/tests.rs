@@ -17,49 +17,39 @@ fn fresh() -> (TempDir, SqliteLedger) {
     (dir, ledger)
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread")]
-        async fn $name() {
-            let (_dir, ledger) = fresh();
-            conformance::$name(&ledger).await;
-        }
-    )*};
-}
+conformance::ledger_conformance_tests!(async || fresh());
 
-conformance!(
-    round_trip,
-    reservations_are_invisible,
-    release,
-    reservations_expire,
-    quota_principal,
-    quota_tenant,
-    quota_client,
-    quota_order,
-    quota_without_tenant_or_client,
-    quota_server,
-    quota_race,
-    idempotency,
-    idempotency_window,
-    idempotency_race,
-    finish_cas,
-    finish_race,
-    observe,
-    result_reads,
-    forget_payload,
-    past_deadline,
-    purge_expired,
-    active_for,
-    secret,
-    run_all,
-);
-
-/// The suite's claim that it can share a database: all of it at once, twice over.
+/// Waiters leave nothing behind, whether their reservation settles or they give up.
 #[tokio::test(flavor = "multi_thread")]
-async fn suite_shares_one_ledger() {
+async fn settlement_waiters_leave_nothing_behind() {
     let (_dir, ledger) = fresh();
-    conformance::run_shared(&ledger).await;
-    conformance::run_shared(&ledger).await;
+    let owner = fresh_owner();
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+
+    let mut gives_up = ledger.wait_settled(&id);
+    let mut waits = ledger.wait_settled(&id);
+    assert!(futures_util::poll!(&mut gives_up).is_pending());
+    assert!(futures_util::poll!(&mut waits).is_pending());
+    assert_eq!(ledger.settlements.tracked(), 1);
+    drop(gives_up); // as a caller's timeout would
+    assert_eq!(
+        ledger.settlements.tracked(),
+        1,
+        "the other waiter still waits"
+    );
+    ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    waits.await.unwrap();
+    assert_eq!(ledger.settlements.tracked(), 0);
+
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let mut gives_up = ledger.wait_settled(&id);
+    assert!(futures_util::poll!(&mut gives_up).is_pending());
+    drop(gives_up);
+    assert_eq!(ledger.settlements.tracked(), 0);
 }
 
 fn raw(path: &Path) -> Connection {
@@ -99,9 +89,16 @@ fn refuses_a_newer_schema() {
     raw(&path).pragma_update(None, "user_version", 99).unwrap();
     let err = SqliteLedger::open(&path).unwrap_err();
     assert!(
-        matches!(&err, LedgerError::Storage(m) if m.contains("version 99")),
+        matches!(
+            err,
+            LedgerError::UnsupportedSchema {
+                found: 99,
+                supported: super::schema::SCHEMA_VERSION
+            }
+        ),
         "{err}"
     );
+    assert!(err.to_string().contains("version 99"), "{err}");
 }
 
 #[test]
@@ -110,7 +107,14 @@ fn refuses_a_file_that_is_not_a_database() {
     let path = dir.path().join("ledger.db");
     std::fs::write(&path, vec![7u8; 8192]).unwrap();
     let err = SqliteLedger::open(&path).unwrap_err();
-    assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    let cause = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+        .expect("the SQLite error is the source");
+    assert_eq!(
+        cause.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::NotADatabase)
+    );
 }
 
 /// Payloads may be sensitive; a purge must not leave them readable in free pages.

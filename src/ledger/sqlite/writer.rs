@@ -5,7 +5,9 @@
 //! contention (no `SQLITE_BUSY` between our own writers) and lets that thread amortise the fsync:
 //! it takes whatever commands are queued, runs them in one transaction, each under its own
 //! SAVEPOINT, and commits once. A failing command rolls back to its savepoint and affects nobody
-//! else; a reply is sent only after the COMMIT returned, so `Ok` always means "durable".
+//! else; a reply is sent only after the COMMIT returned, so `Ok` always means "durable". A
+//! command may carry a hook that runs on the writer thread once its work is durable, before the
+//! reply: the ledger uses it to wake waiters on settled reservations.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -50,24 +52,64 @@ trait Job: Send {
 
     /// Sends the command's result. `outcome` is the fate of the whole transaction: when it
     /// failed, a command that succeeded inside it did not take effect and must report so.
-    fn reply(self: Box<Self>, outcome: &std::result::Result<(), String>);
+    fn reply(self: Box<Self>, outcome: &Outcome);
 }
 
-struct Command<T, F> {
+/// The fate of a whole transaction, shared by every command in it.
+type Outcome = std::result::Result<(), BatchFailure>;
+
+/// Why a transaction did not commit.
+#[derive(Clone, Debug)]
+enum BatchFailure {
+    /// A transaction statement (`BEGIN`, `COMMIT`) failed. Every command of the batch reports
+    /// it, so the source of their errors is a shared `Arc<rusqlite::Error>`.
+    Statement {
+        context: &'static str,
+        error: Arc<rusqlite::Error>,
+    },
+    /// Another command broke the transaction; this one's work was rolled back with it.
+    Aborted,
+}
+
+impl BatchFailure {
+    fn statement(context: &'static str, error: rusqlite::Error) -> Self {
+        Self::Statement {
+            context,
+            error: Arc::new(error),
+        }
+    }
+
+    /// The error each command of the failed transaction reports.
+    fn to_error(&self) -> LedgerError {
+        match self {
+            Self::Statement { context, error } => LedgerError::storage(*context, Arc::clone(error)),
+            Self::Aborted => {
+                LedgerError::Internal("transaction aborted by a failing ledger command".into())
+            }
+        }
+    }
+}
+
+struct Command<T, F, A> {
     work: Option<F>,
+    /// Runs with the successful result once the transaction committed.
+    after_commit: Option<A>,
     result: Option<Result<T>>,
     reply: oneshot::Sender<Result<T>>,
 }
 
-impl<T, F> Job for Command<T, F>
+impl<T, F, A> Job for Command<T, F, A>
 where
     T: Send,
     F: FnOnce(&Connection) -> Result<T> + Send,
+    A: FnOnce(&T) + Send,
 {
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(work) = self.work.take() else {
             // Each job is run at most once (a batch pops it before running it).
-            self.result = Some(Err(LedgerError::Storage("ledger command ran twice".into())));
+            self.result = Some(Err(LedgerError::Internal(
+                "ledger command ran twice".into(),
+            )));
             return true;
         };
         let (result, healthy) = run_in_savepoint(conn, work);
@@ -75,13 +117,16 @@ where
         healthy && !conn.is_autocommit()
     }
 
-    fn reply(self: Box<Self>, outcome: &std::result::Result<(), String>) {
+    fn reply(self: Box<Self>, outcome: &Outcome) {
         let result = match (self.result, outcome) {
-            (Some(Ok(_)), Err(why)) => Err(LedgerError::Storage(why.clone())),
+            (Some(Ok(_)), Err(why)) => Err(why.to_error()),
             (Some(result), _) => result,
-            (None, Err(why)) => Err(LedgerError::Storage(why.clone())),
-            (None, Ok(())) => Err(LedgerError::Storage("ledger command did not run".into())),
+            (None, Err(why)) => Err(why.to_error()),
+            (None, Ok(())) => Err(LedgerError::Internal("ledger command did not run".into())),
         };
+        if let (Ok(value), Some(after_commit)) = (&result, self.after_commit) {
+            after_commit(value);
+        }
         // The caller may have stopped waiting (its future was dropped); the write stands.
         let _ = self.reply.send(result);
     }
@@ -92,19 +137,16 @@ fn run_in_savepoint<T>(
     work: impl FnOnce(&Connection) -> Result<T>,
 ) -> (Result<T>, bool) {
     if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-        return (Err(LedgerError::Storage(format!("savepoint: {e}"))), false);
+        return (Err(LedgerError::storage("savepoint", e)), false);
     }
     // A panicking command must not take the writer (and every later write) down with it; its
     // partial writes are rolled back like any other failure.
     let result = catch_unwind(AssertUnwindSafe(|| work(conn)))
-        .unwrap_or_else(|_| Err(LedgerError::Storage("ledger command panicked".into())));
+        .unwrap_or_else(|_| Err(LedgerError::Internal("ledger command panicked".into())));
     match result {
         Ok(value) => match conn.execute_batch("RELEASE job") {
             Ok(()) => (Ok(value), true),
-            Err(e) => (
-                Err(LedgerError::Storage(format!("release savepoint: {e}"))),
-                false,
-            ),
+            Err(e) => (Err(LedgerError::storage("release savepoint", e)), false),
         },
         Err(err) => {
             let healthy = conn.execute_batch("ROLLBACK TO job; RELEASE job").is_ok();
@@ -139,7 +181,7 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || writer_loop(&conn, receiver, &thread_counters))
-            .map_err(|e| LedgerError::Storage(format!("start ledger writer thread: {e}")))?;
+            .map_err(|e| LedgerError::storage("start ledger writer thread", e))?;
         Ok(Self {
             queue: Some(queue),
             thread: Some(thread),
@@ -157,10 +199,23 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
+        self.call_then(work, |_: &T| {}).await
+    }
+
+    /// [`Writer::call`], and once `work` succeeded and its transaction is durable, runs
+    /// `after_commit` with the result on the writer thread, before the reply is sent. The hook
+    /// runs even if the returned future was dropped; it must be quick and must not panic.
+    pub(super) async fn call_then<T, F, A>(&self, work: F, after_commit: A) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        A: FnOnce(&T) + Send + 'static,
+    {
         let queue = self.queue.as_ref().ok_or(LedgerError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let command = Command {
             work: Some(work),
+            after_commit: Some(after_commit),
             result: None,
             reply,
         };
@@ -189,7 +244,7 @@ impl Writer {
         match self.thread.take() {
             Some(thread) => thread
                 .join()
-                .map_err(|_| LedgerError::Storage("ledger writer thread panicked".into())),
+                .map_err(|_| LedgerError::Internal("ledger writer thread panicked".into())),
             None => Ok(()),
         }
     }
@@ -227,7 +282,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
     // IMMEDIATE takes the write lock up front, so a second process on the same file makes us
     // wait (busy_timeout) here rather than fail halfway through the batch.
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let outcome = Err(format!("begin transaction: {e}"));
+        let outcome = Err(BatchFailure::statement("begin transaction", e));
         for job in pending.drain(..) {
             job.reply(&outcome);
         }
@@ -242,7 +297,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            let outcome = Err("transaction aborted by a failing ledger command".to_string());
+            let outcome = Err(BatchFailure::Aborted);
             for job in done {
                 job.reply(&outcome);
             }
@@ -251,7 +306,7 @@ fn run_batch(conn: &Connection, pending: &mut VecDeque<Box<dyn Job>>, counters: 
     }
     let outcome = conn
         .execute_batch("COMMIT")
-        .map_err(|e| format!("commit: {e}"));
+        .map_err(|e| BatchFailure::statement("commit", e));
     match &outcome {
         Ok(()) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -292,6 +347,7 @@ mod tests {
         (
             Box::new(Command {
                 work: Some(work),
+                after_commit: None::<fn(&T)>,
                 result: None,
                 reply,
             }),
@@ -303,7 +359,7 @@ mod tests {
         move |c: &Connection| {
             c.execute("INSERT INTO t (v) VALUES (?1)", [v])
                 .map(|_| ())
-                .map_err(|e| LedgerError::Storage(e.to_string()))
+                .map_err(|e| LedgerError::storage("insert", e))
         }
     }
 
@@ -336,12 +392,16 @@ mod tests {
         ));
         assert!(matches!(
             p_answer.await.unwrap(),
-            Err(LedgerError::Storage(_))
+            Err(LedgerError::Internal(_))
         ));
-        assert!(matches!(
-            d_answer.await.unwrap(),
-            Err(LedgerError::Storage(_))
-        ));
+        let duplicate = d_answer.await.unwrap().unwrap_err();
+        let cause = std::error::Error::source(&duplicate)
+            .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+            .expect("the SQLite error is the source");
+        assert_eq!(
+            cause.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::ConstraintViolation)
+        );
         assert!(e_answer.await.unwrap().is_ok());
         assert_eq!(
             writer.stats(),
@@ -352,6 +412,29 @@ mod tests {
         );
         writer.close().unwrap();
         assert_eq!(count(&dir.path().join("w.db")), 2);
+    }
+
+    #[tokio::test]
+    async fn hooks_run_only_after_a_commit_and_before_the_reply() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = Writer::spawn(table_conn(&dir)).unwrap();
+        let ran = Arc::new(AtomicU64::new(0));
+        let hook = |ran: &Arc<AtomicU64>| {
+            let ran = Arc::clone(ran);
+            move |_: &()| {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        writer.call_then(insert(1), hook(&ran)).await.unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "ran before the reply");
+        let duplicate = writer.call_then(insert(1), hook(&ran)).await;
+        assert!(duplicate.is_err());
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "no hook for a failed command"
+        );
+        writer.close().unwrap();
     }
 
     #[tokio::test]
