@@ -47,9 +47,9 @@ pub struct SidecarArgs {
     /// Address clients connect to; the MCP endpoint is /mcp.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
-    /// SQLite file of the task ledger (created if missing).
-    #[arg(long, value_name = "PATH")]
-    pub ledger: PathBuf,
+    /// Task ledger: a SQLite file path (created if missing), also written sqlite://PATH.
+    #[arg(long, value_name = "LOCATION")]
+    pub ledger: lifeguard::ledger::LedgerLocation,
     /// Address of /live, /ready and /metrics.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<std::net::SocketAddr>,

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::ledger::TaskStatus;
+use crate::model::TaskStatus;
 
 use super::{PROTOCOL_VERSION, TASKS_EXTENSION, meta};
 

@@ -18,7 +18,7 @@ use crate::api::{CapabilityMode, ExceptionCapability};
 use crate::audit::{AuditEvent, Decision, summarize};
 use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers, declares};
 use crate::exception::{ApproverTrust, verify};
-use crate::ledger::Owner;
+use crate::model::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
 use crate::telemetry::metrics::{CapabilityLabels, SidecarMetrics};
 

@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::ledger::LedgerError;
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, error_message};
+use crate::model::ModelError;
 use crate::telemetry::metrics::{ReasonLabels, SidecarMetrics};
 
 use super::respond;
@@ -22,6 +23,8 @@ use super::upstream::UpstreamError;
 pub enum Error {
     #[error("task ledger: {0}")]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     #[error("the MCP server's answer is not JSON")]
@@ -44,7 +47,7 @@ impl Error {
     /// The HTTP status of the answer when the error is the whole response.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::Ledger(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Ledger(_) | Self::Model(_) => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
@@ -53,7 +56,7 @@ impl Error {
     /// server did wrong.
     pub fn error_object(&self) -> ErrorObject {
         let message = match self {
-            Self::Ledger(_) => "Internal error",
+            Self::Ledger(_) | Self::Model(_) => "Internal error",
             Self::Upstream(_) => "The MCP server is unavailable",
             Self::NotJson => "The MCP server's answer is not JSON",
             Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
@@ -74,6 +77,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Ledger(e) => e.metric_label(),
+            Self::Model(ModelError::Random(_)) => "random",
             Self::Upstream(UpstreamError::Timeout(_)) => "upstream_timeout",
             Self::Upstream(UpstreamError::Unreachable(_)) => "upstream_unreachable",
             Self::Upstream(UpstreamError::BadResponse(_)) => "upstream_bad_response",
@@ -102,7 +106,7 @@ impl Error {
 
     fn record(&self, metrics: &SidecarMetrics) {
         match self {
-            Self::Ledger(_) => tracing::error!(error = %self, "request failed"),
+            Self::Ledger(_) | Self::Model(_) => tracing::error!(error = %self, "request failed"),
             _ => tracing::warn!(error = %self, "request failed"),
         }
         metrics

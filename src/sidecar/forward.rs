@@ -142,7 +142,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ledger::Owner;
+    use crate::model::Owner;
 
     fn identity() -> Identity {
         Identity {

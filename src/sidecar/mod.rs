@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, AuditTarget, TaskHasher};
 use crate::identity::store::KeyRegistry;
-use crate::ledger::{SqliteLedger, TaskLedger};
+use crate::ledger::LedgerLocation;
 use crate::mcp::jsonrpc::MAX_REQUEST_BYTES;
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::SidecarMetrics;
@@ -106,7 +106,7 @@ pub struct SidecarConfig {
     pub policy: PolicySourceConfig,
     pub upstream: Uri,
     pub listen: SocketAddr,
-    pub ledger: PathBuf,
+    pub ledger: LedgerLocation,
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
@@ -125,10 +125,11 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             config.upstream
         );
     }
-    let ledger: Arc<dyn TaskLedger> = Arc::new(
-        SqliteLedger::open(&config.ledger)
-            .with_context(|| format!("opening the task ledger {}", config.ledger.display()))?,
-    );
+    let ledger = config
+        .ledger
+        .open()
+        .await
+        .with_context(|| format!("opening the task ledger {}", config.ledger))?;
     let hasher = TaskHasher::new(
         ledger
             .secret(AUDIT_HASH_SECRET)

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, Decision};
 use crate::identity::Identity;
-use crate::ledger::{Owner, PrincipalFilter, TaskRecord};
+use crate::ledger::{PrincipalFilter, TaskRecord};
+use crate::model::Owner;
 use crate::policy::RevocationRule;
 
 use super::active_policy::ActivePolicy;

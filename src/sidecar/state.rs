@@ -8,7 +8,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, TaskHasher};
-use crate::ledger::{TaskId, TaskLedger};
+use crate::ledger::TaskLedger;
+use crate::model::TaskId;
 use crate::telemetry::metrics::SidecarMetrics;
 
 use super::active_policy::ActivePolicy;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::ledger::Owner;
+use crate::model::Owner;
 
 /// Why a stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

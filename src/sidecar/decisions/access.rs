@@ -92,7 +92,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ledger::{Owner, TaskId, TaskStatus};
+    use crate::model::{Owner, TaskId, TaskStatus};
 
     fn owner(subject: &str, tenant: &str, client: &str) -> Owner {
         Owner {

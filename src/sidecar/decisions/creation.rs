@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use crate::ledger::{Confirmation, TaskStatus};
+use crate::ledger::Confirmation;
 use crate::mcp::task::CreatedTask;
+use crate::model::TaskStatus;
 use crate::policy::TaskRules;
 
 /// What the ledger records for a task the server just created, and what the client is told.

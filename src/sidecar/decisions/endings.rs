@@ -7,9 +7,10 @@ use serde_json::json;
 
 use crate::api::{PolicyDuration, RevocationReason};
 use crate::identity::Identity;
-use crate::ledger::{EndReason, Ending, Finish, TaskRecord, TaskStatus};
+use crate::ledger::{EndReason, Ending, Finish, TaskRecord};
 use crate::mcp::codes;
 use crate::mcp::task::ReportedState;
+use crate::model::TaskStatus;
 
 use super::access::Access;
 
@@ -118,7 +119,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ledger::{Owner, TaskId};
+    use crate::model::{Owner, TaskId};
 
     fn state(status: TaskStatus) -> ReportedState {
         ReportedState {

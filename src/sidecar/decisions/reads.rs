@@ -1,8 +1,9 @@
 //! Reading a task: whether to ask the server or answer from the ledger, how the ledger's view
 //! is presented, and who gets a read-once result.
 
-use crate::ledger::{TaskRecord, TaskStatus};
+use crate::ledger::TaskRecord;
 use crate::mcp::task::TaskView;
+use crate::model::TaskStatus;
 
 /// Where the answer to a `tasks/get` comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,13 +62,13 @@ pub fn deliver_result(read_once: bool, reads: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::TaskId;
+    use crate::model::TaskId;
 
     fn record(status: TaskStatus, last_updated_at: i64) -> TaskRecord {
         TaskRecord {
             id: TaskId::from_string("lgt_x"),
             upstream_id: "up".into(),
-            owner: crate::ledger::Owner {
+            owner: crate::model::Owner {
                 issuer: "i".into(),
                 subject: "s".into(),
                 tenant: String::new(),

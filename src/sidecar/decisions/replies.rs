@@ -80,7 +80,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ledger::TaskStatus;
+    use crate::model::TaskStatus;
 
     #[test]
     fn task_replies() {

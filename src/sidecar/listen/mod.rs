@@ -20,12 +20,12 @@ use sse_stream::{Sse, SseBody};
 use tokio::sync::mpsc;
 
 use crate::audit::Decision;
-use crate::ledger::TaskId;
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::listen::{
     FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result,
 };
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
+use crate::model::TaskId;
 
 use super::context::RequestContext;
 use super::decisions::{Operation, authorize};

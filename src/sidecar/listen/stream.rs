@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::audit::Decision;
-use crate::ledger::TaskId;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
 use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
+use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
 use super::super::capability_screen::{Receiver, screen_task_state};

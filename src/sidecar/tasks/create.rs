@@ -13,10 +13,11 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::audit::{Decision, summarize};
-use crate::ledger::{IdempotencyClaim, Reservation, ReserveOutcome, TaskId, TaskLedger};
+use crate::ledger::{IdempotencyClaim, Reservation, ReserveOutcome, TaskLedger};
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::task::{iso_millis, parse_created_task, present_task};
 use crate::mcp::{TASKS_EXTENSION, codes};
+use crate::model::TaskId;
 use crate::policy::TaskRules;
 
 use super::super::active_policy::TaskNumbers;
@@ -225,11 +226,20 @@ async fn reserve_slot(
             .ledger_write_seconds
             .observe(started.elapsed().as_secs_f64());
         match outcome {
-            ReserveOutcome::InFlight(other) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            ReserveOutcome::InFlight(other) => {
+                // Wait (bounded) for the identical request to become a task or be released;
+                // the ledger wakes us, nothing polls it.
+                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                    return Ok(ReserveOutcome::InFlight(other));
+                };
+                match tokio::time::timeout(left, app.ledger.wait_settled(&other)).await {
+                    Err(_) => return Ok(ReserveOutcome::InFlight(other)),
+                    Ok(settled) => settled?,
+                }
                 if let Some(record) = app.ledger.get(&other).await? {
                     return Ok(ReserveOutcome::Existing(Box::new(record)));
                 }
+                // Released: reserve again (this request may now take the slot).
             }
             ReserveOutcome::OverQuota(_) if !reconciled => {
                 reconciled = true;

@@ -6,8 +6,9 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::audit::Decision;
-use crate::ledger::{TaskRecord, TaskStatus};
+use crate::ledger::TaskRecord;
 use crate::mcp::task::{present_task, replace_task_id};
+use crate::model::TaskStatus;
 
 use super::super::capability_screen::{Receiver, screen_task_state};
 use super::super::context::RequestContext;

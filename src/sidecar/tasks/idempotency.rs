@@ -6,8 +6,8 @@ use http::HeaderMap;
 use serde_json::Value;
 use sha2::Sha256;
 
-use crate::ledger::Owner;
 use crate::mcp::headers;
+use crate::model::Owner;
 
 /// Why an `Idempotency-Key` header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

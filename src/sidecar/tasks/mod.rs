@@ -19,7 +19,8 @@ use axum::response::Response;
 use serde_json::json;
 
 use crate::audit::Decision;
-use crate::ledger::{TaskId, TaskRecord};
+use crate::ledger::TaskRecord;
+use crate::model::TaskId;
 
 use super::context::RequestContext;
 use super::decisions::{Access, Operation, authorize, missing_scopes};

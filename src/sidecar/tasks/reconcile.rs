@@ -1,7 +1,8 @@
 //! Bringing the ledger up to date with the server for tasks nobody is polling: a task that
 //! finished at the server keeps its quota slot until the ledger learns it ended.
 
-use crate::ledger::{Owner, PrincipalFilter};
+use crate::ledger::PrincipalFilter;
+use crate::model::Owner;
 
 use super::super::active_policy::ActivePolicy;
 use super::super::server_tasks::refresh_from_upstream;
