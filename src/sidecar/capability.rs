@@ -336,3 +336,76 @@ pub fn decline(capability_method: &str, reason: Rejection) -> Value {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            issuer: "https://idp.example.com".into(),
+            subject: "alice".into(),
+            tenant: "t1".into(),
+            client: "console".into(),
+        }
+    }
+
+    #[test]
+    fn denied_capabilities_are_refused_once_and_remembered() {
+        let policy = crate::policy::testing::with_tasks("    enabled: true\n");
+        let gate = CapabilityGate::default();
+        let owner = owner();
+        let declared = json!({"sampling": {}});
+        let carrier = Carrier {
+            scope: "lgt_task",
+            owner: &owner,
+            declared: &declared,
+            protocol_version: crate::mcp::PROTOCOL_VERSION,
+            correlation_id: "c1",
+            policy_name: "team-a/reports",
+        };
+        let mut requests = json!({
+            "s1": {"method": "sampling/createMessage", "params": {}},
+            "e1": {"method": "elicitation/create", "params": {}},
+        })
+        .as_object()
+        .cloned()
+        .unwrap();
+        let first = gate.screen(&policy, None, &carrier, &mut requests);
+        assert_eq!(
+            requests.keys().collect::<Vec<_>>(),
+            ["e1"],
+            "elicitation is not gated"
+        );
+        assert_eq!(first.newly_rejected.len(), 1);
+        assert_eq!(first.newly_rejected[0].0, "s1");
+        assert_eq!(first.events.len(), 2, "requested + rejected");
+        assert!(gate.refused("lgt_task", "s1"));
+        assert!(!gate.refused("lgt_task", "e1"));
+        assert!(!gate.refused("lgt_other", "s1"));
+
+        // The same key asked again (every poll repeats it) is refused without a new decision.
+        let mut again = json!({"s1": {"method": "sampling/createMessage", "params": {}}})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let second = gate.screen(&policy, None, &carrier, &mut again);
+        assert!(again.is_empty());
+        assert!(second.newly_rejected.is_empty());
+        assert_eq!(second.refused.len(), 1);
+        assert!(second.events.is_empty());
+    }
+
+    #[test]
+    fn declines_name_the_method_and_the_reason() {
+        let d = decline("roots/list", Rejection::NoException);
+        assert_eq!(d["error"]["code"], crate::mcp::codes::INTERNAL_ERROR);
+        let message = d["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("roots/list") && message.contains("no_exception"),
+            "{message}"
+        );
+    }
+}

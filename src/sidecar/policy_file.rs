@@ -219,3 +219,54 @@ async fn watch_policy_file(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn load(path: &Path, approvers: Option<&Path>) -> Result<ActivePolicy, PolicyFileError> {
+        let registry = KeyRegistry::new(CancellationToken::new());
+        load_policy_file(path, approvers, &registry).await
+    }
+
+    #[tokio::test]
+    async fn each_failure_keeps_its_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.yaml");
+        let err = load(&missing, None)
+            .await
+            .err()
+            .expect("missing file refused");
+        assert!(matches!(err, PolicyFileError::Read { .. }), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "kind: McpServerPolicy\napiVersion: lifeguard.dev/v1alpha1\nmetadata: {name: p, namespace: team-a}\nspec: {}\n").unwrap();
+        let err = load(&bad, None)
+            .await
+            .err()
+            .expect("invalid policy refused");
+        assert!(matches!(err, PolicyFileError::Compile(_)), "{err}");
+
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/standalone/policy.yaml");
+        let approvers = dir.path().join("approvers.json");
+        std::fs::write(&approvers, "not json").unwrap();
+        let err = load(&demo, Some(&approvers))
+            .await
+            .err()
+            .expect("bad approver keys refused");
+        assert!(matches!(err, PolicyFileError::ApproverKeys { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_demo_policy_loads_with_its_numbers() {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/standalone/policy.yaml");
+        let policy = load(&demo, None).await.expect("demo policy loads");
+        assert_eq!(policy.name, policy.effective.policy.to_string());
+        assert_eq!(
+            policy.tasks.is_some(),
+            policy.effective.tasks.is_some(),
+            "task numbers are derived once with the policy"
+        );
+    }
+}

@@ -74,3 +74,32 @@ impl PollClock {
         self.last.lock().ok().and_then(|l| l.get(id).copied())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_poll_clock_remembers_the_last_ask_per_task() {
+        let clock = PollClock::default();
+        let a = TaskId::from_string("lgt_a");
+        assert_eq!(clock.last(&a), None);
+        clock.touch(&a, 10);
+        clock.touch(&a, 20);
+        assert_eq!(clock.last(&a), Some(20));
+        assert_eq!(clock.last(&TaskId::from_string("lgt_b")), None);
+    }
+
+    #[test]
+    fn the_poll_clock_starts_over_when_full() {
+        let clock = PollClock::default();
+        for i in 0..PollClock::MAX {
+            clock.touch(&TaskId::from_string(format!("lgt_{i}")), 1);
+        }
+        let first = TaskId::from_string("lgt_0");
+        assert_eq!(clock.last(&first), Some(1));
+        clock.touch(&TaskId::from_string("lgt_new"), 2);
+        assert_eq!(clock.last(&first), None, "memory stays bounded");
+        assert_eq!(clock.last(&TaskId::from_string("lgt_new")), Some(2));
+    }
+}
