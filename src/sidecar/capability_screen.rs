@@ -18,14 +18,14 @@ use super::server_tasks::send_input_responses;
 use super::state::AppState;
 
 /// What the request that will receive a task state declared.
-pub struct Receiver<'a> {
+pub struct Recipient<'a> {
     /// Client capabilities declared on that request.
     pub declared: &'a Value,
     pub protocol_version: &'a str,
     pub correlation_id: &'a str,
 }
 
-impl<'a> Receiver<'a> {
+impl<'a> Recipient<'a> {
     pub fn of(ctx: &'a RequestContext) -> Self {
         Self {
             declared: &ctx.facts.capabilities,
@@ -42,7 +42,7 @@ pub fn screen_task_state(
     app: &AppState,
     policy: &ActivePolicy,
     record: &TaskRecord,
-    receiver: &Receiver<'_>,
+    recipient: &Recipient<'_>,
     state: &mut Value,
 ) {
     let Some(requests) = input_requests_mut(state) else {
@@ -51,9 +51,9 @@ pub fn screen_task_state(
     let carrier = Carrier {
         scope: record.id.as_str(),
         owner: &record.owner,
-        declared: receiver.declared,
-        protocol_version: receiver.protocol_version,
-        correlation_id: receiver.correlation_id,
+        declared: recipient.declared,
+        protocol_version: recipient.protocol_version,
+        correlation_id: recipient.correlation_id,
         policy_name: &policy.name,
     };
     let screened = app
@@ -76,7 +76,7 @@ pub fn screen_task_state(
         .iter()
         .map(|(key, method, reason)| (key.clone(), decline(method, *reason)))
         .collect();
-    send_input_responses(&app.upstream, record, receiver.correlation_id, declines);
+    send_input_responses(&app.upstream, record, recipient.correlation_id, declines);
 }
 
 /// Most times the sidecar answers refused input requests for the client before it gives up.

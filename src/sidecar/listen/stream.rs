@@ -19,7 +19,7 @@ use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::super::capability_screen::{Receiver, screen_task_state};
+use super::super::capability_screen::{Recipient, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, authorize, task_view, upstream_end};
 use super::super::state::AppState;
@@ -168,7 +168,7 @@ impl Pump {
                 &self.app,
                 &self.ctx.policy,
                 &record,
-                &Receiver::of(&self.ctx),
+                &Recipient::of(&self.ctx),
                 &mut params,
             );
             params

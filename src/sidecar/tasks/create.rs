@@ -73,7 +73,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     let rules = rules.clone();
     let numbers = numbers.clone();
 
-    let pending = match reserve(&app, &ctx, &tool, &numbers).await {
+    let pending = match reserve(&app, &ctx, &tool, &rules, &numbers).await {
         Ok(Reserved::Pending(pending)) => pending,
         Ok(Reserved::Answered(response)) => return response,
         Err(e) => return e.respond(&app.metrics, &ctx.id()),
@@ -117,20 +117,21 @@ async fn reserve(
     app: &AppState,
     ctx: &RequestContext,
     tool: &str,
+    rules: &TaskRules,
     numbers: &TaskNumbers,
 ) -> Result<Reserved, Error> {
     let id = ctx.id();
-    let material =
-        match idempotency::key_material(&ctx.headers, derive_keys(ctx), &ctx.tool_arguments()) {
-            Ok(m) => m,
-            Err(e) => {
-                return Ok(Reserved::Answered(respond::rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    &id,
-                    &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
-                )));
-            }
-        };
+    let derive = rules.derive_idempotency_key;
+    let material = match idempotency::key_material(&ctx.headers, derive, &ctx.tool_arguments()) {
+        Ok(m) => m,
+        Err(e) => {
+            return Ok(Reserved::Answered(respond::rpc_error(
+                StatusCode::BAD_REQUEST,
+                &id,
+                &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+            )));
+        }
+    };
     let task_id = TaskId::generate()?;
     let now = now_ms();
     let reservation = Reservation {
@@ -199,14 +200,6 @@ async fn reserve(
             ),
         )),
     })
-}
-
-fn derive_keys(ctx: &RequestContext) -> bool {
-    ctx.policy
-        .effective
-        .tasks
-        .as_ref()
-        .is_some_and(|t| t.derive_idempotency_key)
 }
 
 /// Reserves a slot, resolving the two outcomes that can change by waiting or asking:
