@@ -60,6 +60,10 @@ pub enum Violation {
     MissingParam(&'static str),
     MissingTasksCapability,
     RemovedMethod(String),
+    /// A message without `id` whose method is not a client notification of this revision: a
+    /// request sent as a notification would reach the server without any of the checks a
+    /// request gets (owner, scopes, quotas, ledger).
+    NotANotification(String),
 }
 
 impl Violation {
@@ -143,6 +147,15 @@ impl Violation {
                     format!("Method not found: {method}"),
                 ),
             ),
+            NotANotification(method) => (
+                bad,
+                ErrorObject::new(
+                    codes::INVALID_REQUEST,
+                    format!(
+                        "Invalid Request: {method} is not a client notification; send it as a request with an id"
+                    ),
+                ),
+            ),
         }
     }
 
@@ -161,6 +174,7 @@ impl Violation {
             MissingParam(_) => "missing_param",
             MissingTasksCapability => "missing_tasks_capability",
             RemovedMethod(_) => "removed_method",
+            NotANotification(_) => "not_a_notification",
         }
     }
 }
@@ -176,6 +190,11 @@ pub fn declares_tasks(capabilities: &Value) -> bool {
         .and_then(Value::as_object)
         .is_some_and(|e| e.contains_key(TASKS_EXTENSION))
 }
+
+/// The notifications a 2026-07-28 client may send (`ClientNotification` in the schema). Any
+/// other message without an `id` is refused: servers that execute JSON-RPC notifications would
+/// otherwise run requests no check ever saw.
+pub const CLIENT_NOTIFICATIONS: &[&str] = &["notifications/cancelled"];
 
 /// What the checks accept.
 #[derive(Clone, Copy, Debug)]
@@ -208,6 +227,9 @@ pub fn check_request(
     // Header-level checks that hold for notifications as well.
     check_mirrored(h, headers::METHOD, "Mcp-Method", Some(&request.method))?;
     if request.is_notification() {
+        if !CLIENT_NOTIFICATIONS.contains(&request.method.as_str()) {
+            return Err(Violation::NotANotification(request.method.clone()));
+        }
         return Ok(RequestFacts {
             protocol_version: version,
             declares_tasks: false,
@@ -383,6 +405,28 @@ mod tests {
 
     fn violation(h: &HeaderMap, r: &Request) -> Violation {
         check_request(h, r, versions()).unwrap_err()
+    }
+
+    #[test]
+    fn only_client_notifications_may_come_without_an_id() {
+        let notification = |method: &str| {
+            let body = json!({"jsonrpc": "2.0", "method": method, "params": {"taskId": "t"}});
+            parse_request(body.to_string().as_bytes()).unwrap()
+        };
+        let cancelled = notification("notifications/cancelled");
+        let facts = check_request(&headers_for("notifications/cancelled", None), &cancelled, versions())
+            .expect("the one client notification of 2026-07-28 passes");
+        assert_eq!(facts.kind, RequestKind::Other);
+        for method in ["tasks/cancel", "tasks/update", "tools/call", "notifications/progress", "x/y"] {
+            assert_eq!(
+                violation(&headers_for(method, None), &notification(method)),
+                Violation::NotANotification(method.into()),
+                "{method}"
+            );
+        }
+        let (status, error) = Violation::NotANotification("tasks/cancel".into()).to_error();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(error.code, codes::INVALID_REQUEST);
     }
 
     #[test]

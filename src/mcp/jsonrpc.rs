@@ -81,9 +81,23 @@ impl ErrorObject {
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
 /// Parses one JSON-RPC request or notification. Batches are not part of MCP 2026-07-28.
+/// Object keys must be unique at every depth (see [`super::strict_json`]).
 pub fn parse_request(body: &[u8]) -> Result<Request, ErrorObject> {
-    let message: Value = serde_json::from_slice(body)
-        .map_err(|_| ErrorObject::new(codes::PARSE_ERROR, "Parse error: body is not JSON"))?;
+    let message = match super::strict_json::from_slice(body) {
+        Ok(message) => message,
+        Err(super::strict_json::StrictJsonError::DuplicateKey(key)) => {
+            return Err(ErrorObject::new(
+                codes::INVALID_REQUEST,
+                format!("Invalid Request: the key {key:?} appears twice in one object"),
+            ));
+        }
+        Err(super::strict_json::StrictJsonError::Syntax(_)) => {
+            return Err(ErrorObject::new(
+                codes::PARSE_ERROR,
+                "Parse error: body is not JSON",
+            ));
+        }
+    };
     let object = match &message {
         Value::Object(o) => o,
         Value::Array(_) => {

@@ -41,6 +41,24 @@ pub enum FilterError {
     WrongType(&'static str),
     #[error("taskIds requires the io.modelcontextprotocol/tasks extension")]
     TaskIdsWithoutExtension,
+    #[error(
+        "resource URI {0:?} has dot-segments, encoded separators or backslashes; subscribe to its normalized form"
+    )]
+    AmbiguousUri(String),
+}
+
+/// Whether a resource URI means the same to every reader: no `.`/`..` path segments, no
+/// percent-encoded `/`, `\` or `.`, no backslashes. Patterns are matched on the text, so
+/// `reports://a/../b/x` would otherwise pass `reports://a/*` and reach `b` at a server that
+/// normalizes.
+pub fn is_plain_resource_uri(uri: &str) -> bool {
+    let lower = uri.to_ascii_lowercase();
+    if uri.contains('\\') || ["%2f", "%5c", "%2e"].iter().any(|e| lower.contains(e)) {
+        return false;
+    }
+    let path = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    !path.split('/').any(|segment| segment == "." || segment == "..")
 }
 
 const MAX_ENTRIES: usize = 1024;
@@ -88,7 +106,11 @@ impl ListenFilter {
                         .ok_or(FilterError::WrongType("resourcesListChanged"))?
                 }
                 "resourceSubscriptions" => {
-                    filter.resource_subscriptions = string_set(value, "resourceSubscriptions")?
+                    let uris = string_set(value, "resourceSubscriptions")?;
+                    if let Some(bad) = uris.iter().find(|u| !is_plain_resource_uri(u)) {
+                        return Err(FilterError::AmbiguousUri(bad.clone()));
+                    }
+                    filter.resource_subscriptions = uris
                 }
                 "taskIds" => {
                     if !declares_tasks {
@@ -342,6 +364,28 @@ mod tests {
                 .collect(),
             max_streams_per_principal: 4,
             max_stream_duration: std::time::Duration::from_secs(60).into(),
+        }
+    }
+
+    #[test]
+    fn resource_uris_must_be_plain() {
+        for ok in ["reports://team-a/q3", "file:///srv/a.txt", "reports://a/x.y", "r://a/..b"] {
+            assert!(is_plain_resource_uri(ok), "{ok}");
+        }
+        for bad in [
+            "reports://team-a/../team-b/x",
+            "reports://team-a/%2e%2e/team-b/x",
+            "reports://team-a/%2E./x",
+            "reports://team-a%2fteam-b",
+            "reports://team-a\\..\\team-b",
+            "reports://team-a/./x",
+            "reports://team-a/..",
+        ] {
+            assert!(!is_plain_resource_uri(bad), "{bad}");
+            assert_eq!(
+                ListenFilter::parse_request(Some(&json!({"resourceSubscriptions": [bad]})), false),
+                Err(FilterError::AmbiguousUri(bad.into()))
+            );
         }
     }
 

@@ -10,6 +10,7 @@ pub mod checks;
 pub mod header_value;
 pub mod jsonrpc;
 pub mod listen;
+pub mod strict_json;
 pub mod task;
 
 /// The protocol revision Lifeguard enforces.

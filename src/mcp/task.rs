@@ -47,23 +47,51 @@ pub fn response_result_type(message: &Value) -> Option<ResultType> {
     message.get("result").map(result_type)
 }
 
-/// Reads `result.resultType` of a serialized response without building a JSON tree; `None`
-/// when the bytes do not parse (the caller then takes the careful path).
-pub fn peek_result_type(bytes: &[u8]) -> Option<ResultType> {
+/// What a cheap look at a serialized response shows, read without building a JSON tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponsePeek {
+    pub id: Option<Value>,
+    /// `result.resultType` (`None`: no `result`).
+    pub result_type: Option<ResultType>,
+    pub has_error: bool,
+    /// A `method` member: a request or notification, not a response.
+    pub has_method: bool,
+}
+
+/// Peeks at a serialized JSON-RPC response. `None` when the bytes are not one JSON object, or
+/// repeat an envelope key (`id`, `result`, `error`, `method`, `jsonrpc`, `resultType`): the
+/// caller then takes the careful path.
+pub fn peek_response(bytes: &[u8]) -> Option<ResponsePeek> {
     #[derive(serde::Deserialize)]
     struct Peek<'a> {
+        #[serde(default)]
+        id: Option<Value>,
         #[serde(borrow, default)]
         result: Option<PeekResult<'a>>,
+        #[serde(default)]
+        error: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        method: Option<serde::de::IgnoredAny>,
+        #[serde(default, rename = "jsonrpc")]
+        _jsonrpc: Option<serde::de::IgnoredAny>,
     }
     #[derive(serde::Deserialize)]
     struct PeekResult<'a> {
         #[serde(rename = "resultType", borrow, default)]
         result_type: Option<std::borrow::Cow<'a, str>>,
     }
+    // serde also reads a struct from an array: only a top-level object is a response.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
     let peek = serde_json::from_slice::<Peek<'_>>(bytes).ok()?;
-    Some(match peek.result {
-        Some(r) => ResultType::from_wire(r.result_type.as_deref()),
-        None => ResultType::Complete,
+    Some(ResponsePeek {
+        id: peek.id,
+        result_type: peek
+            .result
+            .map(|r| ResultType::from_wire(r.result_type.as_deref())),
+        has_error: peek.error.is_some(),
+        has_method: peek.method.is_some(),
     })
 }
 
@@ -438,14 +466,29 @@ mod tests {
             assert_eq!(response_result_type(&message), expected, "{message}");
             let bytes = serde_json::to_vec(&message).unwrap();
             assert_eq!(
-                peek_result_type(&bytes),
-                Some(expected.unwrap_or(ResultType::Complete)),
+                peek_response(&bytes).map(|p| p.result_type),
+                Some(expected),
                 "{message}"
             );
         }
-        assert_eq!(peek_result_type(b"{"), None);
+        assert_eq!(peek_response(b"{"), None);
         assert!(ResultType::Task.needs_inspection());
         assert!(!ResultType::Complete.needs_inspection());
+    }
+
+    #[test]
+    fn peeks_refuse_arrays_and_repeated_envelope_keys() {
+        let ok = peek_response(br#" {"jsonrpc":"2.0","id":"7","result":{"content":[]}}"#).unwrap();
+        assert_eq!(ok.id, Some(json!("7")));
+        assert!(!ok.has_error && !ok.has_method);
+        assert_eq!(peek_response(br#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#), None);
+        assert_eq!(peek_response(br#"{"id":7,"id":8,"result":{}}"#), None);
+        assert_eq!(
+            peek_response(br#"{"id":7,"result":{"resultType":"complete","resultType":"task"}}"#),
+            None
+        );
+        let request = peek_response(br#"{"id":1,"method":"sampling/createMessage"}"#).unwrap();
+        assert!(request.has_method);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub enum Error {
     NotJson,
     #[error("the MCP server returned a response that is not JSON-RPC")]
     NotJsonRpc,
+    #[error("the MCP server's answer is not the response to this request")]
+    ResponseMismatch,
     #[error("the MCP server returned a malformed task")]
     MalformedTask,
     #[error("the MCP server answered with a task, which this request may not create")]
@@ -60,6 +62,7 @@ impl Error {
             Self::Upstream(_) => "The MCP server is unavailable",
             Self::NotJson => "The MCP server's answer is not JSON",
             Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
+            Self::ResponseMismatch => "The MCP server's answer does not match the request",
             Self::MalformedTask => "The MCP server returned a malformed task",
             Self::UnexpectedTask => {
                 "The MCP server answered with a task, which this request may not create"
@@ -83,6 +86,7 @@ impl Error {
             Self::Upstream(UpstreamError::BadResponse(_)) => "upstream_bad_response",
             Self::NotJson => "upstream_not_json",
             Self::NotJsonRpc => "upstream_not_json_rpc",
+            Self::ResponseMismatch => "upstream_response_mismatch",
             Self::MalformedTask => "upstream_malformed_task",
             Self::UnexpectedTask => "upstream_unexpected_task",
             Self::CapabilityNotAllowed => "capability_not_allowed",

@@ -20,11 +20,12 @@ use tokio::sync::Mutex;
 use crate::audit::Decision;
 use crate::mcp::jsonrpc::{MessageKind, classify};
 use crate::mcp::methods;
-use crate::mcp::task::peek_result_type;
+use crate::mcp::strict_json::{self, StrictJsonError};
+use crate::mcp::task::peek_response;
 
 use super::capability_screen::screen_request_inputs;
 use super::context::RequestContext;
-use super::decisions::{FinalAnswer, classify_final};
+use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};
 use super::error::Error;
 use super::respond;
 use super::server_tasks::cancel_orphan;
@@ -87,16 +88,32 @@ pub async fn send_and_relay<S: FinalStep>(
         Err(e) => return Error::from(e).respond(&app.metrics, &id),
     };
     match response.body {
+        UpstreamBody::Json(_) if ctx.request.is_notification() => {
+            // A notification has no response: only the status is passed on.
+            respond::status(response.status)
+        }
         UpstreamBody::Json(bytes) => {
-            // Most answers are neither tasks nor input requests: those are passed on byte for
-            // byte, without building a JSON tree.
-            if peek_result_type(&bytes).is_some_and(|t| !t.needs_inspection()) {
-                drop(step); // releases a reservation that did not become a task
-                return respond::raw_json(response.status, bytes);
+            // Most answers are the plain response to this request: those are passed on byte
+            // for byte, without building a JSON tree.
+            match judge_json_answer(peek_response(&bytes).as_ref(), &id) {
+                JsonAnswer::PassRaw => {
+                    drop(step); // releases a reservation that did not become a task
+                    return respond::raw_json(response.status, bytes);
+                }
+                JsonAnswer::Refuse => return refuse_mismatch(&app, &ctx),
+                JsonAnswer::Inspect => {}
             }
-            let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
-                return Error::NotJson.respond(&app.metrics, &id);
+            let message = match strict_json::from_slice(&bytes) {
+                Ok(message) => message,
+                Err(StrictJsonError::DuplicateKey(_)) => {
+                    app.metrics.anomaly("duplicate_key");
+                    return refuse_mismatch(&app, &ctx);
+                }
+                Err(StrictJsonError::Syntax(_)) => return Error::NotJson.respond(&app.metrics, &id),
             };
+            if classify_final(&message, &id) == FinalAnswer::NotTheResponse {
+                return refuse_mismatch(&app, &ctx);
+            }
             let mut step = step;
             let message = finish_message(&app, &ctx, &mut step, message).await;
             respond::json(response.status, &message)
@@ -106,6 +123,18 @@ pub async fn send_and_relay<S: FinalStep>(
         UpstreamBody::Other if ctx.request.is_notification() => respond::status(response.status),
         UpstreamBody::Other => Error::NotJsonRpc.respond(&app.metrics, &id),
     }
+}
+
+/// Refuses a JSON answer that is not exactly the response to this request: nothing of it
+/// reaches the client (not its input requests, not a task it names).
+fn refuse_mismatch(app: &AppState, ctx: &RequestContext) -> Response {
+    app.metrics.anomaly("response_mismatch");
+    app.audit.log(ctx.audit(
+        "request.anomaly",
+        Decision::Deny,
+        "response_mismatch",
+    ));
+    Error::ResponseMismatch.respond(&app.metrics, &ctx.id())
 }
 
 /// The message to send the client for the server's message: the final answer goes through
@@ -123,8 +152,14 @@ async fn finish_message<S: FinalStep>(
     }
 }
 
-/// Relays an SSE response: notifications pass (except kinds that never belong on a request
-/// stream), the final response goes through [`finish_message`], server-to-client requests
+/// Notifications that belong to one request and may travel on its response stream. Everything
+/// else a server may emit (`notifications/tasks`, `*/list_changed`, `resources/updated`,
+/// subscription acknowledgements) is listen-only: on a request stream it would bypass every
+/// listen filter.
+const PER_REQUEST_NOTIFICATIONS: &[&str] =
+    &[methods::NOTIFICATION_PROGRESS, methods::NOTIFICATION_MESSAGE];
+
+/// Relays an SSE response: per-request notifications pass, the final response goes through [`finish_message`], server-to-client requests
 /// (which MCP 2026-07-28 servers must not send) are dropped. Event ids and retry hints are
 /// dropped: stateless MCP has no resumption.
 fn relay_sse<S: FinalStep>(
@@ -148,7 +183,7 @@ fn relay_sse<S: FinalStep>(
                     }
                 };
                 let data = event.data?;
-                let Ok(message) = serde_json::from_str::<Value>(&data) else {
+                let Ok(message) = crate::mcp::strict_json::from_str(&data) else {
                     app.metrics.anomaly("non_json_event");
                     return None;
                 };
@@ -159,9 +194,14 @@ fn relay_sse<S: FinalStep>(
                     }
                     MessageKind::Notification => {
                         let method = message.get("method").and_then(Value::as_str);
-                        if method == Some(methods::NOTIFICATION_TASKS) {
-                            // Task state belongs on listen streams, filtered per owner.
-                            app.metrics.anomaly("task_notification_on_request_stream");
+                        if !method.is_some_and(|m| PER_REQUEST_NOTIFICATIONS.contains(&m)) {
+                            // Task state and change notifications belong on listen streams,
+                            // filtered per owner and subscription.
+                            app.metrics.anomaly(if method == Some(methods::NOTIFICATION_TASKS) {
+                                "task_notification_on_request_stream"
+                            } else {
+                                "listen_notification_on_request_stream"
+                            });
                             return None;
                         }
                         message

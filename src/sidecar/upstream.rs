@@ -142,14 +142,22 @@ impl Upstream {
         let body = Bytes::from(serde_json::to_vec(message).unwrap_or_default());
         let response = self.send(headers, body).await?;
         match response.body {
-            UpstreamBody::Json(bytes) => serde_json::from_slice(&bytes)
-                .map(|v| (response.status, v))
-                .map_err(|e| UpstreamError::BadResponse(e.to_string())),
+            UpstreamBody::Json(bytes) => {
+                let value = crate::mcp::strict_json::from_slice(&bytes)
+                    .map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
+                // Exactly the response to this request (same id, same JSON type), or nothing.
+                if classify(&value, &id) != MessageKind::ResponseToRequest {
+                    return Err(UpstreamError::BadResponse(
+                        "the answer is not the response to this request".into(),
+                    ));
+                }
+                Ok((response.status, value))
+            }
             UpstreamBody::Sse(mut stream) => {
                 while let Some(event) = stream.next().await {
                     let event = event.map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
                     let Some(data) = event.data else { continue };
-                    let Ok(value) = serde_json::from_str::<Value>(&data) else {
+                    let Ok(value) = crate::mcp::strict_json::from_str(&data) else {
                         continue;
                     };
                     if classify(&value, &id) == MessageKind::ResponseToRequest {

@@ -15,5 +15,6 @@ pub use endings::{
 };
 pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
 pub use replies::{
-    FinalAnswer, TaskReply, classify_final, forwardable_inputs, interpret_task_reply,
+    FinalAnswer, JsonAnswer, TaskReply, classify_final, forwardable_inputs, interpret_task_reply,
+    judge_json_answer,
 };

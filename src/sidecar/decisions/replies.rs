@@ -5,7 +5,9 @@ use serde_json::{Map, Value};
 
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{MessageKind, classify};
-use crate::mcp::task::{ReportedState, ResultType, parse_reported_state, response_result_type};
+use crate::mcp::task::{
+    ReportedState, ResponsePeek, ResultType, parse_reported_state, response_result_type,
+};
 
 /// The server's answer to a `tasks/get` about one task.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +61,33 @@ pub fn classify_final(message: &Value, request_id: &Value) -> FinalAnswer {
         Some(ResultType::InputRequired) => FinalAnswer::InputRequired,
         Some(ResultType::Task) => FinalAnswer::Task,
         _ => FinalAnswer::Plain,
+    }
+}
+
+/// What to do with a JSON answer the server sent to a forwarded request, from a peek at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonAnswer {
+    /// The response to this request, needing nothing: passed on byte for byte.
+    PassRaw,
+    /// Parse it strictly and decide on the tree.
+    Inspect,
+    /// Not exactly the response to this request (another id — even `"7"` for `7` —, a request
+    /// or notification, neither result nor error): never passed on.
+    Refuse,
+}
+
+/// Judges a JSON answer from its peek (`None`: the peek could not read it).
+pub fn judge_json_answer(peek: Option<&ResponsePeek>, request_id: &Value) -> JsonAnswer {
+    let Some(peek) = peek else {
+        return JsonAnswer::Inspect;
+    };
+    let is_response = peek.result_type.is_some() != peek.has_error;
+    if peek.has_method || !is_response || peek.id.as_ref() != Some(request_id) {
+        return JsonAnswer::Refuse;
+    }
+    match peek.result_type {
+        Some(t) if t.needs_inspection() => JsonAnswer::Inspect,
+        _ => JsonAnswer::PassRaw,
     }
 }
 
@@ -141,6 +170,27 @@ mod tests {
             ),
             FinalAnswer::NotTheResponse
         );
+    }
+
+    #[test]
+    fn json_answers_must_be_exactly_the_response_to_this_request() {
+        use crate::mcp::task::peek_response;
+        let id = json!(7);
+        let judge = |text: &str| judge_json_answer(peek_response(text.as_bytes()).as_ref(), &id);
+        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#), JsonAnswer::PassRaw);
+        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"error":{"code":1}}"#), JsonAnswer::PassRaw);
+        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task"}}"#), JsonAnswer::Inspect);
+        for refused in [
+            r#"{"jsonrpc":"2.0","id":"7","result":{"resultType":"task"}}"#,
+            r#"{"jsonrpc":"2.0","id":7.0,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"error":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"roots/list"}"#,
+        ] {
+            assert_eq!(judge(refused), JsonAnswer::Refuse, "{refused}");
+        }
+        assert_eq!(judge(r#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#), JsonAnswer::Inspect);
     }
 
     #[test]

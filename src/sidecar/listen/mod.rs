@@ -180,7 +180,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         while let Some(event) = events.next().await {
             let Ok(event) = event else { return None };
             let Some(data) = event.data else { continue };
-            let Ok(frame) = serde_json::from_str::<Value>(&data) else {
+            let Ok(frame) = crate::mcp::strict_json::from_str(&data) else {
                 continue;
             };
             if classify_event(&frame) == ListenEvent::Acknowledged {

@@ -73,7 +73,7 @@ impl Pump {
                 }
                 _ = self.tx.closed() => Step::Close(CloseReason::ClientClosed),
                 event = self.events.next() => match event {
-                    Some(Ok(event)) => match event.data.and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
+                    Some(Ok(event)) => match event.data.and_then(|d| crate::mcp::strict_json::from_str(&d).ok()) {
                         Some(frame) => match self.filter(frame).await {
                             Some(frame) => match self.tx.try_send(frame) {
                                 Ok(()) => { delivered += 1; Step::Continue }
