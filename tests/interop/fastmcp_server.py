@@ -2,6 +2,13 @@
 
 Usage: python fastmcp_server.py
 
+Besides `slow_add` and `echo` it has four tools that ask the client for a deprecated capability
+through the multi round-trip (SEP-2322) guard pattern, for `probe_declines.py` (what input
+responses FastMCP accepts for sampling and roots): `ask_sampling` and `ask_roots` ask on the
+`tools/call` itself (`resultType: "input_required"`), `ask_sampling_task` and `ask_roots_task`
+ask from inside a task (`tasks/get` shows the request, `tasks/update` answers it). Each reports
+what it received: the Python type and the JSON of the answer.
+
 It listens on a loopback port the system picks and prints `listening on http://127.0.0.1:PORT/mcp`
 once the socket accepts connections (the test harness reads the URL from that line).
 """
@@ -9,7 +16,8 @@ once the socket accepts connections (the test harness reads the URL from that li
 import asyncio
 import socket
 
-from fastmcp import FastMCP
+import mcp_types
+from fastmcp import Context, FastMCP
 from fastmcp_tasks import TasksExtension
 
 mcp = FastMCP("lifeguard-interop")
@@ -27,6 +35,69 @@ async def slow_add(a: int, b: int, seconds: float = 0.3) -> int:
 def echo(text: str) -> str:
     """Echo text back synchronously."""
     return text
+
+
+SAMPLING_KEY = "sample"
+ROOTS_KEY = "roots"
+
+
+def _sampling_request() -> mcp_types.InputRequiredResult:
+    return mcp_types.InputRequiredResult(
+        input_requests={
+            SAMPLING_KEY: mcp_types.CreateMessageRequest(
+                params=mcp_types.CreateMessageRequestParams(
+                    messages=[
+                        mcp_types.SamplingMessage(
+                            role="user",
+                            content=mcp_types.TextContent(type="text", text="Say hello"),
+                        )
+                    ],
+                    max_tokens=16,
+                )
+            )
+        },
+        request_state="asked-sampling",
+    )
+
+
+def _roots_request() -> mcp_types.InputRequiredResult:
+    return mcp_types.InputRequiredResult(
+        input_requests={ROOTS_KEY: mcp_types.ListRootsRequest()},
+        request_state="asked-roots",
+    )
+
+
+def _received(ctx: Context, key: str) -> str | None:
+    """What the client answered for `key`, as `TypeName {json}`, or None before it answered."""
+    answers = ctx.input_responses
+    if not answers or key not in answers:
+        return None
+    answer = answers[key]
+    return f"{type(answer).__name__} {answer.model_dump_json(by_alias=True, exclude_none=True)}"
+
+
+@mcp.tool
+async def ask_sampling(ctx: Context) -> str | mcp_types.InputRequiredResult:
+    """Ask the client to sample (MRTR on tools/call); report the answer's type and JSON."""
+    return _received(ctx, SAMPLING_KEY) or _sampling_request()
+
+
+@mcp.tool
+async def ask_roots(ctx: Context) -> str | mcp_types.InputRequiredResult:
+    """Ask the client for its roots (MRTR on tools/call); report the answer's type and JSON."""
+    return _received(ctx, ROOTS_KEY) or _roots_request()
+
+
+@mcp.tool(task=True)
+async def ask_sampling_task(ctx: Context) -> str | mcp_types.InputRequiredResult:
+    """As ask_sampling, from inside a task (tasks/get asks, tasks/update answers)."""
+    return _received(ctx, SAMPLING_KEY) or _sampling_request()
+
+
+@mcp.tool(task=True)
+async def ask_roots_task(ctx: Context) -> str | mcp_types.InputRequiredResult:
+    """As ask_roots, from inside a task (tasks/get asks, tasks/update answers)."""
+    return _received(ctx, ROOTS_KEY) or _roots_request()
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ pub fn python() -> PathBuf {
     path
 }
 
-/// The FastMCP server of `tests/interop/fastmcp_server.py`. It binds port 0 itself and prints
-/// the URL it listens on, so no other process can take the port in between.
+/// A FastMCP server of `tests/interop/` (by default `fastmcp_server.py`). It binds port 0 itself
+/// and prints the URL it listens on, so no other process can take the port in between.
 pub struct FastMcpServer {
     child: Child,
     pub url: String,
@@ -33,8 +33,13 @@ pub struct FastMcpServer {
 
 impl FastMcpServer {
     pub async fn start() -> Self {
+        Self::start_script("fastmcp_server.py").await
+    }
+
+    /// Starts `tests/interop/{script}`, which must print `listening on URL` once it serves.
+    pub async fn start_script(script: &str) -> Self {
         let mut command = Command::new(python());
-        command.arg(super::repo().join("tests/interop/fastmcp_server.py"));
+        command.arg(super::repo().join("tests/interop").join(script));
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "the FastMCP server", &output);
         Self { child, url, output }
