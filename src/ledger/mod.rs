@@ -43,6 +43,9 @@ pub enum EndReason {
     Deadline,
     /// The upstream server no longer knows the task.
     UpstreamLost,
+    /// The server asked for a capability the policy refuses and that cannot be declined
+    /// (sampling): the task cannot go on.
+    CapabilityRefused,
 }
 
 impl EndReason {
@@ -54,6 +57,7 @@ impl EndReason {
             Self::Revocation => "revocation",
             Self::Deadline => "deadline",
             Self::UpstreamLost => "upstream_lost",
+            Self::CapabilityRefused => "capability_refused",
         }
     }
 
@@ -65,6 +69,7 @@ impl EndReason {
             "revocation" => Self::Revocation,
             "deadline" => Self::Deadline,
             "upstream_lost" => Self::UpstreamLost,
+            "capability_refused" => Self::CapabilityRefused,
             _ => return None,
         })
     }
@@ -320,6 +325,7 @@ mod tests {
             EndReason::Revocation,
             EndReason::Deadline,
             EndReason::UpstreamLost,
+            EndReason::CapabilityRefused,
         ] {
             assert_eq!(EndReason::parse(r.as_str()), Some(r));
         }

@@ -414,10 +414,20 @@ mod tests {
             parse_request(body.to_string().as_bytes()).unwrap()
         };
         let cancelled = notification("notifications/cancelled");
-        let facts = check_request(&headers_for("notifications/cancelled", None), &cancelled, versions())
-            .expect("the one client notification of 2026-07-28 passes");
+        let facts = check_request(
+            &headers_for("notifications/cancelled", None),
+            &cancelled,
+            versions(),
+        )
+        .expect("the one client notification of 2026-07-28 passes");
         assert_eq!(facts.kind, RequestKind::Other);
-        for method in ["tasks/cancel", "tasks/update", "tools/call", "notifications/progress", "x/y"] {
+        for method in [
+            "tasks/cancel",
+            "tasks/update",
+            "tools/call",
+            "notifications/progress",
+            "x/y",
+        ] {
             assert_eq!(
                 violation(&headers_for(method, None), &notification(method)),
                 Violation::NotANotification(method.into()),

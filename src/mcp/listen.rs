@@ -58,7 +58,9 @@ pub fn is_plain_resource_uri(uri: &str) -> bool {
     }
     let path = uri.split_once("://").map_or(uri, |(_, rest)| rest);
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    !path.split('/').any(|segment| segment == "." || segment == "..")
+    !path
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
 }
 
 const MAX_ENTRIES: usize = 1024;
@@ -369,7 +371,12 @@ mod tests {
 
     #[test]
     fn resource_uris_must_be_plain() {
-        for ok in ["reports://team-a/q3", "file:///srv/a.txt", "reports://a/x.y", "r://a/..b"] {
+        for ok in [
+            "reports://team-a/q3",
+            "file:///srv/a.txt",
+            "reports://a/x.y",
+            "r://a/..b",
+        ] {
             assert!(is_plain_resource_uri(ok), "{ok}");
         }
         for bad in [

@@ -125,14 +125,20 @@ mod tests {
     #[test]
     fn parses_like_serde_json_when_keys_are_unique() {
         let text = r#"{"a":[1,-2,3.5,"x",null,true,{"b":{}}],"c":"\u00e9"}"#;
-        assert_eq!(from_str(text).unwrap(), serde_json::from_str::<Value>(text).unwrap());
+        assert_eq!(
+            from_str(text).unwrap(),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
         assert_eq!(from_str("7").unwrap(), json!(7));
     }
 
     #[test]
     fn refuses_duplicate_keys_at_any_depth_even_when_escaped() {
         for (text, key) in [
-            (r#"{"method":"tools/list","method":"tasks/cancel"}"#, "method"),
+            (
+                r#"{"method":"tools/list","method":"tasks/cancel"}"#,
+                "method",
+            ),
             (r#"{"params":{"name":"a","name":"b"}}"#, "name"),
             (r#"{"a":[{"x":1,"x":1}]}"#, "x"),
             (r#"{"method":1,"m\u0065thod":2}"#, "method"),

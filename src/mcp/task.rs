@@ -481,7 +481,10 @@ mod tests {
         let ok = peek_response(br#" {"jsonrpc":"2.0","id":"7","result":{"content":[]}}"#).unwrap();
         assert_eq!(ok.id, Some(json!("7")));
         assert!(!ok.has_error && !ok.has_method);
-        assert_eq!(peek_response(br#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#), None);
+        assert_eq!(
+            peek_response(br#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#),
+            None
+        );
         assert_eq!(peek_response(br#"{"id":7,"id":8,"result":{}}"#), None);
         assert_eq!(
             peek_response(br#"{"id":7,"result":{"resultType":"complete","resultType":"task"}}"#),

@@ -326,14 +326,40 @@ fn audit_events(
     vec![requested, outcome]
 }
 
-/// The input response sent to the server for a refused input request, so the task moves on
-/// instead of waiting for an answer that will never come.
-pub fn decline(capability_method: &str, reason: Rejection) -> Value {
+/// How the server learns that a refused input request will not be answered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// An answer that reveals nothing and that the 2026-07-28 schema and the official SDKs
+    /// accept: `roots/list` → `{"roots": []}` (no roots shared).
+    Answer(Value),
+    /// No refusal exists that servers accept (`sampling/createMessage`: the schema has no
+    /// error or decline form, and any accepted shape would be made-up model output). The
+    /// request cannot go on: a task fails, a synchronous call gets an error. See
+    /// docs/interop.md for what was measured.
+    Unanswerable,
+}
+
+/// The refusal of an input request for `capability_method`.
+pub fn refusal(capability_method: &str) -> Refusal {
+    match capability_of(capability_method) {
+        Some(ExceptionCapability::Roots) => Refusal::Answer(json!({"roots": []})),
+        _ => Refusal::Unanswerable,
+    }
+}
+
+/// The error a request or task ends with when the server asked for a capability the policy
+/// refuses and that cannot be declined.
+pub fn unanswerable_error(capability_method: &str, reason: Rejection, policy_name: &str) -> Value {
     json!({
-        "error": {
-            "code": crate::mcp::codes::INTERNAL_ERROR,
-            "message": format!("{capability_method} was declined by the Lifeguard policy ({})", reason.as_str()),
-        }
+        "code": crate::mcp::codes::INTERNAL_ERROR,
+        "message": format!(
+            "The MCP server asked for {capability_method}, which the Lifeguard policy {policy_name} does not allow"
+        ),
+        "data": {
+            "capability": capability_method,
+            "reason": reason.as_str(),
+            "policy": policy_name,
+        },
     })
 }
 

@@ -2,7 +2,9 @@
 //! (`tasks/get` results, `notifications/tasks`) and of an `input_required` answer outside a
 //! task. Refused requests never reach the client; the server is told they were declined.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+
+use crate::audit::Decision;
 
 use crate::ledger::TaskRecord;
 use crate::mcp::task::{
@@ -11,11 +13,13 @@ use crate::mcp::task::{
 };
 
 use super::active_policy::ActivePolicy;
-use super::capability::{Carrier, decline};
+use super::capability::{Carrier, Refusal, refusal, unanswerable_error};
 use super::context::RequestContext;
+use super::decisions::capability_refused;
 use super::error::Error;
-use super::server_tasks::send_input_responses;
+use super::server_tasks::{cancel_at_server, send_input_responses};
 use super::state::AppState;
+use super::task_state::{now_ms, settle_terminal};
 
 /// What the request that will receive a task state declared.
 pub struct Recipient<'a> {
@@ -35,18 +39,29 @@ impl<'a> Recipient<'a> {
     }
 }
 
-/// Screens the input requests of a task state in place: refused requests are removed, the
-/// server is sent a decline for each newly refused one, and a task left with nothing to ask
-/// reads `working`.
-pub fn screen_task_state(
+/// What screening a task state led to.
+pub enum Screening {
+    /// The state (with what the gate let through) may be delivered.
+    Deliver,
+    /// The server asked for something that cannot be declined: the task failed; report this
+    /// record instead.
+    TaskFailed(Box<TaskRecord>),
+}
+
+/// Screens the input requests of a task state in place: refused requests are removed and the
+/// server is told, and a task left with nothing to ask reads `working`. A refusal the server
+/// can take (`roots/list` → no roots) is sent as a `tasks/update`; a refused request that
+/// cannot be declined (sampling) fails the task with a status message naming the policy, and
+/// the server is asked to cancel it.
+pub async fn screen_task_state(
     app: &AppState,
     policy: &ActivePolicy,
     record: &TaskRecord,
     recipient: &Recipient<'_>,
     state: &mut Value,
-) {
+) -> Screening {
     let Some(requests) = input_requests_mut(state) else {
-        return;
+        return Screening::Deliver;
     };
     let carrier = Carrier {
         scope: record.id.as_str(),
@@ -68,15 +83,39 @@ pub fn screen_task_state(
     if nothing_left {
         clear_input_requests(state);
     }
-    if screened.newly_rejected.is_empty() {
-        return;
+    let mut answers = Map::new();
+    for (key, method, reason) in &screened.refused {
+        match refusal(method) {
+            Refusal::Answer(answer) => {
+                // Sent once, when the gate first refuses the key.
+                if screened.newly_rejected.iter().any(|(k, _, _)| k == key) {
+                    answers.insert(key.clone(), answer);
+                }
+            }
+            Refusal::Unanswerable => {
+                let error = unanswerable_error(method, *reason, &policy.name);
+                let finish = capability_refused(error, now_ms());
+                let settled =
+                    settle_terminal(app, policy, recipient.correlation_id, record, finish).await;
+                if let Some(settled) = settled {
+                    if settled.applied {
+                        cancel_at_server(
+                            app,
+                            recipient.correlation_id,
+                            record,
+                            "capability_refused",
+                        )
+                        .await;
+                    }
+                    return Screening::TaskFailed(Box::new(settled.record));
+                }
+            }
+        }
     }
-    let declines: Map<String, Value> = screened
-        .newly_rejected
-        .iter()
-        .map(|(key, method, reason)| (key.clone(), decline(method, *reason)))
-        .collect();
-    send_input_responses(&app.upstream, record, recipient.correlation_id, declines);
+    if !answers.is_empty() {
+        send_input_responses(&app.upstream, record, recipient.correlation_id, answers);
+    }
+    Screening::Deliver
 }
 
 /// Most times the sidecar answers refused input requests for the client before it gives up.
@@ -84,9 +123,10 @@ const MAX_DECLINE_ROUNDS: usize = 3;
 
 /// Screens the input requests of an `input_required` answer outside a task (multi round-trip
 /// requests). When the gate refuses any of them, the client sees none of this round: the
-/// sidecar retries the request upstream itself, with a decline for each refused key and the
-/// server's `requestState`, so the server learns the answer and can go on (complete, or ask
-/// again for what it still needs). Decisions are scoped to this client request (its correlation
+/// sidecar retries the request upstream itself, with a refusal for each refused key (no roots)
+/// and the server's `requestState`, so the server learns the answer and can go on (complete,
+/// or ask again for what it still needs). A refused sampling request cannot be declined: the
+/// call ends with the documented error instead. Decisions are scoped to this client request (its correlation
 /// id), so a key asked again in a later round is not charged twice.
 pub async fn screen_request_inputs(
     app: &AppState,
@@ -118,10 +158,27 @@ pub async fn screen_request_inputs(
         if screened.refused.is_empty() {
             return message;
         }
+        // A refusal the server cannot take ends the call: nothing is retried upstream (the
+        // server keeps no state between rounds) and the client gets the documented error.
+        if let Some((_, method, reason)) = screened
+            .refused
+            .iter()
+            .find(|(_, method, _)| refusal(method) == Refusal::Unanswerable)
+        {
+            let error = unanswerable_error(method, *reason, &ctx.policy.name);
+            app.audit.log(
+                ctx.audit("request.failed", Decision::Deny, "capability_refused")
+                    .detail("capability", method.clone()),
+            );
+            return json!({"jsonrpc": "2.0", "id": ctx.id(), "error": error});
+        }
         let declines: Map<String, Value> = screened
             .refused
             .into_iter()
-            .map(|(key, method, reason)| (key, decline(&method, reason)))
+            .filter_map(|(key, method, _)| match refusal(&method) {
+                Refusal::Answer(answer) => Some((key, answer)),
+                Refusal::Unanswerable => None,
+            })
             .collect();
         let Some(mut retry) = serde_json::from_slice::<Value>(&ctx.body)
             .ok()
@@ -129,7 +186,7 @@ pub async fn screen_request_inputs(
         else {
             break;
         };
-        // The client's request again, answering with the declines under the server's
+        // The client's request again, answering with the refusals under the server's
         // requestState.
         set_input_responses(&mut retry, declines, Some(response_request_state(&message)));
         message = match app.upstream.call(ctx.upstream_headers(), &retry).await {

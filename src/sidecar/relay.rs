@@ -109,7 +109,9 @@ pub async fn send_and_relay<S: FinalStep>(
                     app.metrics.anomaly("duplicate_key");
                     return refuse_mismatch(&app, &ctx);
                 }
-                Err(StrictJsonError::Syntax(_)) => return Error::NotJson.respond(&app.metrics, &id),
+                Err(StrictJsonError::Syntax(_)) => {
+                    return Error::NotJson.respond(&app.metrics, &id);
+                }
             };
             if classify_final(&message, &id) == FinalAnswer::NotTheResponse {
                 return refuse_mismatch(&app, &ctx);
@@ -129,11 +131,8 @@ pub async fn send_and_relay<S: FinalStep>(
 /// reaches the client (not its input requests, not a task it names).
 fn refuse_mismatch(app: &AppState, ctx: &RequestContext) -> Response {
     app.metrics.anomaly("response_mismatch");
-    app.audit.log(ctx.audit(
-        "request.anomaly",
-        Decision::Deny,
-        "response_mismatch",
-    ));
+    app.audit
+        .log(ctx.audit("request.anomaly", Decision::Deny, "response_mismatch"));
     Error::ResponseMismatch.respond(&app.metrics, &ctx.id())
 }
 
@@ -156,8 +155,10 @@ async fn finish_message<S: FinalStep>(
 /// else a server may emit (`notifications/tasks`, `*/list_changed`, `resources/updated`,
 /// subscription acknowledgements) is listen-only: on a request stream it would bypass every
 /// listen filter.
-const PER_REQUEST_NOTIFICATIONS: &[&str] =
-    &[methods::NOTIFICATION_PROGRESS, methods::NOTIFICATION_MESSAGE];
+const PER_REQUEST_NOTIFICATIONS: &[&str] = &[
+    methods::NOTIFICATION_PROGRESS,
+    methods::NOTIFICATION_MESSAGE,
+];
 
 /// Relays an SSE response: per-request notifications pass, the final response goes through [`finish_message`], server-to-client requests
 /// (which MCP 2026-07-28 servers must not send) are dropped. Event ids and retry hints are
@@ -197,11 +198,12 @@ fn relay_sse<S: FinalStep>(
                         if !method.is_some_and(|m| PER_REQUEST_NOTIFICATIONS.contains(&m)) {
                             // Task state and change notifications belong on listen streams,
                             // filtered per owner and subscription.
-                            app.metrics.anomaly(if method == Some(methods::NOTIFICATION_TASKS) {
-                                "task_notification_on_request_stream"
-                            } else {
-                                "listen_notification_on_request_stream"
-                            });
+                            app.metrics
+                                .anomaly(if method == Some(methods::NOTIFICATION_TASKS) {
+                                    "task_notification_on_request_stream"
+                                } else {
+                                    "listen_notification_on_request_stream"
+                                });
                             return None;
                         }
                         message

@@ -2,6 +2,7 @@
 
 use crate::identity::Identity;
 use crate::ledger::TaskRecord;
+use crate::policy::TaskRules;
 
 /// Why a caller may not touch a task. Clients never see this (they get the uniform "Task not
 /// found"); the audit log does.
@@ -85,6 +86,12 @@ pub fn missing_scopes<'a>(
     caller: &Identity,
 ) -> Vec<&'a str> {
     required.filter(|s| !caller.has_scope(s)).collect()
+}
+
+/// Whether `caller` holds every scope a policy's tasks section requires for `tool` (true
+/// without a tasks section).
+pub fn holds_scopes(tasks: Option<&TaskRules>, caller: &Identity, tool: &str) -> bool {
+    tasks.is_none_or(|t| missing_scopes(t.scopes_for(tool), caller).is_empty())
 }
 
 #[cfg(test)]
@@ -206,5 +213,19 @@ mod tests {
     fn missing_scopes_lists_what_is_absent() {
         let c = caller(owner("alice", "t1", "console"), &["a"]);
         assert_eq!(missing_scopes(["a", "b"].into_iter(), &c), vec!["b"]);
+    }
+
+    #[test]
+    fn scopes_are_held_per_tool() {
+        let policy = crate::policy::testing::with_tasks(
+            "    enabled: true\n    requiredScopes: {generate_report: [reports:run]}\n",
+        );
+        let tasks = policy.tasks.as_ref();
+        let with = caller(owner("alice", "t1", "console"), &["reports:run"]);
+        let without = caller(owner("alice", "t1", "console"), &[]);
+        assert!(holds_scopes(tasks, &with, "generate_report"));
+        assert!(!holds_scopes(tasks, &without, "generate_report"));
+        assert!(holds_scopes(tasks, &without, "other_tool"));
+        assert!(holds_scopes(None, &without, "generate_report"));
     }
 }

@@ -43,6 +43,24 @@ pub fn upstream_lost(now_ms: i64) -> Finish {
     }
 }
 
+/// The end of a task whose server asked for a capability the policy refuses and that cannot
+/// be declined; `error` is the JSON-RPC error object that says so.
+pub fn capability_refused(error: serde_json::Value, now_ms: i64) -> Finish {
+    Finish {
+        status: TaskStatus::Failed,
+        status_message: error
+            .get("message")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned),
+        ending: Ending {
+            reason: EndReason::CapabilityRefused,
+            by: None,
+            payload: Some(error),
+            at: now_ms,
+        },
+    }
+}
+
 /// A cancellation by the task's owner or an administrator (`tasks/cancel`).
 pub fn cancellation(access: Access, by: &Identity, now_ms: i64) -> Finish {
     let (reason, message) = match access {
@@ -209,6 +227,13 @@ mod tests {
             Some("Cancelled: the owner's access was revoked (credentialCompromise)")
         );
         assert_eq!(upstream_lost(3).ending.reason, EndReason::UpstreamLost);
+        let refused = capability_refused(json!({"code": -32603, "message": "no sampling"}), 4);
+        assert_eq!(refused.status, TaskStatus::Failed);
+        assert_eq!(refused.status_message.as_deref(), Some("no sampling"));
+        assert_eq!(
+            lifecycle_event(refused.status, refused.ending.reason),
+            "task.failed"
+        );
     }
 
     #[test]

@@ -8,10 +8,11 @@ mod endings;
 mod reads;
 mod replies;
 
-pub use access::{Access, Operation, authorize, missing_scopes};
+pub use access::{Access, Operation, authorize, holds_scopes, missing_scopes};
 pub use creation::confirmation_terms;
 pub use endings::{
-    cancellation, deadline_exceeded, lifecycle_event, revocation, upstream_end, upstream_lost,
+    cancellation, capability_refused, deadline_exceeded, lifecycle_event, revocation, upstream_end,
+    upstream_lost,
 };
 pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
 pub use replies::{

@@ -177,9 +177,18 @@ mod tests {
         use crate::mcp::task::peek_response;
         let id = json!(7);
         let judge = |text: &str| judge_json_answer(peek_response(text.as_bytes()).as_ref(), &id);
-        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#), JsonAnswer::PassRaw);
-        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"error":{"code":1}}"#), JsonAnswer::PassRaw);
-        assert_eq!(judge(r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task"}}"#), JsonAnswer::Inspect);
+        assert_eq!(
+            judge(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#),
+            JsonAnswer::PassRaw
+        );
+        assert_eq!(
+            judge(r#"{"jsonrpc":"2.0","id":7,"error":{"code":1}}"#),
+            JsonAnswer::PassRaw
+        );
+        assert_eq!(
+            judge(r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task"}}"#),
+            JsonAnswer::Inspect
+        );
         for refused in [
             r#"{"jsonrpc":"2.0","id":"7","result":{"resultType":"task"}}"#,
             r#"{"jsonrpc":"2.0","id":7.0,"result":{}}"#,
@@ -190,7 +199,10 @@ mod tests {
         ] {
             assert_eq!(judge(refused), JsonAnswer::Refuse, "{refused}");
         }
-        assert_eq!(judge(r#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#), JsonAnswer::Inspect);
+        assert_eq!(
+            judge(r#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#),
+            JsonAnswer::Inspect
+        );
     }
 
     #[test]

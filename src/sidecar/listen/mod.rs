@@ -28,7 +28,7 @@ use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
 
 use super::context::RequestContext;
-use super::decisions::{Operation, authorize};
+use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
 use super::respond;
@@ -113,15 +113,20 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
 
     // Task IDs: only tasks this caller owns, in the server's IDs. Foreign and unknown IDs are
     // dropped alike, so the acknowledgement cannot tell them apart.
+    // Tasks whose tool needs scopes this token lacks are dropped the same way.
     let mut to_sidecar: HashMap<String, TaskId> = HashMap::new();
+    let mut task_tools = Vec::new();
     let now = now_ms();
+    let tasks_rules = ctx.policy.effective.tasks.as_ref();
     for id in std::mem::take(&mut allowed.task_ids) {
         let id = TaskId::from_string(id);
         let record = app.ledger.get(&id).await.ok().flatten();
         if authorize(record.as_ref(), &ctx.identity, Operation::Read, None, now).is_ok()
             && let Some(record) = record
+            && holds_scopes(tasks_rules, &ctx.identity, &record.tool)
         {
             allowed.task_ids.insert(record.upstream_id.clone());
+            task_tools.push(record.tool);
             to_sidecar.insert(record.upstream_id, id);
         }
     }
@@ -226,6 +231,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         upstream_filter,
         client_filter,
         to_sidecar,
+        task_tools,
         max_duration: rules.max_stream_duration.get(),
     };
     tokio::spawn(pump.run());

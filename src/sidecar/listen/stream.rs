@@ -14,14 +14,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::audit::Decision;
+use crate::ledger::TaskRecord;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
 use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::super::capability_screen::{Recipient, screen_task_state};
+use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
-use super::super::decisions::{Operation, authorize, task_view, upstream_end};
+use super::super::decisions::{Operation, authorize, holds_scopes, task_view, upstream_end};
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
 use super::super::task_state::{now_ms, settle_terminal};
@@ -38,6 +39,9 @@ pub(super) struct Pump {
     pub client_filter: ListenFilter,
     /// Server task ID → sidecar task ID, for the subscribed tasks.
     pub to_sidecar: HashMap<String, TaskId>,
+    /// The tools of the subscribed tasks: a policy change that requires scopes the listener's
+    /// token lacks for any of them closes the stream.
+    pub task_tools: Vec<String>,
     pub max_duration: Duration,
 }
 
@@ -68,6 +72,9 @@ impl Pump {
                 changed = policy.changed() => {
                     let still = changed.is_ok() && policy.borrow_and_update().as_ref().is_some_and(|p| {
                         p.effective.listen.as_ref().is_some_and(|rules| self.client_filter.survives(rules))
+                            && self.task_tools.iter().all(|tool| {
+                                holds_scopes(p.effective.tasks.as_ref(), &self.ctx.identity, tool)
+                            })
                     });
                     if still { Step::Continue } else { Step::Close(CloseReason::PolicyChanged) }
                 }
@@ -126,8 +133,11 @@ impl Pump {
         Some(frame)
     }
 
-    /// A `notifications/tasks` frame, re-checked against the ledger: the task must still exist
-    /// and belong to the listener; its IDs are the sidecar's; a terminal state is the ledger's.
+    /// A `notifications/tasks` frame, re-checked against the ledger and the policy in force:
+    /// the task must still exist, belong to the listener, and the listener's token must still
+    /// hold the scopes its tool requires; its IDs are the sidecar's; a terminal state is the
+    /// ledger's. Streams never carry a task's result or error: those are read with `tasks/get`,
+    /// where read-once results and the result audit apply.
     async fn task_frame(&self, upstream_id: &str, mut frame: Value) -> Option<Value> {
         let id = self.to_sidecar.get(upstream_id)?;
         let mut record = self.app.ledger.get(id).await.ok().flatten()?;
@@ -139,6 +149,14 @@ impl Pump {
             now_ms(),
         )
         .ok()?;
+        let policy = self.app.policy()?;
+        if !holds_scopes(
+            policy.effective.tasks.as_ref(),
+            &self.ctx.identity,
+            &record.tool,
+        ) {
+            return None;
+        }
         let params = frame.get("params").cloned().unwrap_or(Value::Null);
         // The server reporting an end teaches the ledger (first terminal write wins).
         if !record.status.is_terminal()
@@ -157,21 +175,25 @@ impl Pump {
             record = settled.record;
         }
         let params = if record.status.is_terminal() {
-            let payload = record.ended.as_ref().and_then(|e| e.payload.as_ref());
-            task_view(&record, self.ctx.policy.min_poll_ms()).notification_params(payload)
+            self.terminal_params(&record)
         } else {
             let mut params = params;
             present_task(&mut params, upstream_id, id.as_str(), record.ttl_ms, None);
+            strip_payload(&mut params);
             // Input requests inside notifications pass the same gate as in tasks/get, judged
             // by what the listen request declared.
-            screen_task_state(
+            let screening = screen_task_state(
                 &self.app,
                 &self.ctx.policy,
                 &record,
                 &Recipient::of(&self.ctx),
                 &mut params,
-            );
-            params
+            )
+            .await;
+            match screening {
+                Screening::Deliver => params,
+                Screening::TaskFailed(failed) => self.terminal_params(&failed),
+            }
         };
         let meta = frame.pointer("/params/_meta").cloned().map(|mut meta| {
             replace_task_id(&mut meta, upstream_id, id.as_str());
@@ -182,5 +204,18 @@ impl Pump {
             frame["params"]["_meta"] = meta;
         }
         Some(frame)
+    }
+
+    /// A terminal state from the ledger, without its result or error.
+    fn terminal_params(&self, record: &TaskRecord) -> Value {
+        task_view(record, self.ctx.policy.min_poll_ms()).notification_params(None)
+    }
+}
+
+/// Removes a task state's `result` and `error` (a server may send them on any frame).
+fn strip_payload(params: &mut Value) {
+    if let Some(o) = params.as_object_mut() {
+        o.remove("result");
+        o.remove("error");
     }
 }

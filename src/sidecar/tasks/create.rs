@@ -21,6 +21,7 @@ use crate::model::TaskId;
 use crate::policy::TaskRules;
 
 use super::super::active_policy::TaskNumbers;
+use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{confirmation_terms, missing_scopes, task_view};
 use super::super::error::Error;
@@ -355,6 +356,12 @@ impl TaskCreation {
                 record.ttl_ms,
                 Some(self.min_poll_ms),
             );
+            // A task born input_required carries input requests: they pass the gate too.
+            let screening =
+                screen_task_state(app, &ctx.policy, &record, &Recipient::of(ctx), result).await;
+            if let Screening::TaskFailed(failed) = screening {
+                *result = task_view(&failed, self.min_poll_ms).create_result();
+            }
         }
         Ok(message)
     }

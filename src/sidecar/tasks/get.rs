@@ -10,7 +10,7 @@ use crate::ledger::TaskRecord;
 use crate::mcp::task::{present_task, replace_task_id};
 use crate::model::TaskStatus;
 
-use super::super::capability_screen::{Recipient, screen_task_state};
+use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{
     Operation, ReadPlan, TaskReply, deliver_result, interpret_task_reply, plan_read, task_view,
@@ -88,7 +88,11 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         record.ttl_ms,
         Some(floor),
     );
-    screen_task_state(app, &ctx.policy, &record, &Recipient::of(ctx), &mut result);
+    let screening =
+        screen_task_state(app, &ctx.policy, &record, &Recipient::of(ctx), &mut result).await;
+    if let Screening::TaskFailed(failed) = screening {
+        return answer_from_ledger(app, ctx, &failed).await;
+    }
     audit_status_read(app, ctx, &record, state.status);
     respond::rpc_result(&ctx.id(), result)
 }
