@@ -63,9 +63,10 @@ pub struct CapabilityExceptionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principals: Option<Vec<PrincipalRef>>,
 
-    /// When set, only principals of these tenants may be asked.
+    /// When set, only principals of these tenants may be asked. A tenant is named with its
+    /// issuer: the same tenant id from another issuer is another tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenants: Option<Vec<String>>,
+    pub tenants: Option<Vec<TenantRef>>,
 
     /// Why the server needs the capability, in words shown to the people who approve and use it.
     #[schemars(length(min = 1, max = 1024))]
@@ -132,6 +133,20 @@ pub struct PrincipalRef {
     /// Subject at that issuer.
     #[schemars(length(min = 1, max = 1024))]
     pub subject: String,
+}
+
+/// One tenant: issuer plus tenant id (the tenant claim's value at that issuer).
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantRef {
+    /// Token issuer (`iss`).
+    #[schemars(length(min = 1, max = 2048))]
+    pub issuer: String,
+    /// Tenant id at that issuer.
+    #[schemars(length(min = 1, max = 1024))]
+    pub tenant: String,
 }
 
 /// Budgets of a CapabilityException.

@@ -22,7 +22,7 @@ mod cel_rule_tests;
 pub use duration::PolicyDuration;
 pub use exception::{
     CapabilityException, CapabilityExceptionSpec, CapabilityExceptionStatus, ExceptionCapability,
-    ExceptionLimits, ExceptionState, PolicyRef, PrincipalRef,
+    ExceptionLimits, ExceptionState, PolicyRef, PrincipalRef, TenantRef,
 };
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,

@@ -157,7 +157,10 @@ pub fn covers(
         return Err(Rejection::WrongPrincipal);
     }
     if let Some(tenants) = &spec.tenants
-        && !tenants.contains(&owner.tenant)
+        && (owner.tenant.is_empty()
+            || !tenants
+                .iter()
+                .any(|t| t.issuer == owner.issuer && t.tenant == owner.tenant))
     {
         return Err(Rejection::WrongTenant);
     }

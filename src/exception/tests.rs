@@ -25,7 +25,7 @@ spec:
   policyRef: {name: reports}
   capability: sampling
   clients: [console]
-  tenants: [tenant-a]
+  tenants: [{issuer: "https://idp", tenant: tenant-a}]
   purpose: summaries
   modelRoute: gateway/summaries
   limits: {maxTokens: 500, maxIterationsPerTask: 2, maxRequestsPerMinute: 10}
@@ -242,6 +242,21 @@ fn the_gate_checks_client_tenant_declaration_tokens_and_tools() {
                 declared(),
                 small(),
             ),
+            Rejection::WrongTenant,
+        ),
+        (
+            check(
+                &g,
+                &v,
+                sampling,
+                &Owner {
+                    issuer: "https://other-idp".into(),
+                    ..owner("console", "tenant-a")
+                },
+                declared(),
+                small(),
+            ),
+            // The same tenant id from another issuer is another tenant.
             Rejection::WrongTenant,
         ),
         (

@@ -234,7 +234,11 @@ fn exceptions_attach_only_to_the_policy_they_name_in_its_namespace() {
 #[test]
 fn invalid_exceptions_are_left_out_but_the_policy_still_compiles() {
     let p = policy("  capabilities: {sampling: exception}\n");
-    let broken = exception("team-a", "reports", "  tenants: [a, a]\n");
+    let broken = exception(
+        "team-a",
+        "reports",
+        "  tenants: [{issuer: \"https://i\", tenant: a}, {issuer: \"https://i\", tenant: a}]\n",
+    );
     let c = compile_one(&p, &[broken], &[]);
     assert!(c.has_errors());
     let effective = c.effective.expect("policy itself is fine");

@@ -446,7 +446,11 @@ pub fn validate_exception(exception: &CapabilityException, p: &mut Problems) {
         }
     }
     if let Some(tenants) = &spec.tenants {
-        check_unique(tenants.iter().map(String::as_str), "spec.tenants", p);
+        let keys: Vec<String> = tenants
+            .iter()
+            .map(|t| format!("{} {}", t.issuer, t.tenant))
+            .collect();
+        check_unique(keys.iter().map(String::as_str), "spec.tenants", p);
     }
     if spec.purpose.trim().is_empty() {
         p.error("spec.purpose", "must say why the capability is needed");

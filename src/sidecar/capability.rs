@@ -425,13 +425,16 @@ mod tests {
     }
 
     #[test]
-    fn declines_name_the_method_and_the_reason() {
-        let d = decline("roots/list", Rejection::NoException);
-        assert_eq!(d["error"]["code"], crate::mcp::codes::INTERNAL_ERROR);
-        let message = d["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains("roots/list") && message.contains("no_exception"),
-            "{message}"
+    fn roots_are_refused_with_an_empty_list_and_sampling_cannot_be() {
+        assert_eq!(refusal("roots/list"), Refusal::Answer(json!({"roots": []})));
+        assert_eq!(refusal("sampling/createMessage"), Refusal::Unanswerable);
+        let e = unanswerable_error(
+            "sampling/createMessage",
+            Rejection::NoException,
+            "team-a/reports",
         );
+        assert_eq!(e["code"], crate::mcp::codes::INTERNAL_ERROR);
+        assert_eq!(e["data"]["reason"], "no_exception");
+        assert!(e["message"].as_str().unwrap().contains("team-a/reports"));
     }
 }

@@ -60,9 +60,13 @@ pub fn authorize(
     let owner = &record.owner;
     let same_principal =
         owner.issuer == caller.owner.issuer && owner.subject == caller.owner.subject;
+    // A tenant is (issuer, tenant); an empty tenant is no tenant, so tenant-less callers are
+    // nobody's administrators.
     let same_tenant = owner.tenant == caller.owner.tenant;
+    let admin_tenant =
+        same_tenant && owner.issuer == caller.owner.issuer && !owner.tenant.is_empty();
     if op == Operation::Cancel
-        && same_tenant
+        && admin_tenant
         && !same_principal
         && admin_cancel_scope.is_some_and(|scope| caller.has_scope(scope))
     {
@@ -206,6 +210,33 @@ mod tests {
             authorize(Some(&r), &admin, Operation::Cancel, None, 2_000),
             Err(DenyReason::ForeignSubject),
             "no admin scope configured means no admin"
+        );
+        let mut other_issuer = owner("ops", "t1", "admin-cli");
+        other_issuer.issuer = "https://other-idp".into();
+        assert_eq!(
+            authorize(
+                Some(&r),
+                &caller(other_issuer, &["lifeguard:tasks:admin"]),
+                Operation::Cancel,
+                scope,
+                2_000
+            ),
+            Err(DenyReason::ForeignSubject),
+            "tenant t1 of another issuer is another tenant"
+        );
+        let mut tenantless = record();
+        tenantless.owner.tenant = String::new();
+        let tenantless_admin = caller(owner("ops", "", "admin-cli"), &["lifeguard:tasks:admin"]);
+        assert_eq!(
+            authorize(
+                Some(&tenantless),
+                &tenantless_admin,
+                Operation::Cancel,
+                scope,
+                2_000
+            ),
+            Err(DenyReason::ForeignSubject),
+            "no tenant is nobody's tenant"
         );
     }
 
