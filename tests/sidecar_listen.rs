@@ -153,15 +153,19 @@ async fn two_principals_never_see_each_others_task_events() {
     );
     let raw = serde_json::to_string(&alice_frames).unwrap();
     assert!(!raw.contains("task-"), "upstream IDs leaked: {raw}");
-    // The last state alice saw is the completed result, in her IDs.
+    // The last state alice saw is completed, in her IDs, without the result: streams never
+    // carry results (read-once and the result audit apply to tasks/get only)…
     let last = alice_frames
         .iter()
         .rev()
         .find(|f| f["method"] == "notifications/tasks")
         .unwrap();
     assert_eq!(last["params"]["status"], "completed");
+    assert!(last["params"].get("result").is_none(), "{last}");
+    // …which tasks/get delivers.
+    let read = client.get_task(&alice, &a).await;
     assert_eq!(
-        last["params"]["result"]["content"][0]["text"],
+        read.result()["result"]["content"][0]["text"],
         "wrote 3 rows"
     );
 }

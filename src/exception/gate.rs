@@ -119,7 +119,8 @@ pub struct CapabilityRequest<'a> {
     pub protocol_version: &'a str,
 }
 
-fn verification_rejection(v: &Verification) -> Option<Rejection> {
+/// Why a verification leaves an exception out of force (`None`: Active).
+pub fn verification_rejection(v: &Verification) -> Option<Rejection> {
     match (v.state, v.reason) {
         (ExceptionState::Active, _) => None,
         (ExceptionState::Expired, _) => Some(Rejection::Expired),

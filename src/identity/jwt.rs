@@ -62,6 +62,8 @@ pub enum AuthError {
     MissingClaim(String),
     #[error("the token's principal has been revoked")]
     Revoked,
+    #[error("more than one Authorization header")]
+    MultipleCredentials,
 }
 
 impl AuthError {
@@ -69,6 +71,7 @@ impl AuthError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Missing => "missing_token",
+            Self::MultipleCredentials => "multiple_authorization",
             Self::Malformed => "malformed_token",
             Self::UntrustedIssuer => "untrusted_issuer",
             Self::DisallowedAlgorithm => "disallowed_algorithm",

@@ -16,7 +16,9 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{CapabilityMode, ExceptionCapability};
 use crate::audit::{AuditEvent, Decision, summarize};
-use crate::exception::gate::{CapabilityRequest, Rejection, capability_of, covers, declares};
+use crate::exception::gate::{
+    CapabilityRequest, Rejection, capability_of, covers, declares, verification_rejection,
+};
 use crate::exception::{ApproverTrust, verify};
 use crate::model::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
@@ -104,10 +106,26 @@ pub struct CapabilityGate {
 /// decision is made again, spending budget again — the safe direction).
 const MAX_DECISIONS: usize = 100_000;
 
+/// How long the iterations of multi round-trip exchanges (outside tasks) of one principal and
+/// tool count against an exception's `maxIterationsPerTask`: each retry is a new request, so
+/// without a window a client could spend the budget anew on every retry.
+pub const EXCHANGE_ITERATION_WINDOW: Duration = Duration::from_secs(600);
+
+/// What an exception's `maxIterationsPerTask` is counted over.
+pub enum Budget {
+    /// One task (its ID): counted for the task's life.
+    Task(String),
+    /// Multi round-trip exchanges outside tasks: per principal (issuer, subject, tenant,
+    /// client) and tool, within [`EXCHANGE_ITERATION_WINDOW`].
+    Exchange { tool: String },
+}
+
 /// The context of the request that carries input requests.
 pub struct Carrier<'a> {
-    /// The task the input requests belong to, or a per-request scope for results outside tasks.
+    /// The task the input requests belong to, or a per-request scope for results outside
+    /// tasks: decisions are remembered per (scope, input key).
     pub scope: &'a str,
+    pub budget: Budget,
     pub owner: &'a Owner,
     /// Client capabilities declared on *this* request.
     pub declared: &'a Value,
@@ -144,11 +162,21 @@ impl CapabilityGate {
                 continue;
             };
             let decided_key = (carrier.scope.to_owned(), key.clone());
-            let verdict = match state.decided.get(&decided_key) {
-                Some(v) => v.clone(),
-                None => {
+            // An allowance is re-verified at every use: an exception withdrawn, expired, or
+            // signed by a key revoked since the decision no longer covers the request.
+            let previous = state.decided.get(&decided_key).cloned();
+            let lapsed = match &previous {
+                Some(Verdict::Allowed { exception, .. }) => revalidate(policy, trust, exception),
+                _ => None,
+            };
+            let verdict = match (previous, lapsed) {
+                (Some(v), None) => v,
+                (_, lapsed) => {
                     let params = request.get("params").cloned().unwrap_or(Value::Null);
-                    let verdict = decide(&mut state, policy, trust, carrier, capability, &params);
+                    let verdict = match lapsed {
+                        Some(reason) => Verdict::Rejected(reason),
+                        None => decide(&mut state, policy, trust, carrier, capability, &params),
+                    };
                     screened
                         .events
                         .extend(audit_events(carrier, capability, &params, &verdict));
@@ -191,12 +219,13 @@ impl CapabilityGate {
         screened
     }
 
-    /// Whether the gate refused `key` of `scope` (its answers must not reach the server).
-    pub fn refused(&self, scope: &str, key: &str) -> bool {
+    /// Whether the gate allowed `key` of `scope`: only then may a client's answer to that
+    /// input request reach the server. Undecided and refused keys are not allowed.
+    pub fn allowed(&self, scope: &str, key: &str) -> bool {
         self.state.lock().is_ok_and(|s| {
             matches!(
                 s.decided.get(&(scope.to_owned(), key.to_owned())),
-                Some(Verdict::Rejected(_))
+                Some(Verdict::Allowed { .. })
             )
         })
     }
@@ -210,12 +239,37 @@ fn method_of(request: &Value) -> String {
         .to_owned()
 }
 
+/// Whether an input request is one the gate governs (sampling, roots).
+pub fn is_gated(request: &Value) -> bool {
+    gated(request).is_some()
+}
+
 /// The capability an input request needs, when it is one the gate governs.
 fn gated(request: &Value) -> Option<ExceptionCapability> {
     request
         .get("method")
         .and_then(Value::as_str)
         .and_then(capability_of)
+}
+
+/// Why the exception named `key` no longer covers anything (`None`: still Active in the policy
+/// in force).
+fn revalidate(
+    policy: &EffectivePolicy,
+    trust: Option<&ApproverTrust>,
+    key: &ObjectKey,
+) -> Option<Rejection> {
+    let Some(exception) = policy.exceptions.iter().find(|e| &e.exception == key) else {
+        return Some(Rejection::NoException);
+    };
+    let empty = ApproverTrust::default();
+    let verification = verify(
+        &exception.spec,
+        &exception.exception.namespace,
+        trust.unwrap_or(&empty),
+        jiff::Timestamp::now(),
+    );
+    verification_rejection(&verification)
 }
 
 fn decide(
@@ -252,11 +306,25 @@ fn decide(
             continue;
         }
         let limits = &exception.spec.limits;
-        let iteration_key = (exception.exception.clone(), carrier.scope.to_owned());
+        let (budget_scope, window) = match &carrier.budget {
+            Budget::Task(task) => (format!("task\n{task}"), None),
+            Budget::Exchange { tool } => {
+                let o = carrier.owner;
+                (
+                    format!(
+                        "exchange\n{}\n{}\n{}\n{}\n{tool}",
+                        o.issuer, o.subject, o.tenant, o.client
+                    ),
+                    Some(EXCHANGE_ITERATION_WINDOW),
+                )
+            }
+        };
+        let iteration_key = (exception.exception.clone(), budget_scope);
         let (iterations, first_use) = state
             .iterations
             .get(&iteration_key)
             .copied()
+            .filter(|(_, first)| window.is_none_or(|w| first.elapsed() < w))
             .unwrap_or((0, Instant::now()));
         if iterations >= limits.max_iterations_per_task {
             best = best.most_specific(Rejection::IterationBudget);
@@ -386,6 +454,7 @@ mod tests {
         let declared = json!({"sampling": {}});
         let carrier = Carrier {
             scope: "lgt_task",
+            budget: Budget::Task("lgt_task".into()),
             owner: &owner,
             declared: &declared,
             protocol_version: crate::mcp::PROTOCOL_VERSION,
@@ -408,9 +477,12 @@ mod tests {
         assert_eq!(first.newly_rejected.len(), 1);
         assert_eq!(first.newly_rejected[0].0, "s1");
         assert_eq!(first.events.len(), 2, "requested + rejected");
-        assert!(gate.refused("lgt_task", "s1"));
-        assert!(!gate.refused("lgt_task", "e1"));
-        assert!(!gate.refused("lgt_other", "s1"));
+        assert!(!gate.allowed("lgt_task", "s1"), "refused");
+        assert!(!gate.allowed("lgt_task", "e1"), "never decided: not gated");
+        assert!(
+            !gate.allowed("lgt_other", "s1"),
+            "never decided for that task"
+        );
 
         // The same key asked again (every poll repeats it) is refused without a new decision.
         let mut again = json!({"s1": {"method": "sampling/createMessage", "params": {}}})

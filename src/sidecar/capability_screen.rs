@@ -13,7 +13,7 @@ use crate::mcp::task::{
 };
 
 use super::active_policy::ActivePolicy;
-use super::capability::{Carrier, Refusal, refusal, unanswerable_error};
+use super::capability::{Budget, Carrier, Refusal, refusal, unanswerable_error};
 use super::context::RequestContext;
 use super::decisions::capability_refused;
 use super::error::Error;
@@ -65,6 +65,7 @@ pub async fn screen_task_state(
     };
     let carrier = Carrier {
         scope: record.id.as_str(),
+        budget: Budget::Task(record.id.as_str().to_owned()),
         owner: &record.owner,
         declared: recipient.declared,
         protocol_version: recipient.protocol_version,
@@ -139,6 +140,13 @@ pub async fn screen_request_inputs(
         };
         let carrier = Carrier {
             scope: &ctx.correlation_id,
+            budget: Budget::Exchange {
+                tool: format!(
+                    "{} {}",
+                    ctx.request.method,
+                    ctx.request.param_str("name").unwrap_or_default()
+                ),
+            },
             owner: &ctx.identity.owner,
             declared: &ctx.facts.capabilities,
             protocol_version: &ctx.facts.protocol_version,

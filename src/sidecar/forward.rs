@@ -58,10 +58,13 @@ pub fn client_request_headers(
         .map(|n| n.trim().to_ascii_lowercase())
         .collect();
     for (name, value) in incoming {
-        let n = name.as_str();
+        // CGI/WSGI servers read `Lifeguard_Subject` as `Lifeguard-Subject`: names are compared
+        // with `_` read as `-`.
+        let normalized = name.as_str().replace('_', "-");
+        let n = normalized.as_str();
         if DROPPED.contains(&n)
             || n.starts_with(IDENTITY_HEADER_PREFIX)
-            || connection_listed.iter().any(|c| c == n)
+            || connection_listed.iter().any(|c| c.replace('_', "-") == n)
             || (n == "authorization" && mode != UpstreamIdentity::ForwardToken)
         {
             continue;
@@ -162,6 +165,9 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer secret"));
         h.insert("lifeguard-subject", HeaderValue::from_static("mallory"));
+        h.insert("lifeguard_subject", HeaderValue::from_static("mallory"));
+        h.insert("Lifeguard_Tenant", HeaderValue::from_static("other"));
+        h.insert("mcp_session_id", HeaderValue::from_static("s"));
         h.insert("Lifeguard-Tenant", HeaderValue::from_static("other"));
         h.insert("mcp-session-id", HeaderValue::from_static("s"));
         h.insert("last-event-id", HeaderValue::from_static("9"));
@@ -187,6 +193,9 @@ mod tests {
             "token withheld by default"
         );
         for dropped in [
+            "lifeguard_subject",
+            "lifeguard_tenant",
+            "mcp_session_id",
             "mcp-session-id",
             "last-event-id",
             "cookie",

@@ -173,6 +173,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         idempotency_secret,
         gate: capability::CapabilityGate::default(),
         polls: state::PollClock::default(),
+        reconciles: state::ReconcileClock::default(),
         streams: Arc::new(stream_registry::StreamRegistry::default()),
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,

@@ -150,7 +150,14 @@ fn deny_metric(app: &AppState, reason: &'static str) {
 /// Validates the bearer token against the policy (refetching the issuer's keys once, rate
 /// limited, when the token names an unknown key) and refuses revoked principals.
 async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Identity, AuthError> {
-    let token = bearer_token(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))?;
+    // One credential per request: with two, which one was checked and which one the server
+    // reads (forwardToken mode) could differ.
+    let mut authorizations = headers.get_all(header::AUTHORIZATION).iter();
+    let first = authorizations.next();
+    if authorizations.next().is_some() {
+        return Err(AuthError::MultipleCredentials);
+    }
+    let token = bearer_token(first.map(|v| v.as_bytes()))?;
     let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
     if let Some(identity) = policy.tokens.get(token, now_secs) {
         check_revocations(policy, &identity)?;

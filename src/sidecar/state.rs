@@ -35,6 +35,8 @@ pub struct AppState {
     pub gate: CapabilityGate,
     /// When each task's state was last asked of the server.
     pub polls: PollClock,
+    /// When each principal's unfinished tasks were last reconciled with the server.
+    pub reconciles: ReconcileClock,
     /// Open listen streams.
     pub streams: Arc<StreamRegistry>,
     /// Fires when the sidecar shuts down (listen streams end gracefully).
@@ -75,9 +77,55 @@ impl PollClock {
     }
 }
 
+/// Paces reconciliations (asking the server about every unfinished task of a principal whose
+/// creation was refused over quota): at most one per principal per [`Self::INTERVAL`], so
+/// refused creations cannot make the sidecar flood the server.
+#[derive(Default)]
+pub struct ReconcileClock {
+    last: Mutex<HashMap<(String, String), std::time::Instant>>,
+}
+
+impl ReconcileClock {
+    pub const INTERVAL: Duration = Duration::from_secs(5);
+    /// Most principals remembered; beyond it entries older than the interval are dropped.
+    const MAX: usize = 10_000;
+
+    /// Whether `owner`'s tasks may be reconciled now; if so, records that they are.
+    pub fn begin(&self, owner: &crate::model::Owner) -> bool {
+        let Ok(mut last) = self.last.lock() else {
+            return false;
+        };
+        if last.len() >= Self::MAX {
+            last.retain(|_, at| at.elapsed() < Self::INTERVAL);
+        }
+        let key = (owner.issuer.clone(), owner.subject.clone());
+        match last.get(&key) {
+            Some(at) if at.elapsed() < Self::INTERVAL => false,
+            _ => {
+                last.insert(key, std::time::Instant::now());
+                true
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconciliations_are_paced_per_principal() {
+        let clock = ReconcileClock::default();
+        let owner = |subject: &str| crate::model::Owner {
+            issuer: "i".into(),
+            subject: subject.into(),
+            tenant: "t".into(),
+            client: "c".into(),
+        };
+        assert!(clock.begin(&owner("alice")));
+        assert!(!clock.begin(&owner("alice")), "again within the interval");
+        assert!(clock.begin(&owner("bob")), "another principal");
+    }
 
     #[test]
     fn the_poll_clock_remembers_the_last_ask_per_task() {

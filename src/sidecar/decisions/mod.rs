@@ -16,6 +16,6 @@ pub use endings::{
 };
 pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
 pub use replies::{
-    FinalAnswer, JsonAnswer, TaskReply, classify_final, forwardable_inputs, interpret_task_reply,
-    judge_json_answer,
+    FinalAnswer, JsonAnswer, Outstanding, TaskReply, classify_final, forwardable_inputs,
+    interpret_task_reply, judge_json_answer,
 };

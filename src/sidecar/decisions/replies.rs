@@ -91,16 +91,29 @@ pub fn judge_json_answer(peek: Option<&ResponsePeek>, request_id: &Value) -> Jso
     }
 }
 
+/// An input request the task has outstanding now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outstanding {
+    pub key: String,
+    /// For a capability the gate governs (sampling, roots).
+    pub gated: bool,
+}
+
 /// The input responses of a `tasks/update` that may reach the server: answers to requests
-/// outstanding right now that the capability gate did not refuse. Everything else is dropped.
+/// outstanding right now, and for gated requests only those the gate allowed (an answer to a
+/// request the gate has not decided yet — one the client was never shown — is dropped too).
 pub fn forwardable_inputs(
     offered: Map<String, Value>,
-    outstanding: &[String],
-    refused: impl Fn(&str) -> bool,
+    outstanding: &[Outstanding],
+    allowed: impl Fn(&str) -> bool,
 ) -> Map<String, Value> {
     offered
         .into_iter()
-        .filter(|(key, _)| outstanding.contains(key) && !refused(key))
+        .filter(|(key, _)| {
+            outstanding
+                .iter()
+                .any(|o| &o.key == key && (!o.gated || allowed(key)))
+        })
         .collect()
 }
 
@@ -206,12 +219,27 @@ mod tests {
     }
 
     #[test]
-    fn only_outstanding_unrefused_inputs_are_forwarded() {
-        let offered = json!({"a": 1, "b": 2, "c": 3})
+    fn only_outstanding_inputs_and_allowed_gated_ones_are_forwarded() {
+        let offered = json!({"a": 1, "b": 2, "c": 3, "d": 4})
             .as_object()
             .cloned()
             .unwrap();
-        let kept = forwardable_inputs(offered, &["a".into(), "b".into()], |k| k == "b");
-        assert_eq!(Value::Object(kept), json!({"a": 1}));
+        let outstanding = [
+            Outstanding {
+                key: "a".into(),
+                gated: false,
+            },
+            Outstanding {
+                key: "b".into(),
+                gated: true,
+            },
+            Outstanding {
+                key: "c".into(),
+                gated: true,
+            },
+        ];
+        // b was allowed, c never decided (or refused), d is not outstanding.
+        let kept = forwardable_inputs(offered, &outstanding, |k| k == "b");
+        assert_eq!(Value::Object(kept), json!({"a": 1, "b": 2}));
     }
 }

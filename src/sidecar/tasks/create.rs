@@ -235,7 +235,9 @@ async fn reserve_slot(
                 }
                 // Released: reserve again (this request may now take the slot).
             }
-            ReserveOutcome::OverQuota(_) if !reconciled => {
+            ReserveOutcome::OverQuota(_)
+                if !reconciled && app.reconciles.begin(&ctx.identity.owner) =>
+            {
                 reconciled = true;
                 let freed =
                     reconcile_principal(app, &ctx.policy, &ctx.correlation_id, &ctx.identity.owner)

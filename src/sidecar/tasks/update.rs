@@ -7,11 +7,12 @@ use serde_json::{Value, json};
 use crate::audit::Decision;
 use crate::mcp::methods;
 use crate::mcp::task::{
-    empty_ack, input_responses, parse_reported_state, replace_task_id, set_input_responses,
+    empty_ack, input_requests_mut, input_responses, replace_task_id, set_input_responses,
 };
 
+use super::super::capability::is_gated;
 use super::super::context::RequestContext;
-use super::super::decisions::{Operation, forwardable_inputs};
+use super::super::decisions::{Operation, Outstanding, forwardable_inputs};
 use super::super::error::Error;
 use super::super::forward::set_mcp_headers;
 use super::super::respond;
@@ -41,7 +42,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     let offered = input_responses(ctx.request.params());
     let offered_count = offered.len();
     let kept = forwardable_inputs(offered, &outstanding, |key| {
-        app.gate.refused(record.id.as_str(), key)
+        app.gate.allowed(record.id.as_str(), key)
     });
     let forwarded = kept.len();
     app.audit.log(
@@ -65,13 +66,13 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     }
 }
 
-/// The keys of the input requests the task has outstanding now, asked of the server with the
-/// caller's own request turned into a `tasks/get`.
+/// The input requests the task has outstanding now, asked of the server with the caller's own
+/// request turned into a `tasks/get`.
 async fn outstanding_inputs(
     app: &AppState,
     ctx: &RequestContext,
     upstream_id: &str,
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<Outstanding>, Error> {
     let mut probe = ctx.request.message.clone();
     probe["method"] = json!(methods::TASKS_GET);
     probe["id"] = json!(ctx.sidecar_request_id());
@@ -81,10 +82,15 @@ async fn outstanding_inputs(
     });
     let mut headers = ctx.upstream_headers();
     set_mcp_headers(&mut headers, methods::TASKS_GET, Some(upstream_id));
-    let (_, reply) = app.upstream.call(headers, &probe).await?;
-    Ok(reply
-        .get("result")
-        .and_then(parse_reported_state)
-        .map(|s| s.input_keys)
-        .unwrap_or_default())
+    let (_, mut reply) = app.upstream.call(headers, &probe).await?;
+    let Some(requests) = reply.get_mut("result").and_then(input_requests_mut) else {
+        return Ok(Vec::new());
+    };
+    Ok(requests
+        .iter()
+        .map(|(key, request)| Outstanding {
+            key: key.clone(),
+            gated: is_gated(request),
+        })
+        .collect())
 }
