@@ -33,6 +33,8 @@ pub enum Error {
     NotJsonRpc,
     #[error("the MCP server's answer is not the response to this request")]
     ResponseMismatch,
+    #[error("the MCP server's event stream broke its size bounds")]
+    StreamTooLarge,
     #[error("the MCP server returned a malformed task")]
     MalformedTask,
     #[error("the MCP server answered with a task, which this request may not create")]
@@ -63,6 +65,7 @@ impl Error {
             Self::NotJson => "The MCP server's answer is not JSON",
             Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
             Self::ResponseMismatch => "The MCP server's answer does not match the request",
+            Self::StreamTooLarge => "The MCP server's answer is too large",
             Self::MalformedTask => "The MCP server returned a malformed task",
             Self::UnexpectedTask => {
                 "The MCP server answered with a task, which this request may not create"
@@ -87,6 +90,7 @@ impl Error {
             Self::NotJson => "upstream_not_json",
             Self::NotJsonRpc => "upstream_not_json_rpc",
             Self::ResponseMismatch => "upstream_response_mismatch",
+            Self::StreamTooLarge => "upstream_stream_too_large",
             Self::MalformedTask => "upstream_malformed_task",
             Self::UnexpectedTask => "upstream_unexpected_task",
             Self::CapabilityNotAllowed => "capability_not_allowed",

@@ -27,9 +27,10 @@
 //! | background | `sweeper`, `revocation` |
 //! | task rules with IO | `capability_screen`, `server_tasks`, `task_state` |
 //! | shared state | `state`, `context`, `policy_source`, `policy_file` |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream`, `capability`, `stream_registry` |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry` |
 
 mod active_policy;
+mod bounded_body;
 mod capability;
 mod capability_screen;
 mod context;

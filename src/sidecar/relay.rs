@@ -23,6 +23,7 @@ use crate::mcp::methods;
 use crate::mcp::strict_json::{self, StrictJsonError};
 use crate::mcp::task::peek_response;
 
+use super::bounded_body::broke_bound;
 use super::capability_screen::screen_request_inputs;
 use super::context::RequestContext;
 use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};
@@ -30,7 +31,7 @@ use super::error::Error;
 use super::respond;
 use super::server_tasks::cancel_orphan;
 use super::state::AppState;
-use super::upstream::UpstreamBody;
+use super::upstream::{EventStream, UpstreamBody};
 
 /// What becomes of a final answer that says the request became a task. Dropping the step
 /// without calling it means the request did not become a task.
@@ -166,7 +167,7 @@ const PER_REQUEST_NOTIFICATIONS: &[&str] = &[
 fn relay_sse<S: FinalStep>(
     app: Arc<AppState>,
     ctx: Arc<RequestContext>,
-    stream: sse_stream::SseStream<hyper::body::Incoming>,
+    stream: EventStream,
     step: S,
 ) -> Response {
     let step = Arc::new(Mutex::new(step));
@@ -175,58 +176,101 @@ fn relay_sse<S: FinalStep>(
             let app = app.clone();
             let ctx = ctx.clone();
             let step = step.clone();
-            async move {
-                let event = match event {
-                    Ok(e) => e,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "malformed event from the MCP server");
-                        return None;
-                    }
-                };
-                let data = event.data?;
-                let Ok(message) = crate::mcp::strict_json::from_str(&data) else {
-                    app.metrics.anomaly("non_json_event");
-                    return None;
-                };
-                let out = match classify(&message, &ctx.id()) {
-                    MessageKind::ResponseToRequest => {
-                        let mut step = step.lock().await;
-                        finish_message(&app, &ctx, &mut *step, message).await
-                    }
-                    MessageKind::Notification => {
-                        let method = message.get("method").and_then(Value::as_str);
-                        if !method.is_some_and(|m| PER_REQUEST_NOTIFICATIONS.contains(&m)) {
-                            // Task state and change notifications belong on listen streams,
-                            // filtered per owner and subscription.
-                            app.metrics
-                                .anomaly(if method == Some(methods::NOTIFICATION_TASKS) {
-                                    "task_notification_on_request_stream"
-                                } else {
-                                    "listen_notification_on_request_stream"
-                                });
-                            return None;
-                        }
-                        message
-                    }
-                    MessageKind::ServerRequest => {
-                        app.metrics.anomaly("server_to_client_request");
-                        app.audit.log(ctx.audit(
-                            "request.anomaly",
-                            Decision::Deny,
-                            "server_to_client_request",
-                        ));
-                        return None;
-                    }
-                    MessageKind::ForeignResponse | MessageKind::Invalid => {
-                        app.metrics.anomaly("foreign_message");
-                        return None;
-                    }
-                };
-                let mut sse = Sse::default().data(out.to_string());
-                sse.event = event.event;
-                Some(Ok::<_, Infallible>(sse))
-            }
+            async move { relay_event(&app, &ctx, &step, event).await }
         })
-        .filter_map(|e| async move { e });
+        // A step that ends the stream is the last one delivered.
+        .scan(false, |ended, step| {
+            if *ended {
+                return std::future::ready(None);
+            }
+            std::future::ready(Some(match step {
+                Relayed::Event(sse) => Some(Ok::<_, Infallible>(sse)),
+                Relayed::Last(sse) => {
+                    *ended = true;
+                    Some(Ok(sse))
+                }
+                Relayed::Nothing => None,
+            }))
+        })
+        .filter_map(std::future::ready);
     respond::event_stream(Body::new(SseBody::new(events)))
+}
+
+/// What one upstream event becomes on the client's stream.
+enum Relayed {
+    Event(Sse),
+    /// The stream ends after this event.
+    Last(Sse),
+    Nothing,
+}
+
+async fn relay_event<S: FinalStep>(
+    app: &AppState,
+    ctx: &RequestContext,
+    step: &Mutex<S>,
+    event: Result<Sse, sse_stream::Error>,
+) -> Relayed {
+    let event = match event {
+        Ok(e) => e,
+        Err(e) if broke_bound(&e) => {
+            // The server sent more than a request's answer may be: the client gets an error
+            // in place of the answer, and the stream ends.
+            app.metrics.anomaly("upstream_stream_too_large");
+            app.audit.log(ctx.audit(
+                "request.anomaly",
+                Decision::Deny,
+                "upstream_stream_too_large",
+            ));
+            let error = Error::StreamTooLarge.message(&app.metrics, &ctx.id());
+            return Relayed::Last(Sse::default().event("message").data(error.to_string()));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "malformed event from the MCP server");
+            return Relayed::Nothing;
+        }
+    };
+    let Some(data) = event.data else {
+        return Relayed::Nothing;
+    };
+    let Ok(message) = crate::mcp::strict_json::from_str(&data) else {
+        app.metrics.anomaly("non_json_event");
+        return Relayed::Nothing;
+    };
+    let out = match classify(&message, &ctx.id()) {
+        MessageKind::ResponseToRequest => {
+            let mut step = step.lock().await;
+            finish_message(app, ctx, &mut *step, message).await
+        }
+        MessageKind::Notification => {
+            let method = message.get("method").and_then(Value::as_str);
+            if !method.is_some_and(|m| PER_REQUEST_NOTIFICATIONS.contains(&m)) {
+                // Task state and change notifications belong on listen streams, filtered per
+                // owner and subscription.
+                app.metrics
+                    .anomaly(if method == Some(methods::NOTIFICATION_TASKS) {
+                        "task_notification_on_request_stream"
+                    } else {
+                        "listen_notification_on_request_stream"
+                    });
+                return Relayed::Nothing;
+            }
+            message
+        }
+        MessageKind::ServerRequest => {
+            app.metrics.anomaly("server_to_client_request");
+            app.audit.log(ctx.audit(
+                "request.anomaly",
+                Decision::Deny,
+                "server_to_client_request",
+            ));
+            return Relayed::Nothing;
+        }
+        MessageKind::ForeignResponse | MessageKind::Invalid => {
+            app.metrics.anomaly("foreign_message");
+            return Relayed::Nothing;
+        }
+    };
+    let mut sse = Sse::default().data(out.to_string());
+    sse.event = event.event;
+    Relayed::Event(sse)
 }

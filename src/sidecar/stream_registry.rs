@@ -14,6 +14,8 @@ use crate::model::Owner;
 pub enum CloseReason {
     ClientClosed,
     UpstreamEnded,
+    /// The server sent an event larger than a listen stream allows.
+    UpstreamTooLarge,
     TokenExpired,
     Revoked,
     PolicyChanged,
@@ -27,6 +29,7 @@ impl CloseReason {
         match self {
             Self::ClientClosed => "client_closed",
             Self::UpstreamEnded => "upstream_ended",
+            Self::UpstreamTooLarge => "upstream_too_large",
             Self::TokenExpired => "token_expired",
             Self::Revoked => "revoked",
             Self::PolicyChanged => "policy_changed",

@@ -8,7 +8,6 @@ use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -17,15 +16,20 @@ use sse_stream::SseStream;
 
 use crate::mcp::jsonrpc::{MessageKind, classify};
 
+use super::bounded_body::{BoundedEvents, StreamBounds};
+
 /// Largest JSON response accepted from the upstream.
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// An upstream event stream, parsed as it arrives.
+pub type EventStream = std::pin::Pin<Box<SseStream<BoundedEvents>>>;
 
 /// A response from the protected server.
 pub enum UpstreamBody {
     /// `application/json`, as received (bounded); parse on demand.
     Json(Bytes),
-    /// `text/event-stream`, not yet read.
-    Sse(SseStream<Incoming>),
+    /// `text/event-stream`, not yet read; bounded per event and (for request streams) in total.
+    Sse(EventStream),
     /// No body (e.g. 202 for a notification).
     Empty,
     /// Anything else (read, bounded, and dropped).
@@ -78,11 +82,23 @@ impl Upstream {
         }
     }
 
-    /// POSTs one message and classifies the response.
+    /// POSTs one message and classifies the response; an event stream answers this one
+    /// request ([`StreamBounds::REQUEST`]).
     pub async fn send(
         &self,
         headers: HeaderMap,
         body: Bytes,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        self.send_bounded(headers, body, StreamBounds::REQUEST)
+            .await
+    }
+
+    /// POSTs one message and classifies the response; an event stream gets `bounds`.
+    pub async fn send_bounded(
+        &self,
+        headers: HeaderMap,
+        body: Bytes,
+        bounds: StreamBounds,
     ) -> Result<UpstreamResponse, UpstreamError> {
         let mut request = http::Request::builder()
             .method(Method::POST)
@@ -113,7 +129,7 @@ impl Upstream {
         if content_type.starts_with("text/event-stream") {
             return Ok(UpstreamResponse {
                 status,
-                body: UpstreamBody::Sse(SseStream::new(body)),
+                body: UpstreamBody::Sse(Box::pin(SseStream::new(BoundedEvents::new(body, bounds)))),
             });
         }
         let bytes = Limited::new(body, MAX_RESPONSE_BYTES)

@@ -27,6 +27,7 @@ use crate::mcp::listen::{
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
 
+use super::bounded_body::StreamBounds;
 use super::context::RequestContext;
 use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
@@ -167,7 +168,11 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         HeaderValue::from_static("application/json, text/event-stream"),
     );
     let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
-    let upstream = match app.upstream.send(headers, body).await {
+    let upstream = match app
+        .upstream
+        .send_bounded(headers, body, StreamBounds::LISTEN)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return Error::from(e).respond(&app.metrics, &subscription_id),
     };

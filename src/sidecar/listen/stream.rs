@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use hyper::body::Incoming;
 use serde_json::Value;
-use sse_stream::SseStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -20,19 +18,21 @@ use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
+use super::super::bounded_body::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, authorize, holds_scopes, task_view, upstream_end};
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
 use super::super::task_state::{now_ms, settle_terminal};
+use super::super::upstream::EventStream;
 
 pub(super) struct Pump {
     pub app: Arc<AppState>,
     pub ctx: Arc<RequestContext>,
     pub slot: StreamSlot,
     pub tx: mpsc::Sender<Value>,
-    pub events: SseStream<Incoming>,
+    pub events: EventStream,
     /// What the server was asked for and acknowledged, in its task IDs.
     pub upstream_filter: ListenFilter,
     /// What the listener was acknowledged, in the sidecar's task IDs.
@@ -91,6 +91,10 @@ impl Pump {
                         },
                         None => { dropped += 1; Step::Continue }
                     },
+                    Some(Err(e)) if broke_bound(&e) => {
+                        self.app.metrics.anomaly("upstream_event_too_large");
+                        Step::Close(CloseReason::UpstreamTooLarge)
+                    }
                     Some(Err(_)) | None => Step::Close(CloseReason::UpstreamEnded),
                 },
             };
