@@ -3,6 +3,7 @@
 //! Writes go through one dedicated thread that group-commits ([`writer`]); reads run on a small
 //! pool of separate connections, which WAL lets proceed concurrently with the writer.
 
+mod files;
 mod ops;
 mod schema;
 mod writer;
@@ -55,7 +56,12 @@ impl SqliteLedger {
     /// Opens (creating if needed) the ledger at `path`, bringing its schema up to date. Safe to
     /// call on an existing ledger; refuses a file written by a newer schema version. Does file
     /// I/O on the calling thread: call it at startup or from `spawn_blocking`.
+    ///
+    /// On Unix the database and its `-wal` and `-shm` files are owner-only (0600): a new
+    /// database is created so, and existing files with group or other permissions are
+    /// tightened (logged as a warning); failing that, the open fails.
     pub fn open(path: &Path) -> Result<Self> {
+        files::make_owner_only(path)?;
         let write_conn = schema::open_writer(path)?;
         // Readers open after the writer so the file is already in WAL mode with a schema.
         let readers = ReadPool::open(path, READ_CONNECTIONS)?;

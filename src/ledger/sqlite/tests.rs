@@ -231,3 +231,88 @@ async fn a_version_1_ledger_is_migrated_in_place() {
         .unwrap();
     assert_eq!(version, super::schema::SCHEMA_VERSION);
 }
+
+/// A file's permission bits, in octal.
+#[cfg(unix)]
+fn mode(path: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    format!(
+        "{:o}",
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    )
+}
+
+/// The ledger's files hold results and keys: owner-only, although under umask 022 SQLite would
+/// create them world-readable.
+#[cfg(unix)]
+#[test]
+fn files_are_owner_only() {
+    const CHILD: &str = "LIFEGUARD_LEDGER_UMASK_022";
+    if std::env::var_os(CHILD).is_none() {
+        // The umask is per process and setting it takes `unsafe`: run this test again in a child
+        // under umask 022.
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", "umask 022 && exec \"$0\" \"$@\""])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ledger::sqlite::tests::files_are_owner_only",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "child under umask 022 failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Control: under this umask a new file is readable by everyone.
+    let control = dir.path().join("control");
+    std::fs::write(&control, b"").unwrap();
+    assert_eq!(mode(&control), "644", "the child runs under umask 022");
+
+    let path = dir.path().join("ledger.db");
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let reserved = runtime.block_on(ledger.reserve(reservation(&fresh_owner(), UNLIMITED)));
+    assert_eq!(reserved.unwrap(), ReserveOutcome::Reserved);
+    for file in ["ledger.db", "ledger.db-wal", "ledger.db-shm"] {
+        assert_eq!(mode(&dir.path().join(file)), "600", "{file}");
+    }
+    ledger.close().unwrap();
+}
+
+/// Files an earlier build (or anyone) left accessible to others are tightened on open.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn permissive_files_are_tightened() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let files = ["ledger.db", "ledger.db-wal", "ledger.db-shm"].map(|f| dir.path().join(f));
+    // Keep one ledger open so the WAL and shared-memory files exist, and loosen all three.
+    let first = SqliteLedger::open(&path).unwrap();
+    first
+        .reserve(reservation(&fresh_owner(), UNLIMITED))
+        .await
+        .unwrap();
+    for file in &files {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o664)).unwrap();
+    }
+    let second = SqliteLedger::open(&path).unwrap();
+    for file in &files {
+        assert_eq!(mode(file), "600", "{}", file.display());
+    }
+    // Both still work on the tightened files.
+    for ledger in [&first, &second] {
+        let r = reservation(&fresh_owner(), UNLIMITED);
+        assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+    }
+}
