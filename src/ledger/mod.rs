@@ -119,8 +119,10 @@ pub struct Ending {
 
 /// Concurrency quotas checked at reservation, on non-terminal tasks plus live reservations.
 /// Checked in the order principal, tenant, client, server; the first exhausted one is reported.
-/// Tenant and client quotas count every principal of that tenant/client; an owner with an empty
-/// tenant (or client) has none, so that quota does not apply to it.
+/// Tenant and client names are scoped by issuer: the tenant quota counts every principal of
+/// the same (issuer, tenant), the client quota every principal of the same (issuer, client), so
+/// two trusted issuers that happen to use the same tenant (client) name share nothing. An owner
+/// with an empty tenant (or client) has none, so that quota does not apply to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaLimits {
     pub per_principal: u32,

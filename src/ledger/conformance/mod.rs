@@ -46,6 +46,8 @@ macro_rules! ledger_conformance_tests {
             quota_tenant,
             quota_client,
             quota_order,
+            quota_tenant_per_issuer,
+            quota_client_per_issuer,
             quota_without_tenant_or_client,
             quota_server,
             quota_race,
@@ -97,8 +99,9 @@ mod records;
 mod settlement;
 
 pub use admission::{
-    idempotency, idempotency_race, idempotency_window, quota_client, quota_order, quota_principal,
-    quota_race, quota_server, quota_tenant, quota_without_tenant_or_client,
+    idempotency, idempotency_race, idempotency_window, quota_client, quota_client_per_issuer,
+    quota_order, quota_principal, quota_race, quota_server, quota_tenant, quota_tenant_per_issuer,
+    quota_without_tenant_or_client,
 };
 pub use lifecycle::{
     active_for, finish_cas, finish_race, forget_payload, observe, past_deadline, purge_expired,
@@ -142,6 +145,8 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     quota_principal(ledger).await;
     quota_tenant(ledger).await;
     quota_client(ledger).await;
+    quota_tenant_per_issuer(ledger).await;
+    quota_client_per_issuer(ledger).await;
     quota_order(ledger).await;
     quota_without_tenant_or_client(ledger).await;
     quota_race(ledger).await;
@@ -176,6 +181,8 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         quota_principal(ledger).boxed_local(),
         quota_tenant(ledger).boxed_local(),
         quota_client(ledger).boxed_local(),
+        quota_tenant_per_issuer(ledger).boxed_local(),
+        quota_client_per_issuer(ledger).boxed_local(),
         quota_order(ledger).boxed_local(),
         quota_without_tenant_or_client(ledger).boxed_local(),
         quota_race(ledger).boxed_local(),

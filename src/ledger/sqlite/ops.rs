@@ -222,12 +222,13 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         return Ok(ReserveOutcome::OverQuota(QuotaScope::Principal));
     }
     // An empty tenant/client means the token carried no such claim: there is no group to
-    // share a quota with, so only the principal and server quotas apply.
+    // share a quota with, so only the principal and server quotas apply. Tenant and client
+    // names belong to their issuer: two issuers' "acme" are two tenants.
     if !o.tenant.is_empty() {
         let tenant = count_active(
             conn,
-            "SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND ended_at IS NULL",
-            &[&o.tenant],
+            "SELECT COUNT(*) FROM tasks WHERE issuer = ?1 AND tenant = ?2 AND ended_at IS NULL",
+            &[&o.issuer, &o.tenant],
         )?;
         if tenant >= i64::from(limits.per_tenant) {
             return Ok(ReserveOutcome::OverQuota(QuotaScope::Tenant));
@@ -236,8 +237,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     if !o.client.is_empty() {
         let client = count_active(
             conn,
-            "SELECT COUNT(*) FROM tasks WHERE client = ?1 AND ended_at IS NULL",
-            &[&o.client],
+            "SELECT COUNT(*) FROM tasks WHERE issuer = ?1 AND client = ?2 AND ended_at IS NULL",
+            &[&o.issuer, &o.client],
         )?;
         if client >= i64::from(limits.per_client) {
             return Ok(ReserveOutcome::OverQuota(QuotaScope::Client));

@@ -10,14 +10,14 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3];
 
 /// Version 1.
 ///
@@ -80,8 +80,19 @@ CREATE TABLE secrets (
 
 /// Version 2: the `iat` of the token that created a task, so a session revocation cancels
 /// exactly the work its revoked tokens started (and none a fresh token started later).
-const V2: &str = "
+pub(super) const V2: &str = "
 ALTER TABLE tasks ADD COLUMN token_issued_at INTEGER;
+";
+
+/// Version 3.
+///
+/// - Tenant and client quotas count by issuer: the active indexes become (issuer, tenant) and
+///   (issuer, client).
+pub(super) const V3: &str = "
+DROP INDEX tasks_active_tenant;
+DROP INDEX tasks_active_client;
+CREATE INDEX tasks_active_tenant ON tasks (issuer, tenant) WHERE ended_at IS NULL;
+CREATE INDEX tasks_active_client ON tasks (issuer, client) WHERE ended_at IS NULL;
 ";
 
 /// Opens the write connection, switches the file to WAL and brings the schema up to date.

@@ -8,7 +8,8 @@ use tempfile::TempDir;
 use super::SqliteLedger;
 use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
 use crate::ledger::{
-    EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskLedger, TaskStatus,
+    EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskId, TaskLedger,
+    TaskStatus,
 };
 
 fn fresh() -> (TempDir, SqliteLedger) {
@@ -230,6 +231,48 @@ async fn a_version_1_ledger_is_migrated_in_place() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, super::schema::SCHEMA_VERSION);
+}
+
+/// A version 2 ledger gets issuer-scoped quota indexes; its tasks stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_2_ledger_is_migrated_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    {
+        let conn = raw(&path);
+        conn.execute_batch(super::schema::V1).unwrap();
+        conn.execute_batch(super::schema::V2).unwrap();
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        conn.execute(
+            "INSERT INTO tasks (id, confirmed, upstream_id, issuer, subject, tenant, client, tool, \
+             scopes, status, created_at, last_updated_at, ttl_ms, expires_at, deadline_at) \
+             VALUES ('lgt_old', 1, 'u1', 'i', 's', 't', 'c', 'tool', '[]', 'working', 1, 1, \
+             1000000000000, 1000000000001, 2)",
+            [],
+        )
+        .unwrap();
+    }
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let old = ledger.get(&TaskId::from_string("lgt_old")).await.unwrap();
+    assert!(old.is_some(), "v2 task survives the migration");
+    ledger.close().unwrap();
+
+    let conn = raw(&path);
+    let version: i64 = conn.pragma_query_one(None, "user_version").unwrap();
+    assert_eq!(version, super::schema::SCHEMA_VERSION);
+    let columns = |index: &str| -> Vec<String> {
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT name FROM pragma_index_info('{index}') ORDER BY seqno"
+            ))
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    assert_eq!(columns("tasks_active_tenant"), ["issuer", "tenant"]);
+    assert_eq!(columns("tasks_active_client"), ["issuer", "client"]);
 }
 
 /// A file's permission bits, in octal.
