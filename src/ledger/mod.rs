@@ -2,10 +2,10 @@
 //!
 //! The ledger is the source of truth for a task's owner and lifecycle. A row is committed durably
 //! before the client learns the task ID; terminal states are written once (first terminal write
-//! wins); quotas and idempotency are decided inside the ledger's own transactions so concurrent
-//! requests can never double-spend. Backends: embedded SQLite (default, one pod) and PostgreSQL
-//! (replicas of one MCP server share it). Both pass the same conformance suite
-//! (`conformance`, compiled for tests only).
+//! wins); quotas, idempotency and the one-owner rule for upstream task IDs are decided inside
+//! the ledger's own transactions so concurrent requests can never double-spend or share a task.
+//! Backends: embedded SQLite (default, one pod) and PostgreSQL (replicas of one MCP server share
+//! it). Both pass the same conformance suite (`conformance`, compiled for tests only).
 //!
 //! [`LedgerLocation`] names where a ledger lives and opens the backend that holds it.
 //!
@@ -202,6 +202,22 @@ pub struct Confirmation {
     pub poll_interval_ms: Option<i64>,
 }
 
+/// Result of [`TaskLedger::confirm`]: an upstream task ID belongs to one owner only.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Confirmed {
+    /// The reservation is now this confirmed task.
+    New(TaskRecord),
+    /// The upstream ID is already recorded for a task of the same owner (issuer, subject,
+    /// tenant and client all equal), terminal or not: that existing task. The reservation was
+    /// released; nothing else changed.
+    SameOwner(TaskRecord),
+    /// The upstream ID is already recorded for a task of another owner (the server handed one
+    /// task to two callers, e.g. by deduplicating on arguments). Nothing was recorded, the
+    /// reservation was released, and the other owner's task is untouched: the caller must not
+    /// reveal or cancel it.
+    HeldByAnotherOwner,
+}
+
 /// A terminal transition.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finish {
@@ -232,19 +248,30 @@ pub struct PrincipalFilter {
 
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
 /// safe to call concurrently from many requests (and, for shared backends, many replicas).
+/// Every write's `Ok` means it is durable; reads see every write that returned before they
+/// started.
 #[async_trait]
 pub trait TaskLedger: Send + Sync {
     /// Holds a slot for a task about to be created upstream, enforcing quotas and idempotency
     /// in one atomic step. Counts non-terminal confirmed tasks plus unexpired reservations.
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome>;
 
-    /// Turns a reservation into a confirmed task. Durable (fsync'ed) before it returns: after
-    /// this, a crash cannot lose the task. `NoReservation` if `id` is not a reservation (never
-    /// made, released, voided by expiry, or already confirmed). The confirmation's status must
-    /// be non-terminal (`InvalidArgument` otherwise): a task becomes terminal only through
-    /// [`TaskLedger::finish`]. An idempotency window runs from `created_at` (and never ends
-    /// before the one the reservation started).
-    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord>;
+    /// Turns a reservation into a confirmed task, unless its upstream task ID is already
+    /// recorded. Durable (fsync'ed) before it returns: after this, a crash cannot lose the task.
+    /// `NoReservation` if `id` is not a reservation (never made, released, voided by expiry, or
+    /// already confirmed). The confirmation's status must be non-terminal (`InvalidArgument`
+    /// otherwise): a task becomes terminal only through [`TaskLedger::finish`]. An idempotency
+    /// window runs from `created_at` (and never ends before the one the reservation started).
+    ///
+    /// One upstream task ID, one owner: `upstream_id` is unique across all confirmed tasks
+    /// still retained, terminal or not (a purged task no longer holds it). If another task
+    /// holds it the reservation is released and the answer is [`Confirmed::SameOwner`] (with
+    /// that task) or [`Confirmed::HeldByAnotherOwner`] (with nothing). The lookup, the decision
+    /// and the write are one atomic step: of concurrent confirmations of one upstream ID
+    /// exactly one is [`Confirmed::New`]. A shared backend must guarantee the same across
+    /// replicas (a unique index as the backstop; a confirmation that loses the race on it
+    /// reports the winner's owner, never an error).
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed>;
 
     /// Drops a reservation (the upstream answered without a task, or failed). Idempotent: an ID
     /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
@@ -296,9 +323,9 @@ pub trait TaskLedger: Send + Sync {
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
-    /// about them, and void reservations; returns the IDs of deleted tasks. `limit` bounds the
-    /// tasks deleted per call (call again until fewer come back); void reservations are always
-    /// all removed.
+    /// about them (their upstream task IDs become free), and void reservations; returns the IDs
+    /// of deleted tasks. `limit` bounds the tasks deleted per call (call again until fewer come
+    /// back); void reservations are always all removed.
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
 
     /// Non-terminal tasks of a principal.

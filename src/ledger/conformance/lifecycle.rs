@@ -8,8 +8,8 @@ use super::{
     ids, new_id, reservation, reserve_ok, unique,
 };
 use crate::ledger::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
-    Reservation, TaskId, TaskLedger, TaskStatus,
+    Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner,
+    PrincipalFilter, Reservation, TaskId, TaskLedger, TaskStatus,
 };
 
 /// The first terminal write wins; later ones see it unchanged.
@@ -298,8 +298,8 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
     assert!(listed.iter().all(|r| r.owner != owner));
 }
 
-/// Retention removes tasks, terminal or not, with everything about them, and voids dead
-/// reservations; `limit` bounds each call.
+/// Retention removes tasks, terminal or not, with everything about them (including their hold
+/// on their upstream IDs), and voids dead reservations; `limit` bounds each call.
 pub async fn purge_expired(ledger: &dyn TaskLedger) {
     // Times far before NOW, so no other function's tasks are ever due.
     let owner = fresh_owner();
@@ -312,9 +312,9 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     r.idempotency = Some(key.clone());
     r.now = 50;
     let live = reserve_ok(ledger, r).await;
-    confirm(ledger, &live, task(100, 1_000)).await;
+    let live_upstream = confirm(ledger, &live, task(100, 1_000)).await.upstream_id;
     let done = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
-    confirm(ledger, &done, task(200, 500)).await;
+    let done_upstream = confirm(ledger, &done, task(200, 500)).await.upstream_id;
     let f = Finish {
         status: TaskStatus::Completed,
         status_message: None,
@@ -337,6 +337,17 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         ..reservation(&owner, UNLIMITED)
     };
     let dead = reserve_ok(ledger, dead).await;
+    // Until then another owner cannot have their upstream tasks.
+    let intruder = fresh_owner();
+    let taken = |upstream_id: &str| Confirmation {
+        upstream_id: upstream_id.into(),
+        ..task(1_000, NOW)
+    };
+    for upstream_id in [&live_upstream, &done_upstream] {
+        let id = reserve_ok(ledger, reservation(&intruder, UNLIMITED)).await;
+        let outcome = ledger.confirm(&id, taken(upstream_id)).await;
+        assert_eq!(outcome.expect("confirm"), Confirmed::HeldByAnotherOwner);
+    }
 
     let first = ledger
         .purge_expired(1_099, usize::MAX)
@@ -368,6 +379,10 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         !purged.contains(&kept) && !purged.contains(&dead),
         "reservations are not tasks"
     );
+    for upstream_id in [&live_upstream, &done_upstream] {
+        let id = reserve_ok(ledger, reservation(&intruder, UNLIMITED)).await;
+        confirm(ledger, &id, taken(upstream_id)).await;
+    }
     assert!(get(ledger, &kept).await.is_some());
     let late = ledger
         .purge_expired(2_000, usize::MAX)

@@ -54,6 +54,8 @@ macro_rules! ledger_conformance_tests {
             idempotency,
             idempotency_window,
             idempotency_race,
+            upstream_one_owner,
+            upstream_race,
             finish_cas,
             finish_race,
             observe,
@@ -97,6 +99,7 @@ mod admission;
 mod lifecycle;
 mod records;
 mod settlement;
+mod upstream;
 
 pub use admission::{
     idempotency, idempotency_race, idempotency_window, quota_client, quota_client_per_issuer,
@@ -111,10 +114,11 @@ pub use records::{release, reservations_are_invisible, reservations_expire, roun
 pub use settlement::{
     settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
 };
+pub use upstream::{upstream_one_owner, upstream_race};
 
 use super::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner, QuotaLimits,
-    Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner,
+    QuotaLimits, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 /// The suite's usual "now" (2030).
@@ -153,6 +157,8 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     idempotency(ledger).await;
     idempotency_window(ledger).await;
     idempotency_race(ledger).await;
+    upstream_one_owner(ledger).await;
+    upstream_race(ledger).await;
     finish_cas(ledger).await;
     finish_race(ledger).await;
     observe(ledger).await;
@@ -189,6 +195,8 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         idempotency(ledger).boxed_local(),
         idempotency_window(ledger).boxed_local(),
         idempotency_race(ledger).boxed_local(),
+        upstream_one_owner(ledger).boxed_local(),
+        upstream_race(ledger).boxed_local(),
         finish_cas(ledger).boxed_local(),
         finish_race(ledger).boxed_local(),
         observe(ledger).boxed_local(),
@@ -295,8 +303,12 @@ async fn reserve_ok(ledger: &dyn TaskLedger, r: Reservation) -> TaskId {
     id
 }
 
+/// Confirms a reservation that must become a new task.
 async fn confirm(ledger: &dyn TaskLedger, id: &TaskId, c: Confirmation) -> TaskRecord {
-    ledger.confirm(id, c).await.expect("confirm")
+    match ledger.confirm(id, c).await.expect("confirm") {
+        Confirmed::New(record) => record,
+        other => panic!("confirm with a fresh upstream ID: {other:?}"),
+    }
 }
 
 /// Reserves (without limits) and confirms a task with [`confirmation`]`(NOW)`.

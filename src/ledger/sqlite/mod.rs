@@ -23,8 +23,8 @@ pub use self::writer::WriteStats;
 use self::writer::Writer;
 use super::settlements::Settlements;
 use super::{
-    Confirmation, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation, ReserveOutcome,
-    Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    Confirmation, Confirmed, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation,
+    ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -185,14 +185,17 @@ impl TaskLedger for SqliteLedger {
         Ok(outcome)
     }
 
-    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord> {
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed> {
         require_nonterminal(confirmation.status, "confirm")?;
         let id = id.as_str().to_owned();
         let settlements = Arc::clone(&self.settlements);
+        let settled = id.clone();
+        // Every successful outcome settles the reservation: confirmed, or released because
+        // its upstream ID was taken.
         self.writer
             .call_then(
                 move |conn| ops::confirm(conn, &id, &confirmation),
-                move |record: &TaskRecord| settlements.settle([record.id.as_str()]),
+                move |_: &Confirmed| settlements.settle([settled]),
             )
             .await
     }

@@ -5,8 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Ctx;
 use crate::ledger::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
-    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner,
+    PrincipalFilter, QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord,
+    TaskStatus,
 };
 
 const TASK_COLUMNS: &str = "id, upstream_id, issuer, subject, tenant, client, tool, scopes, \
@@ -286,19 +287,63 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     Ok(ReserveOutcome::Reserved)
 }
 
-pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<TaskRecord> {
-    let reservation: Option<(Option<i64>, Option<i64>)> = conn
+/// The ID and owner of the confirmed task holding `upstream_id`, if any.
+fn upstream_holder(conn: &Connection, upstream_id: &str) -> Result<Option<(String, Owner)>> {
+    conn.prepare_cached(
+        "SELECT id, issuer, subject, tenant, client FROM tasks \
+         WHERE upstream_id = ?1 AND confirmed = 1",
+    )
+    .ctx("prepare upstream ID lookup")?
+    .query_row([upstream_id], |row| {
+        Ok((
+            row.get(0)?,
+            Owner {
+                issuer: row.get(1)?,
+                subject: row.get(2)?,
+                tenant: row.get(3)?,
+                client: row.get(4)?,
+            },
+        ))
+    })
+    .optional()
+    .ctx("look up upstream ID")
+}
+
+pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<Confirmed> {
+    let reservation: Option<(Option<i64>, Option<i64>, Owner)> = conn
         .prepare_cached(
-            "SELECT idempotency_until, idempotency_window_ms FROM tasks \
-             WHERE id = ?1 AND confirmed = 0",
+            "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
+             FROM tasks WHERE id = ?1 AND confirmed = 0",
         )
         .ctx("prepare reservation lookup")?
-        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row([id], |row| {
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                Owner {
+                    issuer: row.get(2)?,
+                    subject: row.get(3)?,
+                    tenant: row.get(4)?,
+                    client: row.get(5)?,
+                },
+            ))
+        })
         .optional()
         .ctx("look up reservation")?;
-    let Some((until, window)) = reservation else {
+    let Some((until, window, owner)) = reservation else {
         return Err(LedgerError::NoReservation);
     };
+    // One upstream task, one owner. Decided here, inside the writer's transaction; the unique
+    // index `tasks_upstream` is the backstop.
+    if let Some((holder_id, holder)) = upstream_holder(conn, &c.upstream_id)? {
+        release(conn, id)?;
+        if holder != owner {
+            return Ok(Confirmed::HeldByAnotherOwner);
+        }
+        let existing = load_task(conn, &holder_id)?
+            .ok_or_else(|| LedgerError::Internal("task holding an upstream ID vanished".into()))?;
+        return Ok(Confirmed::SameOwner(existing));
+    }
     // The window runs from the task's creation, so a slow upstream does not eat into it; it
     // never shrinks below what the reservation promised.
     let until = match (until, window) {
@@ -325,7 +370,9 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<T
         until,
     ])
     .ctx("confirm task")?;
-    load_task(conn, id)?.ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))
+    let record = load_task(conn, id)?
+        .ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))?;
+    Ok(Confirmed::New(record))
 }
 
 pub(super) fn release(conn: &Connection, id: &str) -> Result<()> {

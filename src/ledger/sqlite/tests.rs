@@ -8,8 +8,8 @@ use tempfile::TempDir;
 use super::SqliteLedger;
 use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
 use crate::ledger::{
-    EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskId, TaskLedger,
-    TaskStatus,
+    Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskId,
+    TaskLedger, TaskStatus,
 };
 
 fn fresh() -> (TempDir, SqliteLedger) {
@@ -40,7 +40,8 @@ async fn settlement_waiters_leave_nothing_behind() {
         1,
         "the other waiter still waits"
     );
-    ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    assert!(matches!(confirmed, Confirmed::New(_)));
     waits.await.unwrap();
     assert_eq!(ledger.settlements.tracked(), 0);
 
@@ -66,7 +67,9 @@ async fn reopening_keeps_tasks_secrets_and_settings() {
     let r = reservation(&owner, UNLIMITED);
     let id = r.id.clone();
     assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
-    let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    let Confirmed::New(confirmed) = ledger.confirm(&id, confirmation(NOW)).await.unwrap() else {
+        panic!("a fresh upstream ID confirms as new");
+    };
     let key = ledger.secret("audit").await.unwrap();
     ledger.close().unwrap();
 
@@ -233,7 +236,8 @@ async fn a_version_1_ledger_is_migrated_in_place() {
     assert_eq!(version, super::schema::SCHEMA_VERSION);
 }
 
-/// A version 2 ledger gets issuer-scoped quota indexes; its tasks stay.
+/// A version 2 ledger gains the upstream ID index (keeping the earliest of tasks that shared an
+/// upstream ID) and issuer-scoped quota indexes.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_2_ledger_is_migrated_in_place() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,23 +247,70 @@ async fn a_version_2_ledger_is_migrated_in_place() {
         conn.execute_batch(super::schema::V1).unwrap();
         conn.execute_batch(super::schema::V2).unwrap();
         conn.pragma_update(None, "user_version", 2).unwrap();
+        let insert = "INSERT INTO tasks (id, confirmed, upstream_id, issuer, subject, tenant, \
+            client, tool, scopes, status, created_at, last_updated_at, ttl_ms, expires_at, \
+            deadline_at, payload) VALUES (?1, 1, ?2, 'i', ?3, 't', 'c', 'tool', '[]', \
+            'working', ?4, ?4, 1000000000000, 1000000000000 + ?4, 2, ?5)";
+        for (id, upstream, subject, created, payload) in [
+            (
+                "lgt_second",
+                "u1",
+                "other",
+                2,
+                Some("\"the first owner's result\""),
+            ),
+            ("lgt_first", "u1", "s", 1, None),
+            ("lgt_own", "u2", "s", 1, None),
+        ] {
+            conn.execute(
+                insert,
+                rusqlite::params![id, upstream, subject, created, payload],
+            )
+            .unwrap();
+        }
         conn.execute(
-            "INSERT INTO tasks (id, confirmed, upstream_id, issuer, subject, tenant, client, tool, \
-             scopes, status, created_at, last_updated_at, ttl_ms, expires_at, deadline_at) \
-             VALUES ('lgt_old', 1, 'u1', 'i', 's', 't', 'c', 'tool', '[]', 'working', 1, 1, \
-             1000000000000, 1000000000001, 2)",
-            [],
+            "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
+             reservation_expires_at) VALUES ('lgt_res', 0, 'i', 'other', 't', 'c', 'tool', '[]', \
+             ?1)",
+            [conformance::FAR],
         )
         .unwrap();
     }
     let ledger = SqliteLedger::open(&path).unwrap();
-    let old = ledger.get(&TaskId::from_string("lgt_old")).await.unwrap();
-    assert!(old.is_some(), "v2 task survives the migration");
+    let get = async |id: &str| ledger.get(&TaskId::from_string(id)).await.unwrap();
+    assert!(
+        get("lgt_first").await.is_some(),
+        "the earliest task keeps u1"
+    );
+    assert_eq!(get("lgt_second").await, None, "the later one is gone");
+    assert!(get("lgt_own").await.is_some());
+
+    // The reservation survives; its owner cannot take u1.
+    let c = crate::ledger::Confirmation {
+        upstream_id: "u1".into(),
+        ..confirmation(NOW)
+    };
+    let res = TaskId::from_string("lgt_res");
+    assert_eq!(
+        ledger.confirm(&res, c).await.unwrap(),
+        Confirmed::HeldByAnotherOwner
+    );
     ledger.close().unwrap();
 
     let conn = raw(&path);
     let version: i64 = conn.pragma_query_one(None, "user_version").unwrap();
     assert_eq!(version, super::schema::SCHEMA_VERSION);
+    // The unique index is the backstop under the ledger's own check.
+    let err = conn
+        .execute(
+            "UPDATE tasks SET upstream_id = 'u1' WHERE id = 'lgt_own'",
+            [],
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ConstraintViolation)
+    );
     let columns = |index: &str| -> Vec<String> {
         let mut stmt = conn
             .prepare(&format!(
