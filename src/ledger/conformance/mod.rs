@@ -70,6 +70,10 @@ macro_rules! ledger_conformance_tests {
             settle_on_release,
             settle_on_sweep,
             settle_many_waiters,
+            cancel_request,
+            cancel_race,
+            cancels_due,
+            cancel_holds_quota,
             run_all,
         );
 
@@ -96,6 +100,7 @@ use futures_util::FutureExt;
 use futures_util::future::{LocalBoxFuture, join_all};
 
 mod admission;
+mod cancellation;
 mod lifecycle;
 mod records;
 mod settlement;
@@ -106,6 +111,7 @@ pub use admission::{
     quota_order, quota_principal, quota_race, quota_server, quota_tenant, quota_tenant_per_issuer,
     quota_without_tenant_or_client,
 };
+pub use cancellation::{cancel_holds_quota, cancel_race, cancel_request, cancels_due};
 pub use lifecycle::{
     active_for, finish_cas, finish_race, forget_payload, observe, past_deadline, purge_expired,
     result_reads, secret,
@@ -173,6 +179,10 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     settle_on_release(ledger).await;
     settle_on_sweep(ledger).await;
     settle_many_waiters(ledger).await;
+    cancel_request(ledger).await;
+    cancel_race(ledger).await;
+    cancels_due(ledger).await;
+    cancel_holds_quota(ledger).await;
 }
 
 /// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
@@ -211,6 +221,10 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         settle_on_release(ledger).boxed_local(),
         settle_on_sweep(ledger).boxed_local(),
         settle_many_waiters(ledger).boxed_local(),
+        cancel_request(ledger).boxed_local(),
+        cancel_race(ledger).boxed_local(),
+        cancels_due(ledger).boxed_local(),
+        cancel_holds_quota(ledger).boxed_local(),
     ];
     join_all(suite).await;
 }

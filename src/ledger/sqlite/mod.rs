@@ -23,8 +23,9 @@ pub use self::writer::WriteStats;
 use self::writer::Writer;
 use super::settlements::Settlements;
 use super::{
-    Confirmation, Confirmed, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation,
-    ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    CancelIntent, CancelRequest, Confirmation, Confirmed, Finish, FinishOutcome, LedgerError,
+    PendingCancel, PrincipalFilter, Reservation, ReserveOutcome, Result, TaskId, TaskLedger,
+    TaskRecord, TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -255,6 +256,37 @@ impl TaskLedger for SqliteLedger {
         let id = id.as_str().to_owned();
         self.writer
             .call(move |conn| ops::finish(conn, &id, &finish))
+            .await
+    }
+
+    async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest> {
+        if !intent.reason.is_cancellation() {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel takes a cancellation reason (owner_cancel, admin_cancel, \
+                 deadline, revocation), got {}",
+                intent.reason.as_str()
+            )));
+        }
+        if intent.give_up_at < intent.requested_at {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel: give_up_at ({}) is before requested_at ({})",
+                intent.give_up_at, intent.requested_at
+            )));
+        }
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::request_cancel(conn, &id, &intent))
+            .await
+    }
+
+    async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
+        self.readers.with(|conn| ops::cancels_due(conn, now, limit))
+    }
+
+    async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::note_cancel_attempt(conn, &id, next_attempt_at))
             .await
     }
 

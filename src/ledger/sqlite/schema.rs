@@ -111,6 +111,9 @@ DELETE FROM tasks WHERE rowid IN (
 ///   (reservations have none), terminal or not; deleting (purging) a task frees its ID.
 /// - Tenant and client quotas count by issuer: the active indexes become (issuer, tenant) and
 ///   (issuer, client).
+/// - The cancellation outbox: at most one pending intent per task, deleted with the task
+///   (`ON DELETE CASCADE`; the writer enables foreign keys) and by `finish`. Intents exist only
+///   for confirmed non-terminal tasks (the ledger's statements keep it so).
 pub(super) const V3: &str = "
 CREATE UNIQUE INDEX tasks_upstream ON tasks (upstream_id) WHERE upstream_id IS NOT NULL;
 
@@ -118,6 +121,20 @@ DROP INDEX tasks_active_tenant;
 DROP INDEX tasks_active_client;
 CREATE INDEX tasks_active_tenant ON tasks (issuer, tenant) WHERE ended_at IS NULL;
 CREATE INDEX tasks_active_client ON tasks (issuer, client) WHERE ended_at IS NULL;
+
+CREATE TABLE cancel_intents (
+    task_id         TEXT PRIMARY KEY NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+    reason          TEXT NOT NULL
+        CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation')),
+    requested_by    TEXT,                  -- JSON Owner
+    pending_message TEXT NOT NULL,
+    requested_at    INTEGER NOT NULL,
+    give_up_at      INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    next_attempt_at INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX cancel_intents_due ON cancel_intents (next_attempt_at);
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

@@ -8,8 +8,8 @@ use tempfile::TempDir;
 use super::SqliteLedger;
 use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
 use crate::ledger::{
-    Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskId,
-    TaskLedger, TaskStatus,
+    CancelRequest, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError,
+    ReserveOutcome, TaskId, TaskLedger, TaskStatus,
 };
 
 fn fresh() -> (TempDir, SqliteLedger) {
@@ -237,7 +237,7 @@ async fn a_version_1_ledger_is_migrated_in_place() {
 }
 
 /// A version 2 ledger gains the upstream ID index (keeping the earliest of tasks that shared an
-/// upstream ID) and issuer-scoped quota indexes.
+/// upstream ID), issuer-scoped quota indexes and the cancellation outbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_2_ledger_is_migrated_in_place() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,10 +278,8 @@ async fn a_version_2_ledger_is_migrated_in_place() {
     }
     let ledger = SqliteLedger::open(&path).unwrap();
     let get = async |id: &str| ledger.get(&TaskId::from_string(id)).await.unwrap();
-    assert!(
-        get("lgt_first").await.is_some(),
-        "the earliest task keeps u1"
-    );
+    let first = get("lgt_first").await.expect("the earliest task keeps u1");
+    assert_eq!(first.cancel, None);
     assert_eq!(get("lgt_second").await, None, "the later one is gone");
     assert!(get("lgt_own").await.is_some());
 
@@ -295,6 +293,17 @@ async fn a_version_2_ledger_is_migrated_in_place() {
         ledger.confirm(&res, c).await.unwrap(),
         Confirmed::HeldByAnotherOwner
     );
+    let intent = crate::ledger::CancelIntent {
+        reason: EndReason::OwnerCancel,
+        by: None,
+        pending_message: "Cancellation requested".into(),
+        requested_at: NOW,
+        give_up_at: NOW + 60_000,
+    };
+    assert!(matches!(
+        ledger.request_cancel(&first.id, intent).await.unwrap(),
+        CancelRequest::Recorded(_)
+    ));
     ledger.close().unwrap();
 
     let conn = raw(&path);
