@@ -2,8 +2,11 @@
 //!
 //! The ledger is the source of truth for a task's owner and lifecycle. A row is committed durably
 //! before the client learns the task ID; terminal states are written once (first terminal write
-//! wins); quotas and idempotency are decided inside the ledger's own transactions so concurrent
-//! requests can never double-spend. Backends: embedded SQLite (default, one pod) and PostgreSQL
+//! wins); quotas, idempotency and the one-owner rule for upstream task IDs are decided inside
+//! the ledger's own transactions so concurrent requests can never double-spend or share a task.
+//! A cancellation is an outbox: its intent is recorded durably first (the task stays
+//! non-terminal and keeps its quota slot), and the task ends only once the server confirmed it
+//! stopped or the sidecar gave up. Backends: embedded SQLite (default, one pod) and PostgreSQL
 //! (replicas of one MCP server share it). Both pass the same conformance suite
 //! (`conformance`, compiled for tests only).
 //!
@@ -73,6 +76,15 @@ impl EndReason {
             _ => return None,
         })
     }
+
+    /// Whether the sidecar itself ends tasks for this reason (owner, admin, deadline,
+    /// revocation): the reasons a [`CancelIntent`] may carry.
+    pub fn is_cancellation(self) -> bool {
+        matches!(
+            self,
+            Self::OwnerCancel | Self::AdminCancel | Self::Deadline | Self::Revocation
+        )
+    }
 }
 
 /// One confirmed task as stored.
@@ -101,6 +113,9 @@ pub struct TaskRecord {
     /// `iat` (Unix seconds) of the token that created the task, when it had one: revocations
     /// cancel the tasks their revoked tokens started.
     pub token_issued_at: Option<i64>,
+    /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
+    /// gone once the task is terminal (`finish` removes it in the same transaction).
+    pub cancel: Option<CancelIntent>,
 }
 
 impl TaskRecord {
@@ -122,10 +137,55 @@ pub struct Ending {
     pub at: i64,
 }
 
+/// Why the sidecar is cancelling a task, recorded durably before the server is asked
+/// ([`TaskLedger::request_cancel`]). While it is pending the task stays non-terminal (and keeps
+/// its quota slot); it ends when the server confirms the task stopped, or when the sidecar gives
+/// up, through [`TaskLedger::finish`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CancelIntent {
+    /// One of the cancellation reasons: `OwnerCancel`, `AdminCancel`, `Deadline`, `Revocation`
+    /// ([`EndReason::is_cancellation`]).
+    pub reason: EndReason,
+    /// Who asked (owner and admin cancels).
+    pub by: Option<Owner>,
+    /// The task's `statusMessage` until it settles (e.g. "Cancellation requested…").
+    pub pending_message: String,
+    pub requested_at: i64,
+    /// After this the sidecar ends the task as unconfirmed. Not before `requested_at`.
+    pub give_up_at: i64,
+}
+
+/// Result of [`TaskLedger::request_cancel`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum CancelRequest {
+    /// The intent was stored; the task as it is now (with the intent and its pending message).
+    Recorded(Box<TaskRecord>),
+    /// The task already has an intent (the first one wins); the stored state is unchanged.
+    AlreadyRequested(Box<TaskRecord>),
+    /// The task is already terminal; nothing was stored.
+    AlreadyTerminal(Box<TaskRecord>),
+    /// No such confirmed task.
+    NotFound,
+}
+
+/// A cancellation intent due for (another) attempt to reach the server
+/// ([`TaskLedger::cancels_due`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingCancel {
+    /// The task's current record (`record.cancel` is `Some(intent.clone())`).
+    pub record: TaskRecord,
+    pub intent: CancelIntent,
+    /// Attempts noted so far with [`TaskLedger::note_cancel_attempt`].
+    pub attempts: u32,
+    pub next_attempt_at: i64,
+}
+
 /// Concurrency quotas checked at reservation, on non-terminal tasks plus live reservations.
 /// Checked in the order principal, tenant, client, server; the first exhausted one is reported.
-/// Tenant and client quotas count every principal of that tenant/client; an owner with an empty
-/// tenant (or client) has none, so that quota does not apply to it.
+/// Tenant and client names are scoped by issuer: the tenant quota counts every principal of
+/// the same (issuer, tenant), the client quota every principal of the same (issuer, client), so
+/// two trusted issuers that happen to use the same tenant (client) name share nothing. An owner
+/// with an empty tenant (or client) has none, so that quota does not apply to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaLimits {
     pub per_principal: u32,
@@ -205,6 +265,22 @@ pub struct Confirmation {
     pub poll_interval_ms: Option<i64>,
 }
 
+/// Result of [`TaskLedger::confirm`]: an upstream task ID belongs to one owner only.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Confirmed {
+    /// The reservation is now this confirmed task.
+    New(TaskRecord),
+    /// The upstream ID is already recorded for a task of the same owner (issuer, subject,
+    /// tenant and client all equal), terminal or not: that existing task. The reservation was
+    /// released; nothing else changed.
+    SameOwner(TaskRecord),
+    /// The upstream ID is already recorded for a task of another owner (the server handed one
+    /// task to two callers, e.g. by deduplicating on arguments). Nothing was recorded, the
+    /// reservation was released, and the other owner's task is untouched: the caller must not
+    /// reveal or cancel it.
+    HeldByAnotherOwner,
+}
+
 /// A terminal transition.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finish {
@@ -235,19 +311,30 @@ pub struct PrincipalFilter {
 
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
 /// safe to call concurrently from many requests (and, for shared backends, many replicas).
+/// Every write's `Ok` means it is durable; reads see every write that returned before they
+/// started.
 #[async_trait]
 pub trait TaskLedger: Send + Sync {
     /// Holds a slot for a task about to be created upstream, enforcing quotas and idempotency
     /// in one atomic step. Counts non-terminal confirmed tasks plus unexpired reservations.
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome>;
 
-    /// Turns a reservation into a confirmed task. Durable (fsync'ed) before it returns: after
-    /// this, a crash cannot lose the task. `NoReservation` if `id` is not a reservation (never
-    /// made, released, voided by expiry, or already confirmed). The confirmation's status must
-    /// be non-terminal (`InvalidArgument` otherwise): a task becomes terminal only through
-    /// [`TaskLedger::finish`]. An idempotency window runs from `created_at` (and never ends
-    /// before the one the reservation started).
-    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord>;
+    /// Turns a reservation into a confirmed task, unless its upstream task ID is already
+    /// recorded. Durable (fsync'ed) before it returns: after this, a crash cannot lose the task.
+    /// `NoReservation` if `id` is not a reservation (never made, released, voided by expiry, or
+    /// already confirmed). The confirmation's status must be non-terminal (`InvalidArgument`
+    /// otherwise): a task becomes terminal only through [`TaskLedger::finish`]. An idempotency
+    /// window runs from `created_at` (and never ends before the one the reservation started).
+    ///
+    /// One upstream task ID, one owner: `upstream_id` is unique across all confirmed tasks
+    /// still retained, terminal or not (a purged task no longer holds it). If another task
+    /// holds it the reservation is released and the answer is [`Confirmed::SameOwner`] (with
+    /// that task) or [`Confirmed::HeldByAnotherOwner`] (with nothing). The lookup, the decision
+    /// and the write are one atomic step: of concurrent confirmations of one upstream ID
+    /// exactly one is [`Confirmed::New`]. A shared backend must guarantee the same across
+    /// replicas (a unique index as the backstop; a confirmation that loses the race on it
+    /// reports the winner's owner, never an error).
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed>;
 
     /// Drops a reservation (the upstream answered without a task, or failed). Idempotent: an ID
     /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
@@ -274,7 +361,10 @@ pub trait TaskLedger: Send + Sync {
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>>;
 
     /// Records a non-terminal status reported by the upstream. No effect on terminal or unknown
-    /// tasks; a terminal `status` is refused with `InvalidArgument` (use `finish`).
+    /// tasks; a terminal `status` is refused with `InvalidArgument` (use `finish`). While a
+    /// cancellation is pending the status and `last_updated_at` are updated but the status
+    /// message is not: the task keeps its intent's `pending_message`, so a client never sees the
+    /// server's "still working" message on a task it asked to cancel.
     async fn observe(
         &self,
         id: &TaskId,
@@ -284,8 +374,35 @@ pub trait TaskLedger: Send + Sync {
     ) -> Result<()>;
 
     /// Makes a task terminal unless it already is (compare-and-set; first terminal write wins).
-    /// `finish.status` must be terminal (`InvalidArgument` otherwise).
+    /// `finish.status` must be terminal (`InvalidArgument` otherwise). Durable before it
+    /// returns. A pending cancellation intent is deleted in the same transaction, so the
+    /// terminal state and the end of the intent commit together (neither is visible without the
+    /// other).
     async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome>;
+
+    /// Records durably (fsync'ed, like `confirm` and `finish`) that the sidecar is about to ask
+    /// the server to cancel a task, before it asks. Atomic: only a confirmed, non-terminal task
+    /// without an intent gets one (the first intent wins; concurrent requests get one
+    /// `Recorded`, the rest `AlreadyRequested`). Storing it sets the task's `status_message` to
+    /// `intent.pending_message` and `last_updated_at` to `intent.requested_at`, schedules the
+    /// first attempt at `requested_at` (0 attempts so far) and leaves the status alone: the task
+    /// stays non-terminal, holding its quota slot, until [`TaskLedger::finish`] ends it.
+    ///
+    /// `InvalidArgument` (nothing stored) if `intent.reason` is not a cancellation
+    /// ([`EndReason::is_cancellation`]) or `give_up_at` is before `requested_at`.
+    async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest>;
+
+    /// Pending intents whose next attempt is due (`next_attempt_at <= now`), the longest
+    /// overdue first (by `next_attempt_at`, then `requested_at`), at most `limit`, each with its
+    /// task's current record. Every listed task is non-terminal. A shared backend lists every
+    /// replica's intents: callers on several replicas may attempt the same one (forwarding a
+    /// cancel twice is harmless; `finish` stays first-write-wins).
+    async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>>;
+
+    /// Counts one more attempt at a pending intent and schedules the next at `next_attempt_at`.
+    /// Durable before it returns. No effect (and no error) when the task has no intent
+    /// (finished, purged, never requested, unknown).
+    async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()>;
 
     /// Counts one read of a completed result; returns the count after this read, or 0 when
     /// there is no such confirmed task (nothing counted).
@@ -295,16 +412,20 @@ pub trait TaskLedger: Send + Sync {
     /// `deleteResultAfterRetrieval`. No effect on unknown or unfinished tasks.
     async fn forget_payload(&self, id: &TaskId) -> Result<()>;
 
-    /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first.
+    /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first. Tasks
+    /// with a pending cancellation intent are left out: their cancellation is already under
+    /// way, so a sweeper calling this every round does not request it again.
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
-    /// about them, and void reservations; returns the IDs of deleted tasks. `limit` bounds the
+    /// about them (their upstream task IDs become free; a pending cancellation intent goes with
+    /// its task), and void reservations; returns the IDs of deleted tasks. `limit` bounds the
     /// tasks deleted per call (call again until fewer come back); void reservations are always
     /// all removed.
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
 
-    /// Non-terminal tasks of a principal.
+    /// Non-terminal tasks of a principal, including those with a pending cancellation (their
+    /// `cancel` is set).
     async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>>;
 
     /// A 32-byte secret stored in the ledger, created on first use (stable across restarts and
@@ -329,5 +450,9 @@ mod tests {
         ] {
             assert_eq!(EndReason::parse(r.as_str()), Some(r));
         }
+        assert!(EndReason::Deadline.is_cancellation() && EndReason::Revocation.is_cancellation());
+        assert!(
+            !EndReason::Upstream.is_cancellation() && !EndReason::UpstreamLost.is_cancellation()
+        );
     }
 }

@@ -50,10 +50,12 @@ pub async fn quota_principal(ledger: &dyn TaskLedger) {
     reserve_ok(ledger, reservation(&peer, two)).await;
 }
 
-/// The tenant quota counts every principal of the tenant.
+/// The tenant quota counts every principal of the tenant (of one issuer).
 pub async fn quota_tenant(ledger: &dyn TaskLedger) {
+    let issuer = unique("https://issuer.test/");
     let tenant = unique("tenant-");
     let member = || Owner {
+        issuer: issuer.clone(),
         tenant: tenant.clone(),
         ..fresh_owner()
     };
@@ -72,10 +74,12 @@ pub async fn quota_tenant(ledger: &dyn TaskLedger) {
     reserve_ok(ledger, reservation(&fresh_owner(), two)).await;
 }
 
-/// The client quota counts every principal using the client.
+/// The client quota counts every principal using the client (of one issuer).
 pub async fn quota_client(ledger: &dyn TaskLedger) {
+    let issuer = unique("https://issuer.test/");
     let client = unique("client-");
     let user = || Owner {
+        issuer: issuer.clone(),
         client: client.clone(),
         ..fresh_owner()
     };
@@ -121,6 +125,7 @@ pub async fn quota_order(ledger: &dyn TaskLedger) {
         QuotaScope::Tenant
     );
     let same_client = Owner {
+        issuer: owner.issuer.clone(),
         client: owner.client.clone(),
         ..fresh_owner()
     };
@@ -147,6 +152,69 @@ pub async fn quota_order(ledger: &dyn TaskLedger) {
     );
 }
 
+/// Tenants are scoped by issuer: the same tenant name from two issuers is two tenants, each
+/// with its own quota.
+pub async fn quota_tenant_per_issuer(ledger: &dyn TaskLedger) {
+    let tenant = unique("tenant-");
+    let (first, second) = (
+        unique("https://issuer.test/"),
+        unique("https://issuer.test/"),
+    );
+    let member = |issuer: &str| Owner {
+        issuer: issuer.into(),
+        tenant: tenant.clone(),
+        ..fresh_owner()
+    };
+    let one = QuotaLimits {
+        per_tenant: 1,
+        ..UNLIMITED
+    };
+    let over = ReserveOutcome::OverQuota(QuotaScope::Tenant);
+    let a = reserve_ok(ledger, reservation(&member(&first), one)).await;
+    confirm(ledger, &a, confirmation(NOW)).await;
+    assert_eq!(
+        reserve(ledger, reservation(&member(&first), one)).await,
+        over
+    );
+    reserve_ok(ledger, reservation(&member(&second), one)).await;
+    assert_eq!(
+        reserve(ledger, reservation(&member(&second), one)).await,
+        over
+    );
+    end(ledger, &a).await;
+    reserve_ok(ledger, reservation(&member(&first), one)).await;
+}
+
+/// Clients are scoped by issuer: the same client ID from two issuers is two clients, each with
+/// its own quota.
+pub async fn quota_client_per_issuer(ledger: &dyn TaskLedger) {
+    let client = unique("client-");
+    let (first, second) = (
+        unique("https://issuer.test/"),
+        unique("https://issuer.test/"),
+    );
+    let user = |issuer: &str| Owner {
+        issuer: issuer.into(),
+        client: client.clone(),
+        ..fresh_owner()
+    };
+    let one = QuotaLimits {
+        per_client: 1,
+        ..UNLIMITED
+    };
+    let over = ReserveOutcome::OverQuota(QuotaScope::Client);
+    let a = reserve_ok(ledger, reservation(&user(&first), one)).await;
+    confirm(ledger, &a, confirmation(NOW)).await;
+    assert_eq!(reserve(ledger, reservation(&user(&first), one)).await, over);
+    reserve_ok(ledger, reservation(&user(&second), one)).await;
+    assert_eq!(
+        reserve(ledger, reservation(&user(&second), one)).await,
+        over
+    );
+    end(ledger, &a).await;
+    reserve_ok(ledger, reservation(&user(&first), one)).await;
+}
+
 /// Owners without a tenant (client) claim share no tenant (client) quota.
 pub async fn quota_without_tenant_or_client(ledger: &dyn TaskLedger) {
     let ones = QuotaLimits {
@@ -154,8 +222,11 @@ pub async fn quota_without_tenant_or_client(ledger: &dyn TaskLedger) {
         per_client: 1,
         ..UNLIMITED
     };
+    // One issuer, so only the missing claims keep them apart.
+    let issuer = unique("https://issuer.test/");
     for _ in 0..3 {
         let owner = Owner {
+            issuer: issuer.clone(),
             tenant: String::new(),
             client: String::new(),
             ..fresh_owner()

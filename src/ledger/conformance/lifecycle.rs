@@ -3,13 +3,14 @@
 use futures_util::future::join_all;
 use serde_json::json;
 
+use super::cancellation::{intent, request_ok};
 use super::{
-    DAY, NOW, UNLIMITED, claim, confirm, confirmation, create, end, finishing, fresh_owner, get,
-    ids, new_id, reservation, reserve_ok, unique,
+    DAY, FAR, NOW, UNLIMITED, claim, confirm, confirmation, create, end, finishing, fresh_owner,
+    get, ids, new_id, reservation, reserve_ok, unique,
 };
 use crate::ledger::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
-    Reservation, TaskId, TaskLedger, TaskStatus,
+    Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner,
+    PrincipalFilter, Reservation, TaskId, TaskLedger, TaskStatus,
 };
 
 /// The first terminal write wins; later ones see it unchanged.
@@ -229,7 +230,8 @@ pub async fn forget_payload(ledger: &dyn TaskLedger) {
         .expect("unknown is a no-op");
 }
 
-/// `past_deadline` lists live confirmed tasks at or past their deadline, earliest first.
+/// `past_deadline` lists live confirmed tasks at or past their deadline, earliest first, except
+/// those whose cancellation is already pending.
 pub async fn past_deadline(ledger: &dyn TaskLedger) {
     // Deadlines far before NOW so that only this function's tasks (and leftovers of earlier
     // runs of it) are due at `now`.
@@ -255,6 +257,15 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
     due.sort();
     let expected: Vec<TaskId> = due.into_iter().map(|(_, id)| id).collect();
     reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+    // Due, but its cancellation is already under way.
+    let cancelling = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
+    let c = Confirmation {
+        deadline_at: 2_000,
+        ttl_ms: NOW,
+        ..confirmation(500)
+    };
+    confirm(ledger, &cancelling, c).await;
+    request_ok(ledger, &cancelling, intent(EndReason::Deadline, 2_000)).await;
 
     let listed = ledger
         .past_deadline(now, 10_000)
@@ -288,7 +299,7 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
     );
 
     // Leave nothing due for the next run against a shared database.
-    for id in &expected {
+    for id in expected.iter().chain([&cancelling]) {
         end(ledger, id).await;
     }
     let listed = ledger
@@ -298,8 +309,9 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
     assert!(listed.iter().all(|r| r.owner != owner));
 }
 
-/// Retention removes tasks, terminal or not, with everything about them, and voids dead
-/// reservations; `limit` bounds each call.
+/// Retention removes tasks, terminal or not, with everything about them (their cancellation
+/// intents; their hold on their upstream IDs), and voids dead reservations; `limit` bounds each
+/// call.
 pub async fn purge_expired(ledger: &dyn TaskLedger) {
     // Times far before NOW, so no other function's tasks are ever due.
     let owner = fresh_owner();
@@ -312,9 +324,10 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     r.idempotency = Some(key.clone());
     r.now = 50;
     let live = reserve_ok(ledger, r).await;
-    confirm(ledger, &live, task(100, 1_000)).await;
+    let live_upstream = confirm(ledger, &live, task(100, 1_000)).await.upstream_id;
+    request_ok(ledger, &live, intent(EndReason::Revocation, 150)).await;
     let done = reserve_ok(ledger, reservation(&owner, UNLIMITED)).await;
-    confirm(ledger, &done, task(200, 500)).await;
+    let done_upstream = confirm(ledger, &done, task(200, 500)).await.upstream_id;
     let f = Finish {
         status: TaskStatus::Completed,
         status_message: None,
@@ -337,6 +350,17 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         ..reservation(&owner, UNLIMITED)
     };
     let dead = reserve_ok(ledger, dead).await;
+    // Until then another owner cannot have their upstream tasks.
+    let intruder = fresh_owner();
+    let taken = |upstream_id: &str| Confirmation {
+        upstream_id: upstream_id.into(),
+        ..task(1_000, NOW)
+    };
+    for upstream_id in [&live_upstream, &done_upstream] {
+        let id = reserve_ok(ledger, reservation(&intruder, UNLIMITED)).await;
+        let outcome = ledger.confirm(&id, taken(upstream_id)).await;
+        assert_eq!(outcome.expect("confirm"), Confirmed::HeldByAnotherOwner);
+    }
 
     let first = ledger
         .purge_expired(1_099, usize::MAX)
@@ -368,6 +392,18 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         !purged.contains(&kept) && !purged.contains(&dead),
         "reservations are not tasks"
     );
+    let pending = ledger
+        .cancels_due(FAR, usize::MAX)
+        .await
+        .expect("cancels_due");
+    assert!(
+        !pending.iter().any(|p| p.record.id == live),
+        "the intent went with its task"
+    );
+    for upstream_id in [&live_upstream, &done_upstream] {
+        let id = reserve_ok(ledger, reservation(&intruder, UNLIMITED)).await;
+        confirm(ledger, &id, taken(upstream_id)).await;
+    }
     assert!(get(ledger, &kept).await.is_some());
     let late = ledger
         .purge_expired(2_000, usize::MAX)

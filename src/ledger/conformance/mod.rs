@@ -46,12 +46,16 @@ macro_rules! ledger_conformance_tests {
             quota_tenant,
             quota_client,
             quota_order,
+            quota_tenant_per_issuer,
+            quota_client_per_issuer,
             quota_without_tenant_or_client,
             quota_server,
             quota_race,
             idempotency,
             idempotency_window,
             idempotency_race,
+            upstream_one_owner,
+            upstream_race,
             finish_cas,
             finish_race,
             observe,
@@ -66,6 +70,10 @@ macro_rules! ledger_conformance_tests {
             settle_on_release,
             settle_on_sweep,
             settle_many_waiters,
+            cancel_request,
+            cancel_race,
+            cancels_due,
+            cancel_holds_quota,
             run_all,
         );
 
@@ -92,14 +100,18 @@ use futures_util::FutureExt;
 use futures_util::future::{LocalBoxFuture, join_all};
 
 mod admission;
+mod cancellation;
 mod lifecycle;
 mod records;
 mod settlement;
+mod upstream;
 
 pub use admission::{
-    idempotency, idempotency_race, idempotency_window, quota_client, quota_order, quota_principal,
-    quota_race, quota_server, quota_tenant, quota_without_tenant_or_client,
+    idempotency, idempotency_race, idempotency_window, quota_client, quota_client_per_issuer,
+    quota_order, quota_principal, quota_race, quota_server, quota_tenant, quota_tenant_per_issuer,
+    quota_without_tenant_or_client,
 };
+pub use cancellation::{cancel_holds_quota, cancel_race, cancel_request, cancels_due};
 pub use lifecycle::{
     active_for, finish_cas, finish_race, forget_payload, observe, past_deadline, purge_expired,
     result_reads, secret,
@@ -108,10 +120,11 @@ pub use records::{release, reservations_are_invisible, reservations_expire, roun
 pub use settlement::{
     settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
 };
+pub use upstream::{upstream_one_owner, upstream_race};
 
 use super::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner, QuotaLimits,
-    Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner,
+    QuotaLimits, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 /// The suite's usual "now" (2030).
@@ -142,12 +155,16 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     quota_principal(ledger).await;
     quota_tenant(ledger).await;
     quota_client(ledger).await;
+    quota_tenant_per_issuer(ledger).await;
+    quota_client_per_issuer(ledger).await;
     quota_order(ledger).await;
     quota_without_tenant_or_client(ledger).await;
     quota_race(ledger).await;
     idempotency(ledger).await;
     idempotency_window(ledger).await;
     idempotency_race(ledger).await;
+    upstream_one_owner(ledger).await;
+    upstream_race(ledger).await;
     finish_cas(ledger).await;
     finish_race(ledger).await;
     observe(ledger).await;
@@ -162,6 +179,10 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     settle_on_release(ledger).await;
     settle_on_sweep(ledger).await;
     settle_many_waiters(ledger).await;
+    cancel_request(ledger).await;
+    cancel_race(ledger).await;
+    cancels_due(ledger).await;
+    cancel_holds_quota(ledger).await;
 }
 
 /// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
@@ -176,12 +197,16 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         quota_principal(ledger).boxed_local(),
         quota_tenant(ledger).boxed_local(),
         quota_client(ledger).boxed_local(),
+        quota_tenant_per_issuer(ledger).boxed_local(),
+        quota_client_per_issuer(ledger).boxed_local(),
         quota_order(ledger).boxed_local(),
         quota_without_tenant_or_client(ledger).boxed_local(),
         quota_race(ledger).boxed_local(),
         idempotency(ledger).boxed_local(),
         idempotency_window(ledger).boxed_local(),
         idempotency_race(ledger).boxed_local(),
+        upstream_one_owner(ledger).boxed_local(),
+        upstream_race(ledger).boxed_local(),
         finish_cas(ledger).boxed_local(),
         finish_race(ledger).boxed_local(),
         observe(ledger).boxed_local(),
@@ -196,6 +221,10 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         settle_on_release(ledger).boxed_local(),
         settle_on_sweep(ledger).boxed_local(),
         settle_many_waiters(ledger).boxed_local(),
+        cancel_request(ledger).boxed_local(),
+        cancel_race(ledger).boxed_local(),
+        cancels_due(ledger).boxed_local(),
+        cancel_holds_quota(ledger).boxed_local(),
     ];
     join_all(suite).await;
 }
@@ -288,8 +317,12 @@ async fn reserve_ok(ledger: &dyn TaskLedger, r: Reservation) -> TaskId {
     id
 }
 
+/// Confirms a reservation that must become a new task.
 async fn confirm(ledger: &dyn TaskLedger, id: &TaskId, c: Confirmation) -> TaskRecord {
-    ledger.confirm(id, c).await.expect("confirm")
+    match ledger.confirm(id, c).await.expect("confirm") {
+        Confirmed::New(record) => record,
+        other => panic!("confirm with a fresh upstream ID: {other:?}"),
+    }
 }
 
 /// Reserves (without limits) and confirms a task with [`confirmation`]`(NOW)`.

@@ -4,7 +4,7 @@ use serde_json::json;
 
 use super::{
     DAY, FAR, KEEP, MINUTE, NOW, UNLIMITED, confirm, confirmation, end, finishing, fresh_owner,
-    get, ids, new_id, reservation, reserve, reserve_ok,
+    get, ids, new_id, reservation, reserve, reserve_ok, unique,
 };
 use crate::ledger::{
     Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
@@ -20,7 +20,8 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
     r.scopes = vec!["b".into(), "a".into(), "a".into(), String::new()];
     let id = reserve_ok(ledger, r.clone()).await;
     let c = Confirmation {
-        upstream_id: "upstream/42 with spaces".into(),
+        // Unusual characters, and unique: an upstream ID belongs to one task.
+        upstream_id: unique("upstream/42 with spaces ✓ "),
         status: TaskStatus::InputRequired,
         status_message: Some("waiting for \"approval\"\n".into()),
         created_at: NOW,
@@ -44,6 +45,7 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         ended: None,
         result_reads: 0,
         token_issued_at: r.token_issued_at,
+        cancel: None,
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);
     assert_eq!(get(ledger, &id).await.as_ref(), Some(&expected));

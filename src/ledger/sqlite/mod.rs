@@ -3,6 +3,7 @@
 //! Writes go through one dedicated thread that group-commits ([`writer`]); reads run on a small
 //! pool of separate connections, which WAL lets proceed concurrently with the writer.
 
+mod files;
 mod ops;
 mod schema;
 mod writer;
@@ -22,8 +23,9 @@ pub use self::writer::WriteStats;
 use self::writer::Writer;
 use super::settlements::Settlements;
 use super::{
-    Confirmation, Finish, FinishOutcome, LedgerError, PrincipalFilter, Reservation, ReserveOutcome,
-    Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    CancelIntent, CancelRequest, Confirmation, Confirmed, Finish, FinishOutcome, LedgerError,
+    PendingCancel, PrincipalFilter, Reservation, ReserveOutcome, Result, TaskId, TaskLedger,
+    TaskRecord, TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -55,7 +57,12 @@ impl SqliteLedger {
     /// Opens (creating if needed) the ledger at `path`, bringing its schema up to date. Safe to
     /// call on an existing ledger; refuses a file written by a newer schema version. Does file
     /// I/O on the calling thread: call it at startup or from `spawn_blocking`.
+    ///
+    /// On Unix the database and its `-wal` and `-shm` files are owner-only (0600): a new
+    /// database is created so, and existing files with group or other permissions are
+    /// tightened (logged as a warning); failing that, the open fails.
     pub fn open(path: &Path) -> Result<Self> {
+        files::make_owner_only(path)?;
         let write_conn = schema::open_writer(path)?;
         // Readers open after the writer so the file is already in WAL mode with a schema.
         let readers = ReadPool::open(path, READ_CONNECTIONS)?;
@@ -179,14 +186,17 @@ impl TaskLedger for SqliteLedger {
         Ok(outcome)
     }
 
-    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<TaskRecord> {
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed> {
         require_nonterminal(confirmation.status, "confirm")?;
         let id = id.as_str().to_owned();
         let settlements = Arc::clone(&self.settlements);
+        let settled = id.clone();
+        // Every successful outcome settles the reservation: confirmed, or released because
+        // its upstream ID was taken.
         self.writer
             .call_then(
                 move |conn| ops::confirm(conn, &id, &confirmation),
-                move |record: &TaskRecord| settlements.settle([record.id.as_str()]),
+                move |_: &Confirmed| settlements.settle([settled]),
             )
             .await
     }
@@ -246,6 +256,37 @@ impl TaskLedger for SqliteLedger {
         let id = id.as_str().to_owned();
         self.writer
             .call(move |conn| ops::finish(conn, &id, &finish))
+            .await
+    }
+
+    async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest> {
+        if !intent.reason.is_cancellation() {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel takes a cancellation reason (owner_cancel, admin_cancel, \
+                 deadline, revocation), got {}",
+                intent.reason.as_str()
+            )));
+        }
+        if intent.give_up_at < intent.requested_at {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel: give_up_at ({}) is before requested_at ({})",
+                intent.give_up_at, intent.requested_at
+            )));
+        }
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::request_cancel(conn, &id, &intent))
+            .await
+    }
+
+    async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
+        self.readers.with(|conn| ops::cancels_due(conn, now, limit))
+    }
+
+    async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::note_cancel_attempt(conn, &id, next_attempt_at))
             .await
     }
 

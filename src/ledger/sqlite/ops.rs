@@ -5,13 +5,25 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Ctx;
 use crate::ledger::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
-    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome,
+    LedgerError, Owner, PendingCancel, PrincipalFilter, QuotaScope, Reservation, ReserveOutcome,
+    Result, TaskId, TaskRecord, TaskStatus,
 };
 
-const TASK_COLUMNS: &str = "id, upstream_id, issuer, subject, tenant, client, tool, scopes, \
-    status, status_message, created_at, last_updated_at, ttl_ms, deadline_at, poll_interval_ms, \
-    end_reason, ended_by, payload, ended_at, result_reads, token_issued_at";
+/// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
+/// the order [`RawTask::from_row`] reads them. Select them `FROM` [`TASK_FROM`], or from any
+/// join that names the two tables `t` and `c`.
+const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
+    t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
+    t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
+    t.result_reads, t.token_issued_at, \
+    c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
+
+/// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
+const TASK_COLUMN_COUNT: usize = 26;
+
+/// Every task with its intent, if any.
+const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
 
 /// A confirmed row as SQLite returns it, before the parsing that can find it corrupt.
 struct RawTask {
@@ -33,6 +45,11 @@ struct RawTask {
     ended_at: Option<i64>,
     result_reads: i64,
     token_issued_at: Option<i64>,
+    cancel_reason: Option<String>,
+    cancel_by: Option<String>,
+    cancel_message: Option<String>,
+    cancel_requested_at: Option<i64>,
+    cancel_give_up_at: Option<i64>,
 }
 
 impl RawTask {
@@ -61,6 +78,11 @@ impl RawTask {
             ended_at: row.get(18)?,
             result_reads: row.get(19)?,
             token_issued_at: row.get(20)?,
+            cancel_reason: row.get(21)?,
+            cancel_by: row.get(22)?,
+            cancel_message: row.get(23)?,
+            cancel_requested_at: row.get(24)?,
+            cancel_give_up_at: row.get(25)?,
         })
     }
 
@@ -95,6 +117,24 @@ impl RawTask {
             }),
             _ => return Err(LedgerError::corrupt("half-recorded task ending")),
         };
+        let cancel = match self.cancel_reason {
+            None => None,
+            Some(reason) => Some(CancelIntent {
+                reason: EndReason::parse(&reason)
+                    .filter(|r| r.is_cancellation())
+                    .ok_or_else(|| {
+                        LedgerError::corrupt(format!("unknown cancellation reason {reason:?}"))
+                    })?,
+                by: self
+                    .cancel_by
+                    .as_deref()
+                    .map(|t| json(t, "cancellation requested_by"))
+                    .transpose()?,
+                pending_message: need(self.cancel_message, "cancellation pending_message")?,
+                requested_at: need(self.cancel_requested_at, "cancellation requested_at")?,
+                give_up_at: need(self.cancel_give_up_at, "cancellation give_up_at")?,
+            }),
+        };
         Ok(TaskRecord {
             id: TaskId::from_string(self.id),
             upstream_id: need(self.upstream_id, "upstream_id")?,
@@ -112,6 +152,7 @@ impl RawTask {
             result_reads: u32::try_from(self.result_reads)
                 .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
             token_issued_at: self.token_issued_at,
+            cancel,
         })
     }
 }
@@ -132,7 +173,7 @@ fn collect(rows: impl Iterator<Item = rusqlite::Result<RawTask>>) -> Result<Vec<
 
 /// A confirmed task; reservations are invisible.
 pub(super) fn load_task(conn: &Connection, id: &str) -> Result<Option<TaskRecord>> {
-    let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1 AND confirmed = 1");
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ?1 AND t.confirmed = 1");
     let raw = conn
         .prepare_cached(&sql)
         .ctx("prepare task lookup")?
@@ -222,12 +263,13 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         return Ok(ReserveOutcome::OverQuota(QuotaScope::Principal));
     }
     // An empty tenant/client means the token carried no such claim: there is no group to
-    // share a quota with, so only the principal and server quotas apply.
+    // share a quota with, so only the principal and server quotas apply. Tenant and client
+    // names belong to their issuer: two issuers' "acme" are two tenants.
     if !o.tenant.is_empty() {
         let tenant = count_active(
             conn,
-            "SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND ended_at IS NULL",
-            &[&o.tenant],
+            "SELECT COUNT(*) FROM tasks WHERE issuer = ?1 AND tenant = ?2 AND ended_at IS NULL",
+            &[&o.issuer, &o.tenant],
         )?;
         if tenant >= i64::from(limits.per_tenant) {
             return Ok(ReserveOutcome::OverQuota(QuotaScope::Tenant));
@@ -236,8 +278,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     if !o.client.is_empty() {
         let client = count_active(
             conn,
-            "SELECT COUNT(*) FROM tasks WHERE client = ?1 AND ended_at IS NULL",
-            &[&o.client],
+            "SELECT COUNT(*) FROM tasks WHERE issuer = ?1 AND client = ?2 AND ended_at IS NULL",
+            &[&o.issuer, &o.client],
         )?;
         if client >= i64::from(limits.per_client) {
             return Ok(ReserveOutcome::OverQuota(QuotaScope::Client));
@@ -285,19 +327,63 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     Ok(ReserveOutcome::Reserved)
 }
 
-pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<TaskRecord> {
-    let reservation: Option<(Option<i64>, Option<i64>)> = conn
+/// The ID and owner of the confirmed task holding `upstream_id`, if any.
+fn upstream_holder(conn: &Connection, upstream_id: &str) -> Result<Option<(String, Owner)>> {
+    conn.prepare_cached(
+        "SELECT id, issuer, subject, tenant, client FROM tasks \
+         WHERE upstream_id = ?1 AND confirmed = 1",
+    )
+    .ctx("prepare upstream ID lookup")?
+    .query_row([upstream_id], |row| {
+        Ok((
+            row.get(0)?,
+            Owner {
+                issuer: row.get(1)?,
+                subject: row.get(2)?,
+                tenant: row.get(3)?,
+                client: row.get(4)?,
+            },
+        ))
+    })
+    .optional()
+    .ctx("look up upstream ID")
+}
+
+pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<Confirmed> {
+    let reservation: Option<(Option<i64>, Option<i64>, Owner)> = conn
         .prepare_cached(
-            "SELECT idempotency_until, idempotency_window_ms FROM tasks \
-             WHERE id = ?1 AND confirmed = 0",
+            "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
+             FROM tasks WHERE id = ?1 AND confirmed = 0",
         )
         .ctx("prepare reservation lookup")?
-        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row([id], |row| {
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                Owner {
+                    issuer: row.get(2)?,
+                    subject: row.get(3)?,
+                    tenant: row.get(4)?,
+                    client: row.get(5)?,
+                },
+            ))
+        })
         .optional()
         .ctx("look up reservation")?;
-    let Some((until, window)) = reservation else {
+    let Some((until, window, owner)) = reservation else {
         return Err(LedgerError::NoReservation);
     };
+    // One upstream task, one owner. Decided here, inside the writer's transaction; the unique
+    // index `tasks_upstream` is the backstop.
+    if let Some((holder_id, holder)) = upstream_holder(conn, &c.upstream_id)? {
+        release(conn, id)?;
+        if holder != owner {
+            return Ok(Confirmed::HeldByAnotherOwner);
+        }
+        let existing = load_task(conn, &holder_id)?
+            .ok_or_else(|| LedgerError::Internal("task holding an upstream ID vanished".into()))?;
+        return Ok(Confirmed::SameOwner(existing));
+    }
     // The window runs from the task's creation, so a slow upstream does not eat into it; it
     // never shrinks below what the reservation promised.
     let until = match (until, window) {
@@ -324,7 +410,9 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<T
         until,
     ])
     .ctx("confirm task")?;
-    load_task(conn, id)?.ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))
+    let record = load_task(conn, id)?
+        .ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))?;
+    Ok(Confirmed::New(record))
 }
 
 pub(super) fn release(conn: &Connection, id: &str) -> Result<()> {
@@ -342,8 +430,11 @@ pub(super) fn observe(
     status_message: Option<&str>,
     now: i64,
 ) -> Result<()> {
+    // While a cancellation is pending the task keeps its intent's message.
     conn.prepare_cached(
-        "UPDATE tasks SET status = ?2, status_message = ?3, last_updated_at = ?4 \
+        "UPDATE tasks SET status = ?2, last_updated_at = ?4, status_message = CASE \
+         WHEN EXISTS (SELECT 1 FROM cancel_intents WHERE task_id = ?1) THEN status_message \
+         ELSE ?3 END \
          WHERE id = ?1 AND confirmed = 1 AND ended_at IS NULL",
     )
     .ctx("prepare observe")?
@@ -385,6 +476,10 @@ pub(super) fn finish(conn: &Connection, id: &str, f: &Finish) -> Result<FinishOu
             payload
         ])
         .ctx("finish task")?;
+    if changed == 1 {
+        // Same transaction: the terminal state and the end of the intent commit together.
+        delete_cancel_intent(conn, id)?;
+    }
     let after = load_task(conn, id)?
         .ok_or_else(|| LedgerError::Internal("finished task vanished".into()))?;
     Ok(if changed == 1 {
@@ -392,6 +487,106 @@ pub(super) fn finish(conn: &Connection, id: &str, f: &Finish) -> Result<FinishOu
     } else {
         FinishOutcome::AlreadyTerminal(Box::new(after))
     })
+}
+
+fn delete_cancel_intent(conn: &Connection, id: &str) -> Result<()> {
+    conn.prepare_cached("DELETE FROM cancel_intents WHERE task_id = ?1")
+        .ctx("prepare cancellation intent delete")?
+        .execute([id])
+        .ctx("delete cancellation intent")?;
+    Ok(())
+}
+
+pub(super) fn request_cancel(
+    conn: &Connection,
+    id: &str,
+    intent: &CancelIntent,
+) -> Result<CancelRequest> {
+    let Some(current) = load_task(conn, id)? else {
+        return Ok(CancelRequest::NotFound);
+    };
+    if current.ended.is_some() {
+        return Ok(CancelRequest::AlreadyTerminal(Box::new(current)));
+    }
+    if current.cancel.is_some() {
+        return Ok(CancelRequest::AlreadyRequested(Box::new(current)));
+    }
+    let by = intent
+        .by
+        .as_ref()
+        .map(|o| to_json(o, "cancellation requested_by"))
+        .transpose()?;
+    conn.prepare_cached(
+        "INSERT INTO cancel_intents (task_id, reason, requested_by, pending_message, \
+         requested_at, give_up_at, attempts, next_attempt_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?5)",
+    )
+    .ctx("prepare cancellation intent insert")?
+    .execute(params![
+        id,
+        intent.reason.as_str(),
+        by,
+        intent.pending_message,
+        intent.requested_at,
+        intent.give_up_at,
+    ])
+    .ctx("record cancellation intent")?;
+    conn.prepare_cached(
+        "UPDATE tasks SET status_message = ?2, last_updated_at = ?3 \
+         WHERE id = ?1 AND confirmed = 1 AND ended_at IS NULL",
+    )
+    .ctx("prepare cancellation message")?
+    .execute(params![id, intent.pending_message, intent.requested_at])
+    .ctx("set cancellation message")?;
+    let after = load_task(conn, id)?
+        .ok_or_else(|| LedgerError::Internal("task being cancelled vanished".into()))?;
+    Ok(CancelRequest::Recorded(Box::new(after)))
+}
+
+pub(super) fn cancels_due(conn: &Connection, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS}, c.attempts, c.next_attempt_at \
+         FROM cancel_intents AS c JOIN tasks AS t ON t.id = c.task_id \
+         WHERE c.next_attempt_at <= ?1 AND t.confirmed = 1 AND t.ended_at IS NULL \
+         ORDER BY c.next_attempt_at, c.requested_at, c.task_id LIMIT ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).ctx("prepare cancellation scan")?;
+    let rows = stmt
+        .query_map(params![now, sql_limit(limit)], |row| {
+            Ok((
+                RawTask::from_row(row)?,
+                row.get::<_, i64>(TASK_COLUMN_COUNT)?,
+                row.get::<_, i64>(TASK_COLUMN_COUNT + 1)?,
+            ))
+        })
+        .ctx("scan due cancellations")?;
+    rows.map(|row| {
+        let (raw, attempts, next_attempt_at) = row.ctx("read cancellation row")?;
+        let record = raw.into_record()?;
+        let intent = record
+            .cancel
+            .clone()
+            .ok_or_else(|| LedgerError::Internal("due cancellation without its intent".into()))?;
+        Ok(PendingCancel {
+            record,
+            intent,
+            attempts: u32::try_from(attempts)
+                .map_err(|_| LedgerError::corrupt("cancellation attempts out of range"))?,
+            next_attempt_at,
+        })
+    })
+    .collect()
+}
+
+pub(super) fn note_cancel_attempt(conn: &Connection, id: &str, next_attempt_at: i64) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE cancel_intents SET attempts = min(attempts + 1, 4294967295), \
+         next_attempt_at = ?2 WHERE task_id = ?1",
+    )
+    .ctx("prepare cancellation attempt")?
+    .execute(params![id, next_attempt_at])
+    .ctx("note cancellation attempt")?;
+    Ok(())
 }
 
 pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
@@ -423,9 +618,10 @@ pub(super) fn forget_payload(conn: &Connection, id: &str) -> Result<()> {
 
 pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
     let sql = format!(
-        "SELECT {TASK_COLUMNS} FROM tasks \
-         WHERE ended_at IS NULL AND confirmed = 1 AND deadline_at <= ?1 \
-         ORDER BY deadline_at, id LIMIT ?2"
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} \
+         WHERE t.ended_at IS NULL AND t.confirmed = 1 AND t.deadline_at <= ?1 \
+         AND c.task_id IS NULL \
+         ORDER BY t.deadline_at, t.id LIMIT ?2"
     );
     let mut stmt = conn.prepare_cached(&sql).ctx("prepare deadline scan")?;
     let rows = stmt
@@ -443,6 +639,7 @@ pub(super) fn purge_expired(
     let voided = void_expired_reservations(conn, now)?;
     let mut stmt = conn
         .prepare_cached(
+            // Their cancellation intents go with them (ON DELETE CASCADE).
             "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
              WHERE confirmed = 1 AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
              RETURNING id",
@@ -461,10 +658,10 @@ pub(super) fn purge_expired(
 
 pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
     let sql = format!(
-        "SELECT {TASK_COLUMNS} FROM tasks \
-         WHERE issuer = ?1 AND subject = ?2 AND ended_at IS NULL AND confirmed = 1 \
-         AND (?3 IS NULL OR tenant = ?3) AND (?4 IS NULL OR client = ?4) \
-         ORDER BY created_at, id"
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} \
+         WHERE t.issuer = ?1 AND t.subject = ?2 AND t.ended_at IS NULL AND t.confirmed = 1 \
+         AND (?3 IS NULL OR t.tenant = ?3) AND (?4 IS NULL OR t.client = ?4) \
+         ORDER BY t.created_at, t.id"
     );
     let mut stmt = conn.prepare_cached(&sql).ctx("prepare principal scan")?;
     let rows = stmt

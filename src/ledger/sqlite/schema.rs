@@ -10,14 +10,21 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// One schema change: plain SQL, or code for a change that must also report what it did.
+enum Step {
+    Sql(&'static str),
+    Code(fn(&Connection) -> Result<()>),
+}
+
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2];
+const MIGRATIONS: [Step; SCHEMA_VERSION as usize] =
+    [Step::Sql(V1), Step::Sql(V2), Step::Code(to_v3)];
 
 /// Version 1.
 ///
@@ -80,9 +87,69 @@ CREATE TABLE secrets (
 
 /// Version 2: the `iat` of the token that created a task, so a session revocation cancels
 /// exactly the work its revoked tokens started (and none a fresh token started later).
-const V2: &str = "
+pub(super) const V2: &str = "
 ALTER TABLE tasks ADD COLUMN token_issued_at INTEGER;
 ";
+
+/// Version 3, before its schema change ([`V3`]): earlier versions let one upstream task ID be
+/// recorded for several tasks, which the unique index of version 3 refuses. For each such ID
+/// the earliest task (by `created_at`, then insertion order) keeps it and the later ones are
+/// deleted: they are the tasks of callers the server handed someone else's task (or a
+/// duplicate of their own), whose stored results may be that other owner's.
+pub(super) const V3_DEDUPLICATE: &str = "
+DELETE FROM tasks WHERE rowid IN (
+    SELECT rowid FROM (
+        SELECT rowid, row_number() OVER (PARTITION BY upstream_id ORDER BY created_at, rowid) AS n
+        FROM tasks WHERE confirmed = 1
+    ) WHERE n > 1
+)
+";
+
+/// Version 3.
+///
+/// - One upstream task ID, one task: a unique index over the upstream IDs of confirmed tasks
+///   (reservations have none), terminal or not; deleting (purging) a task frees its ID.
+/// - Tenant and client quotas count by issuer: the active indexes become (issuer, tenant) and
+///   (issuer, client).
+/// - The cancellation outbox: at most one pending intent per task, deleted with the task
+///   (`ON DELETE CASCADE`; the writer enables foreign keys) and by `finish`. Intents exist only
+///   for confirmed non-terminal tasks (the ledger's statements keep it so).
+pub(super) const V3: &str = "
+CREATE UNIQUE INDEX tasks_upstream ON tasks (upstream_id) WHERE upstream_id IS NOT NULL;
+
+DROP INDEX tasks_active_tenant;
+DROP INDEX tasks_active_client;
+CREATE INDEX tasks_active_tenant ON tasks (issuer, tenant) WHERE ended_at IS NULL;
+CREATE INDEX tasks_active_client ON tasks (issuer, client) WHERE ended_at IS NULL;
+
+CREATE TABLE cancel_intents (
+    task_id         TEXT PRIMARY KEY NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+    reason          TEXT NOT NULL
+        CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation')),
+    requested_by    TEXT,                  -- JSON Owner
+    pending_message TEXT NOT NULL,
+    requested_at    INTEGER NOT NULL,
+    give_up_at      INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    next_attempt_at INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX cancel_intents_due ON cancel_intents (next_attempt_at);
+";
+
+fn to_v3(conn: &Connection) -> Result<()> {
+    let deleted = conn
+        .execute(V3_DEDUPLICATE, [])
+        .ctx("delete tasks sharing an upstream task ID")?;
+    if deleted > 0 {
+        tracing::warn!(
+            deleted,
+            "ledger migration: deleted tasks whose upstream task ID was already recorded for an \
+             earlier task (one upstream task, one owner); their owners now get \"task not found\""
+        );
+    }
+    conn.execute_batch(V3).ctx("migrate ledger schema")
+}
 
 /// Opens the write connection, switches the file to WAL and brings the schema up to date.
 pub(super) fn open_writer(path: &Path) -> Result<Connection> {
@@ -142,7 +209,10 @@ fn migrate_in_transaction(conn: &Connection) -> Result<()> {
         });
     }
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        conn.execute_batch(step).ctx("migrate ledger schema")?;
+        match step {
+            Step::Sql(sql) => conn.execute_batch(sql).ctx("migrate ledger schema")?,
+            Step::Code(run) => run(conn)?,
+        }
         let to = from as i64 + 1;
         conn.pragma_update(None, "user_version", to)
             .ctx("write user_version")?;

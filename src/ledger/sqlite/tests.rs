@@ -8,7 +8,8 @@ use tempfile::TempDir;
 use super::SqliteLedger;
 use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
 use crate::ledger::{
-    EndReason, Ending, Finish, FinishOutcome, LedgerError, ReserveOutcome, TaskLedger, TaskStatus,
+    CancelRequest, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError,
+    ReserveOutcome, TaskId, TaskLedger, TaskStatus,
 };
 
 fn fresh() -> (TempDir, SqliteLedger) {
@@ -39,7 +40,8 @@ async fn settlement_waiters_leave_nothing_behind() {
         1,
         "the other waiter still waits"
     );
-    ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    assert!(matches!(confirmed, Confirmed::New(_)));
     waits.await.unwrap();
     assert_eq!(ledger.settlements.tracked(), 0);
 
@@ -65,7 +67,9 @@ async fn reopening_keeps_tasks_secrets_and_settings() {
     let r = reservation(&owner, UNLIMITED);
     let id = r.id.clone();
     assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
-    let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    let Confirmed::New(confirmed) = ledger.confirm(&id, confirmation(NOW)).await.unwrap() else {
+        panic!("a fresh upstream ID confirms as new");
+    };
     let key = ledger.secret("audit").await.unwrap();
     ledger.close().unwrap();
 
@@ -230,4 +234,188 @@ async fn a_version_1_ledger_is_migrated_in_place() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, super::schema::SCHEMA_VERSION);
+}
+
+/// A version 2 ledger gains the upstream ID index (keeping the earliest of tasks that shared an
+/// upstream ID), issuer-scoped quota indexes and the cancellation outbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_2_ledger_is_migrated_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    {
+        let conn = raw(&path);
+        conn.execute_batch(super::schema::V1).unwrap();
+        conn.execute_batch(super::schema::V2).unwrap();
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        let insert = "INSERT INTO tasks (id, confirmed, upstream_id, issuer, subject, tenant, \
+            client, tool, scopes, status, created_at, last_updated_at, ttl_ms, expires_at, \
+            deadline_at, payload) VALUES (?1, 1, ?2, 'i', ?3, 't', 'c', 'tool', '[]', \
+            'working', ?4, ?4, 1000000000000, 1000000000000 + ?4, 2, ?5)";
+        for (id, upstream, subject, created, payload) in [
+            (
+                "lgt_second",
+                "u1",
+                "other",
+                2,
+                Some("\"the first owner's result\""),
+            ),
+            ("lgt_first", "u1", "s", 1, None),
+            ("lgt_own", "u2", "s", 1, None),
+        ] {
+            conn.execute(
+                insert,
+                rusqlite::params![id, upstream, subject, created, payload],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
+             reservation_expires_at) VALUES ('lgt_res', 0, 'i', 'other', 't', 'c', 'tool', '[]', \
+             ?1)",
+            [conformance::FAR],
+        )
+        .unwrap();
+    }
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let get = async |id: &str| ledger.get(&TaskId::from_string(id)).await.unwrap();
+    let first = get("lgt_first").await.expect("the earliest task keeps u1");
+    assert_eq!(first.cancel, None);
+    assert_eq!(get("lgt_second").await, None, "the later one is gone");
+    assert!(get("lgt_own").await.is_some());
+
+    // The reservation survives; its owner cannot take u1.
+    let c = crate::ledger::Confirmation {
+        upstream_id: "u1".into(),
+        ..confirmation(NOW)
+    };
+    let res = TaskId::from_string("lgt_res");
+    assert_eq!(
+        ledger.confirm(&res, c).await.unwrap(),
+        Confirmed::HeldByAnotherOwner
+    );
+    let intent = crate::ledger::CancelIntent {
+        reason: EndReason::OwnerCancel,
+        by: None,
+        pending_message: "Cancellation requested".into(),
+        requested_at: NOW,
+        give_up_at: NOW + 60_000,
+    };
+    assert!(matches!(
+        ledger.request_cancel(&first.id, intent).await.unwrap(),
+        CancelRequest::Recorded(_)
+    ));
+    ledger.close().unwrap();
+
+    let conn = raw(&path);
+    let version: i64 = conn.pragma_query_one(None, "user_version").unwrap();
+    assert_eq!(version, super::schema::SCHEMA_VERSION);
+    // The unique index is the backstop under the ledger's own check.
+    let err = conn
+        .execute(
+            "UPDATE tasks SET upstream_id = 'u1' WHERE id = 'lgt_own'",
+            [],
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ConstraintViolation)
+    );
+    let columns = |index: &str| -> Vec<String> {
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT name FROM pragma_index_info('{index}') ORDER BY seqno"
+            ))
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    assert_eq!(columns("tasks_active_tenant"), ["issuer", "tenant"]);
+    assert_eq!(columns("tasks_active_client"), ["issuer", "client"]);
+}
+
+/// A file's permission bits, in octal.
+#[cfg(unix)]
+fn mode(path: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    format!(
+        "{:o}",
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    )
+}
+
+/// The ledger's files hold results and keys: owner-only, although under umask 022 SQLite would
+/// create them world-readable.
+#[cfg(unix)]
+#[test]
+fn files_are_owner_only() {
+    const CHILD: &str = "LIFEGUARD_LEDGER_UMASK_022";
+    if std::env::var_os(CHILD).is_none() {
+        // The umask is per process and setting it takes `unsafe`: run this test again in a child
+        // under umask 022.
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", "umask 022 && exec \"$0\" \"$@\""])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ledger::sqlite::tests::files_are_owner_only",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "child under umask 022 failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Control: under this umask a new file is readable by everyone.
+    let control = dir.path().join("control");
+    std::fs::write(&control, b"").unwrap();
+    assert_eq!(mode(&control), "644", "the child runs under umask 022");
+
+    let path = dir.path().join("ledger.db");
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let reserved = runtime.block_on(ledger.reserve(reservation(&fresh_owner(), UNLIMITED)));
+    assert_eq!(reserved.unwrap(), ReserveOutcome::Reserved);
+    for file in ["ledger.db", "ledger.db-wal", "ledger.db-shm"] {
+        assert_eq!(mode(&dir.path().join(file)), "600", "{file}");
+    }
+    ledger.close().unwrap();
+}
+
+/// Files an earlier build (or anyone) left accessible to others are tightened on open.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn permissive_files_are_tightened() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let files = ["ledger.db", "ledger.db-wal", "ledger.db-shm"].map(|f| dir.path().join(f));
+    // Keep one ledger open so the WAL and shared-memory files exist, and loosen all three.
+    let first = SqliteLedger::open(&path).unwrap();
+    first
+        .reserve(reservation(&fresh_owner(), UNLIMITED))
+        .await
+        .unwrap();
+    for file in &files {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o664)).unwrap();
+    }
+    let second = SqliteLedger::open(&path).unwrap();
+    for file in &files {
+        assert_eq!(mode(file), "600", "{}", file.display());
+    }
+    // Both still work on the tightened files.
+    for ledger in [&first, &second] {
+        let r = reservation(&fresh_owner(), UNLIMITED);
+        assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+    }
 }

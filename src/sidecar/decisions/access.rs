@@ -143,6 +143,7 @@ mod tests {
             ended: None,
             result_reads: 0,
             token_issued_at: None,
+            cancel: None,
         }
     }
 

@@ -209,6 +209,7 @@ mod tests {
             ended: None,
             result_reads: 0,
             token_issued_at: None,
+            cancel: None,
         };
         let d = deadline_exceeded(&record, 91_000);
         assert_eq!(d.status, TaskStatus::Failed);

@@ -13,7 +13,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::audit::{Decision, summarize};
-use crate::ledger::{IdempotencyClaim, Reservation, ReserveOutcome, TaskLedger};
+use crate::ledger::{Confirmed, IdempotencyClaim, Reservation, ReserveOutcome, TaskLedger};
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::task::{iso_millis, parse_created_task, present_task};
 use crate::mcp::{TASKS_EXTENSION, codes};
@@ -326,7 +326,15 @@ impl TaskCreation {
             .ledger_write_seconds
             .observe(started.elapsed().as_secs_f64());
         let record = match confirmed {
-            Ok(record) => record,
+            Ok(Confirmed::New(record) | Confirmed::SameOwner(record)) => record,
+            Ok(Confirmed::HeldByAnotherOwner) => {
+                // Another owner's upstream task: never record, present or cancel it.
+                tracing::warn!(
+                    "the server answered with a task already recorded for another owner"
+                );
+                app.metrics.anomaly("upstream_task_of_another_owner");
+                return Err(Error::MalformedTask);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "could not record a task; cancelling it upstream");
                 cancel_orphan(
@@ -354,7 +362,7 @@ impl TaskCreation {
             present_task(
                 result,
                 &created.upstream_id,
-                pending.id.as_str(),
+                record.id.as_str(),
                 record.ttl_ms,
                 Some(self.min_poll_ms),
             );
