@@ -35,6 +35,8 @@ pub enum Error {
     ResponseMismatch,
     #[error("the MCP server's event stream broke its size bounds")]
     StreamTooLarge,
+    #[error("the MCP server answered with a task ID recorded for another owner")]
+    UpstreamTaskTaken,
     #[error("the MCP server returned a malformed task")]
     MalformedTask,
     #[error("the MCP server answered with a task, which this request may not create")]
@@ -66,6 +68,7 @@ impl Error {
             Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
             Self::ResponseMismatch => "The MCP server's answer does not match the request",
             Self::StreamTooLarge => "The MCP server's answer is too large",
+            Self::UpstreamTaskTaken => "The MCP server returned a task that cannot be used",
             Self::MalformedTask => "The MCP server returned a malformed task",
             Self::UnexpectedTask => {
                 "The MCP server answered with a task, which this request may not create"
@@ -91,6 +94,7 @@ impl Error {
             Self::NotJsonRpc => "upstream_not_json_rpc",
             Self::ResponseMismatch => "upstream_response_mismatch",
             Self::StreamTooLarge => "upstream_stream_too_large",
+            Self::UpstreamTaskTaken => "upstream_task_taken",
             Self::MalformedTask => "upstream_malformed_task",
             Self::UnexpectedTask => "upstream_unexpected_task",
             Self::CapabilityNotAllowed => "capability_not_allowed",

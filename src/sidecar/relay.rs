@@ -38,8 +38,14 @@ use super::upstream::{EventStream, UpstreamBody};
 #[async_trait]
 pub trait FinalStep: Send + 'static {
     /// Returns the message to send the client instead of `message` (a `resultType: task`
-    /// response to this request).
-    async fn on_task(&mut self, app: &AppState, ctx: &RequestContext, message: Value) -> Value;
+    /// response to this request), or the failure to answer with (the whole response when the
+    /// answer was JSON, an error in its place when it was streamed).
+    async fn on_task(
+        &mut self,
+        app: &AppState,
+        ctx: &RequestContext,
+        message: Value,
+    ) -> Result<Value, Error>;
 }
 
 /// The final step of every request that may not create a task: a task result is refused.
@@ -49,7 +55,12 @@ pub struct RefuseTasks;
 impl FinalStep for RefuseTasks {
     /// The client gets an error, the server is asked to cancel the task, and the event is
     /// audited.
-    async fn on_task(&mut self, app: &AppState, ctx: &RequestContext, message: Value) -> Value {
+    async fn on_task(
+        &mut self,
+        app: &AppState,
+        ctx: &RequestContext,
+        message: Value,
+    ) -> Result<Value, Error> {
         app.metrics.anomaly("unexpected_task");
         app.audit.log(
             ctx.audit("task.refused", Decision::Deny, "task_not_allowed")
@@ -64,7 +75,7 @@ impl FinalStep for RefuseTasks {
                 "task_not_allowed",
             );
         }
-        Error::UnexpectedTask.message(&app.metrics, &ctx.id())
+        Ok(Error::UnexpectedTask.message(&app.metrics, &ctx.id()))
     }
 }
 
@@ -118,8 +129,10 @@ pub async fn send_and_relay<S: FinalStep>(
                 return refuse_mismatch(&app, &ctx);
             }
             let mut step = step;
-            let message = finish_message(&app, &ctx, &mut step, message).await;
-            respond::json(response.status, &message)
+            match finish_message(&app, &ctx, &mut step, message).await {
+                Ok(message) => respond::json(response.status, &message),
+                Err(e) => e.respond(&app.metrics, &id),
+            }
         }
         UpstreamBody::Sse(stream) => relay_sse(app, ctx, stream, step),
         UpstreamBody::Empty => respond::status(response.status),
@@ -144,12 +157,12 @@ async fn finish_message<S: FinalStep>(
     ctx: &RequestContext,
     step: &mut S,
     message: Value,
-) -> Value {
-    match classify_final(&message, &ctx.id()) {
+) -> Result<Value, Error> {
+    Ok(match classify_final(&message, &ctx.id()) {
         FinalAnswer::InputRequired => screen_request_inputs(app, ctx, message).await,
-        FinalAnswer::Task => step.on_task(app, ctx, message).await,
+        FinalAnswer::Task => step.on_task(app, ctx, message).await?,
         FinalAnswer::NotTheResponse | FinalAnswer::Plain => message,
-    }
+    })
 }
 
 /// Notifications that belong to one request and may travel on its response stream. Everything
@@ -239,7 +252,10 @@ async fn relay_event<S: FinalStep>(
     let out = match classify(&message, &ctx.id()) {
         MessageKind::ResponseToRequest => {
             let mut step = step.lock().await;
-            finish_message(app, ctx, &mut *step, message).await
+            match finish_message(app, ctx, &mut *step, message).await {
+                Ok(message) => message,
+                Err(e) => e.message(&app.metrics, &ctx.id()),
+            }
         }
         MessageKind::Notification => {
             let method = message.get("method").and_then(Value::as_str);

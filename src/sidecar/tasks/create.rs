@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::audit::{Decision, summarize};
 use crate::ledger::{Confirmed, IdempotencyClaim, Reservation, ReserveOutcome, TaskLedger};
-use crate::mcp::jsonrpc::ErrorObject;
+use crate::mcp::jsonrpc::{ErrorObject, result_message};
 use crate::mcp::task::{iso_millis, parse_created_task, present_task};
 use crate::mcp::{TASKS_EXTENSION, codes};
 use crate::model::TaskId;
@@ -290,11 +290,13 @@ struct TaskCreation {
 
 #[async_trait]
 impl FinalStep for TaskCreation {
-    async fn on_task(&mut self, app: &AppState, ctx: &RequestContext, message: Value) -> Value {
-        match self.confirm(app, ctx, message).await {
-            Ok(message) => message,
-            Err(e) => e.message(&app.metrics, &ctx.id()),
-        }
+    async fn on_task(
+        &mut self,
+        app: &AppState,
+        ctx: &RequestContext,
+        message: Value,
+    ) -> Result<Value, Error> {
+        self.confirm(app, ctx, message).await
     }
 }
 
@@ -326,14 +328,33 @@ impl TaskCreation {
             .ledger_write_seconds
             .observe(started.elapsed().as_secs_f64());
         let record = match confirmed {
-            Ok(Confirmed::New(record) | Confirmed::SameOwner(record)) => record,
-            Ok(Confirmed::HeldByAnotherOwner) => {
-                // Another owner's upstream task: never record, present or cancel it.
-                tracing::warn!(
-                    "the server answered with a task already recorded for another owner"
+            Ok(Confirmed::New(record)) => record,
+            Ok(Confirmed::SameOwner(record)) => {
+                // The server handed this owner a task it already has (it deduplicates): the
+                // existing task, as it stands, is the answer.
+                pending.armed = false;
+                app.audit.log(
+                    ctx.audit("task.deduplicated", Decision::Allow, "upstream_task_id")
+                        .tool(&pending.tool)
+                        .task(app.hasher.hash(&record.id)),
                 );
+                return Ok(result_message(
+                    &ctx.id(),
+                    task_view(&record, self.min_poll_ms).create_result(),
+                ));
+            }
+            Ok(Confirmed::HeldByAnotherOwner) => {
+                // Another owner's upstream task: never recorded, presented or cancelled.
                 app.metrics.anomaly("upstream_task_of_another_owner");
-                return Err(Error::MalformedTask);
+                app.audit.log(
+                    ctx.audit(
+                        "task.anomaly",
+                        Decision::Deny,
+                        "upstream_task_of_another_owner",
+                    )
+                    .tool(&pending.tool),
+                );
+                return Err(Error::UpstreamTaskTaken);
             }
             Err(e) => {
                 tracing::error!(error = %e, "could not record a task; cancelling it upstream");
