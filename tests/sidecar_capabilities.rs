@@ -307,7 +307,7 @@ async fn refusal_trails(sidecar: &Sidecar, count: usize) -> Vec<String> {
         .collect()
 }
 
-/// The server's view of its tasks: `(status, how many)`, as `/_example/tasks` reports them.
+/// The server's own statuses of its tasks (`/_example/tasks`), sorted.
 async fn upstream_statuses(server: &ExampleServer) -> Vec<String> {
     let mut statuses: Vec<String> = server
         .debug("/_example/tasks")
