@@ -393,13 +393,25 @@ async fn sampling_and_roots() {
         .start_task("summarize_with_sampling", json!({"text": "t"}))
         .await;
     s.wait_status(&id, "input_required").await;
+    // No refusal exists for sampling: an error object is not a CreateMessageResult.
+    let refused = s
+        .call(
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": {"sample-1": {"error": {"code": -1, "message": "no"}}}}),
+            true,
+        )
+        .await;
+    assert_invalid_params(&refused, "sample-1");
+    let still = s.get_task(&id).await;
+    assert_eq!(still["status"], "input_required", "{still}");
+    assert!(still["inputRequests"]["sample-1"].is_object(), "{still}");
     s.update(
         &id,
-        json!({"sample-1": {"error": {"code": -1, "message": "no"}}}),
+        json!({"sample-1": {"role": "assistant", "content": [{"type": "text", "text": "in a block"}], "model": "m"}}),
     )
     .await;
     let done = s.wait_status(&id, "completed").await;
-    assert_eq!(done["result"]["content"][0]["text"], "summary declined");
+    assert_eq!(done["result"]["content"][0]["text"], "in a block");
     assert_eq!(done["result"]["isError"], false);
 
     let id = s.start_task("list_roots", json!({})).await;
@@ -415,6 +427,228 @@ async fn sampling_and_roots() {
     .await;
     let done = s.wait_status(&id, "completed").await;
     assert_eq!(done["result"]["content"][0]["text"], "2 roots");
+}
+
+/// A 400 / -32602 "Invalid request parameters" naming `key` as the invalid input response.
+fn assert_invalid_params(reply: &Reply, key: &str) {
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(reply.error_code(), Some(-32602), "{reply:?}");
+    assert_eq!(reply.body["error"]["message"], "Invalid request parameters");
+    assert!(
+        reply.body["error"]["data"]["inputResponses"][key].is_string(),
+        "{reply:?}"
+    );
+}
+
+/// Like the official Python SDK, the server takes as an answer only the result type of the
+/// request it answers; anything else is -32602 and the task keeps waiting for the same key.
+#[tokio::test]
+async fn input_responses_must_be_the_result_type_of_their_request() {
+    let s = Direct::start(&[]);
+    let sample =
+        json!({"role": "assistant", "content": {"type": "text", "text": "s"}, "model": "m"});
+    let cases = [
+        (
+            "list_roots",
+            json!({}),
+            "roots-1",
+            json!({"error": {"code": -32603, "message": "declined"}}),
+        ),
+        ("list_roots", json!({}), "roots-1", json!({})),
+        ("list_roots", json!({}), "roots-1", Value::Null),
+        ("list_roots", json!({}), "roots-1", sample.clone()),
+        (
+            "list_roots",
+            json!({}),
+            "roots-1",
+            json!({"roots": [{"uri": "/not/a/file/url"}]}),
+        ),
+        (
+            "summarize_with_sampling",
+            json!({"text": "t"}),
+            "sample-1",
+            json!({"error": {"code": -32603, "message": "declined"}}),
+        ),
+        (
+            "summarize_with_sampling",
+            json!({"text": "t"}),
+            "sample-1",
+            json!({"roots": []}),
+        ),
+        (
+            "summarize_with_sampling",
+            json!({"text": "t"}),
+            "sample-1",
+            json!({"action": "decline"}),
+        ),
+        (
+            "summarize_with_sampling",
+            json!({"text": "t"}),
+            "sample-1",
+            json!({"role": "assistant", "content": {"type": "text", "text": "no model"}}),
+        ),
+        (
+            "confirm_action",
+            json!({"action": "x"}),
+            "confirm-1",
+            json!({"error": {"code": -32603, "message": "declined"}}),
+        ),
+        (
+            "confirm_action",
+            json!({"action": "x"}),
+            "confirm-1",
+            json!({"action": "maybe"}),
+        ),
+    ];
+    for (tool, args, key, answer) in cases {
+        let id = s.start_task(tool, args).await;
+        s.wait_status(&id, "input_required").await;
+        let reply = s
+            .call(
+                "tasks/update",
+                json!({"taskId": id, "inputResponses": {key: answer}}),
+                true,
+            )
+            .await;
+        assert_invalid_params(&reply, key);
+        let still = s.get_task(&id).await;
+        assert_eq!(
+            still["status"], "input_required",
+            "{tool} {answer}: {still}"
+        );
+        assert!(still["inputRequests"][key].is_object(), "{still}");
+        s.ok("tasks/cancel", json!({"taskId": id}), true).await;
+    }
+
+    // An invalid answer beside a valid one: nothing is applied.
+    let id = s.start_task("multi_input", json!({})).await;
+    s.wait_status(&id, "input_required").await;
+    let reply = s
+        .call(
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": {
+                "name-1": {"action": "accept", "content": {"name": "Ada"}},
+                "color-1": {"error": {"code": -1, "message": "no"}}
+            }}),
+            true,
+        )
+        .await;
+    assert_invalid_params(&reply, "color-1");
+    let keys: Vec<String> = s.get_task(&id).await["inputRequests"]
+        .as_object()
+        .expect("map")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(keys, ["color-1", "name-1"]);
+
+    // Members the schema does not name are ignored; an empty root list is an answer.
+    let id = s.start_task("list_roots", json!({})).await;
+    s.wait_status(&id, "input_required").await;
+    s.update(
+        &id,
+        json!({"roots-1": {"roots": [], "error": {"code": -1, "message": "ignored"}}}),
+    )
+    .await;
+    let done = s.wait_status(&id, "completed").await;
+    assert_eq!(done["result"]["content"][0]["text"], "0 roots");
+}
+
+/// Without a task, `list_roots` and `summarize_with_sampling` are multi round-trip requests:
+/// `input_required` with a `requestState`, then the retry carrying `inputResponses`, which are
+/// checked as strictly as on `tasks/update`.
+#[tokio::test]
+async fn sampling_and_roots_as_multi_round_trip_requests() {
+    let s = Direct::start(&[]);
+    let call = |name: &str, extra: Value| {
+        let mut params = json!({"name": name, "arguments": {"text": "t", "rounds": 2}});
+        if name == "list_roots" {
+            params["arguments"] = json!({});
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        s.call("tools/call", params, false)
+    };
+
+    let first = call("list_roots", json!({})).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.result()["resultType"], "input_required");
+    assert_eq!(
+        first.result()["inputRequests"],
+        json!({"roots-1": {"method": "roots/list", "params": {}}})
+    );
+    let state = first.result()["requestState"].clone();
+    let refused = call(
+        "list_roots",
+        json!({"inputResponses": {"roots-1": {"error": {"code": -32603, "message": "declined"}}}, "requestState": state}),
+    )
+    .await;
+    assert_invalid_params(&refused, "roots-1");
+    // Anything a retry carries must be an InputResponse, even for a key nobody asked.
+    let stray = call(
+        "list_roots",
+        json!({"inputResponses": {"roots-1": {"roots": []}, "other": {"error": {}}}, "requestState": state}),
+    )
+    .await;
+    assert_invalid_params(&stray, "other");
+    let again = call(
+        "list_roots",
+        json!({"inputResponses": {}, "requestState": state}),
+    )
+    .await;
+    assert_eq!(again.result()["resultType"], "input_required", "{again:?}");
+    let none = call(
+        "list_roots",
+        json!({"inputResponses": {"roots-1": {"roots": []}}, "requestState": state}),
+    )
+    .await;
+    assert_eq!(none.result()["content"][0]["text"], "0 roots", "{none:?}");
+
+    let first = call("summarize_with_sampling", json!({})).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.result()["resultType"], "input_required");
+    let request = &first.result()["inputRequests"]["sample-1"];
+    assert_eq!(request["method"], "sampling/createMessage");
+    assert_eq!(
+        request["params"]["messages"][0]["content"]["text"],
+        "Summarize: t"
+    );
+    let state = first.result()["requestState"].clone();
+    let refused = call(
+        "summarize_with_sampling",
+        json!({"inputResponses": {"sample-1": {"error": {"code": -32603, "message": "declined"}}}, "requestState": state}),
+    )
+    .await;
+    assert_invalid_params(&refused, "sample-1");
+    let wrong_type = call(
+        "summarize_with_sampling",
+        json!({"inputResponses": {"sample-1": {"roots": []}}, "requestState": state}),
+    )
+    .await;
+    assert_invalid_params(&wrong_type, "sample-1");
+    let answer = |text: &str| json!({"role": "assistant", "content": {"type": "text", "text": text}, "model": "m"});
+    let second = call(
+        "summarize_with_sampling",
+        json!({"inputResponses": {"sample-1": answer("one")}, "requestState": state}),
+    )
+    .await;
+    assert_eq!(
+        second.result()["resultType"],
+        "input_required",
+        "{second:?}"
+    );
+    assert!(
+        second.result()["inputRequests"]["sample-2"].is_object(),
+        "{second:?}"
+    );
+    let done = call(
+        "summarize_with_sampling",
+        json!({"inputResponses": {"sample-2": answer("two")}, "requestState": second.result()["requestState"]}),
+    )
+    .await;
+    assert_eq!(done.result()["resultType"], "complete", "{done:?}");
+    assert_eq!(done.result()["content"][0]["text"], "one | two");
 }
 
 #[tokio::test]

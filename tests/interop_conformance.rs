@@ -33,11 +33,12 @@ const LENIENT: &str = "  tasks: {}\n  protocol:\n    allowMissingNameHeader: tru
 /// Where the sidecar's verdict differs from direct on purpose:
 /// (scenario, check id, direct status, sidecar status, why).
 ///
-/// The sampling and roots rows are the capability gate (deprecated capabilities only under an
-/// approved exception; this policy has none), so the client never sees those input requests.
-/// How the refusal reaches the client is a separate matter: today FastMCP rejects the sidecar's
-/// decline with -32602 and the client gets that error (docs/interop.md, "Refusing sampling and
-/// roots"). These rows hold either way; the message is not compared.
+/// The sampling and roots rows are the capability gate: deprecated capabilities pass only
+/// under an approved exception, and this policy has none, so the client never sees those input
+/// requests. A refused `roots/list` is answered `{"roots": []}` by the sidecar, which retries
+/// the call itself, so the first `tools/call` already completes; a refused sampling request
+/// cannot be declined, so the call ends with the documented error (docs/interop.md, "Refusing
+/// sampling and roots"). [`SIDECAR_MESSAGES`] pins how each gate row fails.
 const EXPECTED_DIFFERENCES: &[(&str, &str, &str, &str, &str)] = &[
     (
         "dns-rebinding-protection",
@@ -51,51 +52,84 @@ const EXPECTED_DIFFERENCES: &[(&str, &str, &str, &str, &str)] = &[
         "sep-2322-sampling-incomplete",
         "SUCCESS",
         "FAILURE",
-        "capability gate: the sampling input request never reaches the client",
+        "capability gate: the sampling request never reaches the client; it cannot be declined, \
+         so the call ends with the documented -32603 error naming the policy",
     ),
     (
         "input-required-result-basic-sampling",
         "sep-2322-sampling-complete",
         "SUCCESS",
         "MISSING",
-        "capability gate: no sampling request, so the suite has nothing to answer",
+        "no sampling request reached the suite, so it has nothing to answer",
     ),
     (
         "input-required-result-basic-list-roots",
         "sep-2322-list-roots-incomplete",
         "SUCCESS",
         "FAILURE",
-        "capability gate: the roots/list input request never reaches the client",
+        "capability gate: the roots/list request never reaches the client; the sidecar answers \
+         the server with no roots itself, so the first tools/call already completes",
     ),
     (
         "input-required-result-basic-list-roots",
         "sep-2322-list-roots-complete",
         "SUCCESS",
         "MISSING",
-        "capability gate: no roots request, so the suite has nothing to answer",
+        "the call completed on the first request, so the suite has nothing to answer",
     ),
     (
         "input-required-result-multiple-input-requests",
         "sep-2322-multiple-inputs-incomplete",
         "SUCCESS",
         "FAILURE",
-        "capability gate: the sampling and roots members of the three requests are withheld",
+        "capability gate: one of the three requests is sampling, which cannot be declined, so \
+         the call ends with the documented error and none of them reaches the client",
     ),
     (
         "input-required-result-multiple-input-requests",
         "sep-2322-multiple-inputs-complete",
         "SUCCESS",
         "MISSING",
-        "capability gate: the suite never gets all three requests to answer",
+        "the suite never gets the input requests to answer",
     ),
     (
         "input-required-result-capability-check",
         "sep-2322-respect-client-capabilities",
         "SUCCESS",
         "FAILURE",
-        "capability gate: the sampling request the client declared for is withheld",
+        "capability gate: the sampling request the client declared for is refused (no exception): \
+         the documented error instead of an InputRequiredResult",
     ),
 ];
+
+/// The error message of each gate row through the sidecar (a substring): the failure must be
+/// the gate's, not some other error. (scenario, check id, message.)
+const SIDECAR_MESSAGES: &[(&str, &str, &str)] = &[
+    (
+        "input-required-result-basic-sampling",
+        "sep-2322-sampling-incomplete",
+        SAMPLING_REFUSED,
+    ),
+    (
+        "input-required-result-basic-list-roots",
+        "sep-2322-list-roots-incomplete",
+        "Expected InputRequiredResult with roots/list inputRequest",
+    ),
+    (
+        "input-required-result-multiple-input-requests",
+        "sep-2322-multiple-inputs-incomplete",
+        SAMPLING_REFUSED,
+    ),
+    (
+        "input-required-result-capability-check",
+        "sep-2322-respect-client-capabilities",
+        SAMPLING_REFUSED,
+    ),
+];
+
+/// The message of the error that ends a call whose sampling request the policy refused.
+const SAMPLING_REFUSED: &str = "JSON-RPC error: The MCP server asked for sampling/createMessage, \
+                                which the Lifeguard policy tests/test-policy does not allow";
 
 /// Checks whose outcome is not deterministic in any of the runs; left out of every comparison:
 /// (scenario, check id, why).
@@ -392,6 +426,20 @@ async fn conformance_through_the_sidecar_matches_direct_except_documented_differ
          (scenario, check, direct, sidecar).\nnew differences: {unexpected:#?}\n\
          listed but not seen: {gone:#?}\nsidecar log:\n{}",
         sidecar.logs()
+    );
+    let wrong_messages: Vec<_> = SIDECAR_MESSAGES
+        .iter()
+        .filter_map(|(scenario, check, message)| {
+            let key = (scenario.to_string(), check.to_string());
+            let seen = guarded
+                .get(&key)
+                .map_or("(no such check)", |v| v.1.as_str());
+            (!seen.contains(message)).then_some((key, seen, *message))
+        })
+        .collect();
+    assert!(
+        wrong_messages.is_empty(),
+        "gate rows fail differently than documented (check, seen, expected): {wrong_messages:#?}"
     );
 }
 

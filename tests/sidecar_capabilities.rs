@@ -1,7 +1,10 @@
 //! Sidecar III, capability half, black box: a server's `sampling/createMessage` and `roots/list`
 //! input requests reach the client only under an Active, correctly signed CapabilityException
-//! whose budgets still allow it; otherwise the client never sees them, the server receives a
-//! decline (its task completes instead of hanging) and the decision is audited with its reason.
+//! whose budgets still allow it; otherwise the client never sees them and the decision is
+//! audited with its reason. A refused `roots/list` is answered `{"roots": []}` for the client
+//! (the task or call goes on). A refused sampling request cannot be declined: a task ends
+//! `failed` with the documented error (and is cancelled at the server), a multi round-trip call
+//! gets that error instead of a result.
 
 mod support;
 
@@ -122,8 +125,11 @@ fn spec(capabilities: &str) -> String {
     )
 }
 
+/// The policy the tests run under, as refusals name it.
+const POLICY: &str = "tests/test-policy";
+
 struct Setup {
-    _server: ExampleServer,
+    server: ExampleServer,
     sidecar: Sidecar,
     client: McpClient,
     trust: PathBuf,
@@ -151,7 +157,7 @@ async fn setup(capabilities: &str, exceptions: &[String]) -> Setup {
     .await;
     let client = McpClient::new(&sidecar.url);
     Setup {
-        _server: server,
+        server,
         sidecar,
         client,
         trust,
@@ -233,6 +239,114 @@ async fn answer(client: &McpClient, token: &str, task: &str, key: &str, response
 fn sample(text: &str) -> Value {
     json!({"role": "assistant", "content": {"type": "text", "text": text},
            "model": "test-model", "stopReason": "endTurn"})
+}
+
+/// The message of a refused sampling request.
+fn refusal_message() -> String {
+    format!(
+        "The MCP server asked for sampling/createMessage, which the Lifeguard policy {POLICY} does not allow"
+    )
+}
+
+/// The JSON-RPC error a refused sampling request ends a task or a call with.
+fn refusal_error(reason: &str) -> Value {
+    json!({
+        "code": -32603,
+        "message": refusal_message(),
+        "data": {"capability": "sampling/createMessage", "reason": reason, "policy": POLICY},
+    })
+}
+
+/// Asserts that `state` (a `tasks/get` result) is a task ended by a sampling request refused
+/// for `reason`: failed, the policy named, the documented error, nothing else.
+fn assert_refused(state: &Value, reason: &str) {
+    assert_eq!(state["status"], "failed", "{state}");
+    assert_eq!(state["statusMessage"], json!(refusal_message()), "{state}");
+    assert_eq!(state["error"], refusal_error(reason), "{state}");
+    assert!(
+        state.get("result").is_none() && state.get("inputRequests").is_none(),
+        "{state}"
+    );
+}
+
+/// The audit trail of each task a refused sampling request ended, in order: for each
+/// `task.failed` with reason `capability_refused` (once at least `count` were written), the
+/// events of its task: `capability.requested`, `capability.rejected` (with the reason, which is
+/// returned), `task.failed`.
+async fn refusal_trails(sidecar: &Sidecar, count: usize) -> Vec<String> {
+    let failed = sidecar
+        .audit_events_when(count, |e| {
+            e["event"] == "task.failed" && e["reason"] == "capability_refused"
+        })
+        .await;
+    assert_eq!(failed.len(), count, "{:?}", sidecar.audit());
+    let audit = sidecar.audit();
+    failed
+        .iter()
+        .map(|f| {
+            let trail: Vec<&Value> = audit
+                .iter()
+                .filter(|e| e["task"] == f["task"] && e["event"] != "task.status_read")
+                .collect();
+            let events: Vec<&str> = trail.iter().filter_map(|e| e["event"].as_str()).collect();
+            let gated = events
+                .iter()
+                .rposition(|e| *e == "capability.requested")
+                .unwrap_or_else(|| panic!("no capability.requested: {trail:?}"));
+            assert_eq!(
+                events[gated..],
+                ["capability.requested", "capability.rejected", "task.failed"],
+                "{trail:?}"
+            );
+            let rejected = trail[gated + 1];
+            assert_eq!(rejected["decision"], "deny");
+            assert_eq!(rejected["detail"]["capability"], "sampling");
+            assert_eq!(f["decision"], "record");
+            rejected["reason"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The server's own statuses of its tasks (`/_example/tasks`), sorted.
+async fn upstream_statuses(server: &ExampleServer) -> Vec<String> {
+    let mut statuses: Vec<String> = server
+        .debug("/_example/tasks")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["status"].as_str().unwrap().to_owned())
+        .collect();
+    statuses.sort();
+    statuses
+}
+
+/// The requests the sidecar made to the server on its own with `reason`, by MCP method.
+async fn sidecar_requests(server: &ExampleServer, method: &str, reason: &str) -> usize {
+    server
+        .debug("/_example/requests")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["mcpMethod"] == method
+                && r["lifeguard"]["lifeguard-initiator"] == "sidecar"
+                && r["lifeguard"]["lifeguard-initiator-reason"] == reason
+        })
+        .count()
+}
+
+/// Requests to the server with MCP method `method`, whoever sent them.
+async fn upstream_requests(server: &ExampleServer, method: &str) -> usize {
+    server
+        .debug("/_example/requests")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["mcpMethod"] == method)
+        .count()
 }
 
 fn result_text(state: &Value) -> String {
@@ -350,24 +464,30 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
 }
 
 #[tokio::test]
-async fn without_an_exception_the_client_never_sees_sampling_and_the_server_gets_a_decline() {
+async fn without_an_exception_the_client_never_sees_sampling_and_the_task_fails() {
     // `deny` (the default) needs no exception to refuse; an exception for it changes nothing.
     let s = setup("{}", &[Grant::sampling("ignored", "console").signed()]).await;
     let token = User::new("alice", "tenant-a", "console").token();
     let task = summarize(&s.client, &token, json!({})).await;
     let done = ends_without_asking(&s.client, &token, &task).await;
-    assert_eq!(done["status"], "completed");
-    assert_eq!(result_text(&done), "summary declined");
-    assert_eq!(rejections_when(&s.sidecar, 1).await, ["no_exception"]);
+    assert_refused(&done, "no_exception");
+    // The end is recorded: every later read is the same.
+    assert_eq!(get(&s.client, &token, &task, true, true).await, done);
+    assert_eq!(refusal_trails(&s.sidecar, 1).await, ["no_exception"]);
     let rejected = s
         .sidecar
         .audit()
         .into_iter()
         .find(|e| e["event"] == "capability.rejected")
         .unwrap();
-    assert_eq!(rejected["decision"], "deny");
-    assert_eq!(rejected["detail"]["capability"], "sampling");
     assert_eq!(rejected["subject"], "alice");
+    // The server is asked to stop the task, and no made-up answer is sent to it.
+    assert_eq!(upstream_statuses(&s.server).await, ["cancelled"]);
+    assert_eq!(
+        sidecar_requests(&s.server, "tasks/cancel", "capability_refused").await,
+        1
+    );
+    assert_eq!(upstream_requests(&s.server, "tasks/update").await, 0);
 }
 
 #[tokio::test]
@@ -413,7 +533,7 @@ async fn exceptions_out_of_force_or_for_someone_else_are_refused_with_their_reas
         let token = User::new("alice", "tenant-a", client_id).token();
         let task = summarize(&s.client, &token, json!({})).await;
         let done = ends_without_asking(&s.client, &token, &task).await;
-        assert_eq!(result_text(&done), "summary declined", "{client_id}");
+        assert_refused(&done, reason);
         assert_eq!(
             rejections_when(&s.sidecar, n + 1)
                 .await
@@ -423,6 +543,12 @@ async fn exceptions_out_of_force_or_for_someone_else_are_refused_with_their_reas
             "{client_id}"
         );
     }
+    let reasons: Vec<&str> = cases.iter().map(|(_, r)| *r).collect();
+    assert_eq!(refusal_trails(&s.sidecar, cases.len()).await, reasons);
+    assert_eq!(
+        upstream_statuses(&s.server).await,
+        vec!["cancelled"; cases.len()]
+    );
     // The load reported each exception that is not in force.
     let logs = s.sidecar.logs();
     for name in [
@@ -448,17 +574,27 @@ async fn the_capability_must_be_declared_on_the_request_that_would_carry_it() {
     .await;
     let token = User::new("alice", "tenant-a", "console").token();
     let task = summarize(&s.client, &token, json!({})).await;
-    // Poll declaring only the tasks extension: the input request is refused and declined.
+    // Poll declaring only the tasks extension: the input request is refused, and since a
+    // sampling request cannot be declined, the task fails.
     let done = support::eventually(Duration::from_secs(10), async || {
         let state = get(&s.client, &token, &task, false, false).await;
         assert_ne!(state["status"], "input_required", "{state}");
-        (state["status"] == "completed").then_some(state)
+        (state["status"] != "working").then_some(state)
     })
     .await
-    .expect("task completes");
-    assert_eq!(result_text(&done), "summary declined");
+    .expect("task ends");
+    assert_refused(&done, "undeclared_capability");
     assert_eq!(
         rejections_when(&s.sidecar, 1).await,
+        ["undeclared_capability"]
+    );
+    // Declaring it afterwards does not bring the request back: the decision was made.
+    assert_refused(
+        &get(&s.client, &token, &task, true, true).await,
+        "undeclared_capability",
+    );
+    assert_eq!(
+        refusal_trails(&s.sidecar, 1).await,
         ["undeclared_capability"]
     );
 }
@@ -493,12 +629,19 @@ async fn token_budget_and_unapproved_tools_are_refused_while_others_pass_concurr
     for ((args, refusal), state) in variants.iter().zip(&states) {
         match refusal {
             None => assert_eq!(state["status"], "input_required", "{args}: {state}"),
-            Some(_) => assert_eq!(result_text(state), "summary declined", "{args}"),
+            Some(reason) => assert_refused(state, reason),
         }
     }
     let mut reasons = rejections_when(&s.sidecar, 2).await;
     reasons.sort();
     assert_eq!(reasons, ["token_budget", "tool_not_allowed"]);
+    let mut trails = refusal_trails(&s.sidecar, 2).await;
+    trails.sort();
+    assert_eq!(trails, ["token_budget", "tool_not_allowed"]);
+    assert_eq!(
+        upstream_statuses(&s.server).await,
+        ["cancelled", "cancelled", "input_required", "input_required"]
+    );
 }
 
 #[tokio::test]
@@ -521,9 +664,24 @@ async fn iterations_per_task_are_capped() {
         assert_eq!(state["status"], "input_required");
         answer(&s.client, &token, &task, &key, sample(&format!("r{round}"))).await;
     }
-    let done = finish(&s.client, &token, &task).await;
-    assert_eq!(result_text(&done), "r1 | r2 | summary declined");
+    // The third round is over the budget: never shown, and the task fails.
+    let done = support::eventually(Duration::from_secs(10), async || {
+        let state = next_state(&s.client, &token, &task).await;
+        assert!(state["inputRequests"].get("sample-3").is_none(), "{state}");
+        (state["status"] == "failed").then_some(state)
+    })
+    .await
+    .expect("the task fails");
+    assert_refused(&done, "iteration_budget");
     assert_eq!(rejections_when(&s.sidecar, 1).await, ["iteration_budget"]);
+    assert_eq!(refusal_trails(&s.sidecar, 1).await, ["iteration_budget"]);
+    let allowed = s
+        .sidecar
+        .audit_events_when(2, |e| e["event"] == "capability.allowed")
+        .await;
+    assert_eq!(allowed.len(), 2, "{allowed:?}");
+    assert_eq!(allowed[1]["detail"]["budgetLeft"]["iterations"], 0);
+    assert_eq!(upstream_statuses(&s.server).await, ["cancelled"]);
 }
 
 #[tokio::test]
@@ -555,12 +713,18 @@ async fn the_per_minute_rate_is_counted_atomically_across_concurrent_tasks() {
         .filter(|s| s["status"] == "input_required")
         .count();
     assert_eq!(shown, 3, "{states:?}");
-    let declined = states
-        .iter()
-        .filter(|s| s["status"] == "completed" && result_text(s) == "summary declined")
-        .count();
-    assert_eq!(declined, 5, "{states:?}");
+    let refused: Vec<&Value> = states.iter().filter(|s| s["status"] == "failed").collect();
+    assert_eq!(refused.len(), 5, "{states:?}");
+    for state in refused {
+        assert_refused(state, "rate");
+    }
     assert_eq!(rejections_when(&s.sidecar, 5).await, ["rate"; 5]);
+    assert_eq!(refusal_trails(&s.sidecar, 5).await, ["rate"; 5]);
+    let upstream = upstream_statuses(&s.server).await;
+    assert_eq!(
+        upstream,
+        [vec!["cancelled"; 5], vec!["input_required"; 3]].concat()
+    );
 }
 
 #[tokio::test]
@@ -596,25 +760,43 @@ async fn expiry_and_a_revoked_approval_take_effect_without_a_restart() {
     tokio::time::sleep(Duration::try_from(wait).unwrap_or_default() + Duration::from_millis(200))
         .await;
     let after = summarize(&s.client, &console, json!({})).await;
-    assert_eq!(
-        result_text(&ends_without_asking(&s.client, &console, &after).await),
-        "summary declined"
+    assert_refused(
+        &ends_without_asking(&s.client, &console, &after).await,
+        "expired",
     );
     assert_eq!(rejections_when(&s.sidecar, 1).await, ["expired"]);
+    // A request allowed before the expiry stays allowed (decided once per task and key).
+    assert_eq!(
+        get(&s.client, &console, &before, true, true).await["status"],
+        "input_required"
+    );
 
-    // Revoking the approval in the trust file is picked up like a policy change.
+    // Revoking the approval in the trust file is picked up like a policy change: the reload
+    // reports the exception out of force.
     let mut trust: Value =
         serde_json::from_str(&std::fs::read_to_string(&s.trust).unwrap()).unwrap();
     trust["revokedApprovals"] = json!(["CHG-REVOKE-ME"]);
     std::fs::write(&s.trust, trust.to_string()).unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    support::eventually(Duration::from_secs(10), async || {
+        s.sidecar
+            .logs()
+            .lines()
+            .any(|l| l.contains("tests/revocable") && l.contains("not in force"))
+            .then_some(())
+    })
+    .await
+    .expect("the revocation is loaded");
     let revoked = summarize(&s.client, &other, json!({})).await;
-    assert_eq!(
-        result_text(&ends_without_asking(&s.client, &other, &revoked).await),
-        "summary declined"
+    assert_refused(
+        &ends_without_asking(&s.client, &other, &revoked).await,
+        "approval_revoked",
     );
     assert_eq!(
         rejections_when(&s.sidecar, 2).await,
+        ["expired", "approval_revoked"]
+    );
+    assert_eq!(
+        refusal_trails(&s.sidecar, 2).await,
         ["expired", "approval_revoked"]
     );
 }
@@ -641,28 +823,139 @@ async fn a_sampling_request_hidden_in_a_task_notification_is_screened_too() {
         )
         .await;
         assert_eq!(stream.status, 200);
-        let frames = stream.drain(Duration::from_millis(1500)).await;
-        let task_frames: Vec<&Value> = frames
-            .iter()
-            .filter(|f| f["method"] == "notifications/tasks")
-            .collect();
-        assert!(!task_frames.is_empty(), "{frames:?}");
+        let mut frames = Vec::new();
+        // Read until the task asks or ends (the stream may stay open).
+        while let Some(frame) = stream.next(Duration::from_secs(5)).await {
+            let status = frame["params"]["status"].as_str().unwrap_or_default();
+            let settled = frame["method"] == "notifications/tasks"
+                && ["input_required", "failed", "completed", "cancelled"].contains(&status);
+            frames.push(frame);
+            if settled {
+                break;
+            }
+        }
         let raw = serde_json::to_string(&frames).unwrap();
-        assert_eq!(
-            raw.contains("sampling/createMessage"),
-            expect_shown,
-            "{raw}"
-        );
-        if !expect_shown {
-            let last = task_frames.last().unwrap();
-            assert_eq!(last["params"]["status"], "completed", "{raw}");
+        let last = frames.last().unwrap_or_else(|| panic!("{raw}"));
+        assert_eq!(last["method"], "notifications/tasks", "{raw}");
+        let shown = frames.iter().any(|f| {
+            f["params"]["inputRequests"]
+                .as_object()
+                .is_some_and(|r| r.values().any(|r| r["method"] == "sampling/createMessage"))
+        });
+        assert_eq!(shown, expect_shown, "{raw}");
+        assert_eq!(raw.contains("inputRequests"), expect_shown, "{raw}");
+        if expect_shown {
+            assert_eq!(last["params"]["status"], "input_required", "{raw}");
+            answer(&s.client, token, &task, "sample-1", sample("seen")).await;
+            // The completion comes by the stream, its result only by tasks/get.
+            let completed = support::eventually(Duration::from_secs(10), async || {
+                let frame = stream.next(Duration::from_millis(200)).await?;
+                (frame["params"]["status"] == "completed").then_some(frame)
+            })
+            .await
+            .expect("completion notified");
+            assert!(completed["params"].get("result").is_none(), "{completed}");
             assert_eq!(
-                last["params"]["result"]["content"][0]["text"],
-                "summary declined"
+                result_text(&get(&s.client, token, &task, true, false).await),
+                "seen"
+            );
+        } else {
+            // The stream tells that the task failed and why, without the error object.
+            assert_eq!(last["params"]["status"], "failed", "{raw}");
+            assert_eq!(last["params"]["statusMessage"], json!(refusal_message()));
+            assert_refused(
+                &get(&s.client, token, &task, true, false).await,
+                "wrong_client",
             );
         }
+        assert!(
+            frames
+                .iter()
+                .all(|f| f["params"].get("result").is_none() && f["params"].get("error").is_none()),
+            "{raw}"
+        );
     }
     assert_eq!(rejections_when(&s.sidecar, 1).await, ["wrong_client"]);
+    assert_eq!(refusal_trails(&s.sidecar, 1).await, ["wrong_client"]);
+}
+
+#[tokio::test]
+async fn sampling_in_a_multi_round_trip_request_passes_the_gate_or_ends_the_call_with_an_error() {
+    let s = setup(
+        "{sampling: exception}",
+        &[Grant::sampling("ok", "console").signed()],
+    )
+    .await;
+    let console = User::new("alice", "tenant-a", "console").token();
+    let stranger = User::new("alice", "tenant-a", "other-app").token();
+    // No task: the client declares sampling only.
+    let mut no_task = meta(true, false);
+    no_task["io.modelcontextprotocol/clientCapabilities"] = json!({"sampling": {}});
+    let call = |token: &str, extra: Value| {
+        let mut params = json!({"name": "summarize_with_sampling",
+                                "arguments": {"text": "quarterly numbers", "maxTokens": 100},
+                                "_meta": no_task});
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        s.client.request("tools/call", params).token(token).send()
+    };
+
+    // Under the exception: the client is asked, answers by retrying, and gets the result.
+    let first = call(&console, json!({})).await;
+    assert_eq!(first.result()["resultType"], "input_required", "{first:?}");
+    let request = &first.result()["inputRequests"]["sample-1"];
+    assert_eq!(request["method"], "sampling/createMessage", "{first:?}");
+    let done = call(
+        &console,
+        json!({"inputResponses": {"sample-1": sample("margin 57%")},
+               "requestState": first.result()["requestState"]}),
+    )
+    .await;
+    assert_eq!(call_text(done.result()), "margin 57%", "{done:?}");
+    let calls_before = upstream_requests(&s.server, "tools/call").await;
+    assert_eq!(calls_before, 2);
+
+    // Another client: never asked, nothing retried upstream, the call ends with the error.
+    let refused = call(&stranger, json!({})).await;
+    assert_eq!(refused.status, 200, "{refused:?}");
+    assert!(refused.body.get("result").is_none(), "{refused:?}");
+    assert_eq!(
+        refused.body["error"],
+        refusal_error("wrong_client"),
+        "{refused:?}"
+    );
+    assert!(!refused.raw.contains("inputRequests"), "{refused:?}");
+    assert_eq!(
+        upstream_requests(&s.server, "tools/call").await,
+        calls_before + 1,
+        "the refused call was retried upstream"
+    );
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["wrong_client"]);
+    let failed = s
+        .sidecar
+        .audit_event(|e| e["event"] == "request.failed")
+        .await
+        .expect("request.failed audited");
+    assert_eq!(failed["reason"], "capability_refused");
+    assert_eq!(failed["decision"], "deny");
+    assert_eq!(failed["detail"]["capability"], "sampling/createMessage");
+    assert_eq!(failed["client"], "other-app");
+    let audit = s.sidecar.audit();
+    let order: Vec<&str> = audit
+        .iter()
+        .filter(|e| e["correlation_id"] == failed["correlation_id"])
+        .filter_map(|e| e["event"].as_str())
+        .filter(|e| e.starts_with("capability.") || *e == "request.failed")
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "capability.requested",
+            "capability.rejected",
+            "request.failed"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -693,6 +986,32 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     let done = finish(&s.client, &console, &task).await;
     assert_eq!(result_text(&done), "2 roots");
 
+    // As a task for another client: never asked; the sidecar answers the server with no roots
+    // itself, and the task completes.
+    let reply = s
+        .client
+        .request(
+            "tools/call",
+            json!({"name": "list_roots", "arguments": {}, "_meta": meta(false, true)}),
+        )
+        .token(&stranger)
+        .send()
+        .await;
+    let task = reply.result()["taskId"].as_str().unwrap().to_owned();
+    let done = support::eventually(Duration::from_secs(10), async || {
+        let state = get(&s.client, &stranger, &task, false, true).await;
+        assert_ne!(state["status"], "input_required", "{state}");
+        (state["status"] != "working").then_some(state)
+    })
+    .await
+    .expect("the task ends");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(result_text(&done), "0 roots");
+    assert_eq!(
+        sidecar_requests(&s.server, "tasks/update", "capability_declined").await,
+        1
+    );
+
     // Multi round-trip (no task): the approved client gets `input_required` and retries.
     let mrtr =
         |token: &str, params: Value| s.client.request("tools/call", params).token(token).send();
@@ -717,8 +1036,9 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     .await;
     assert_eq!(call_text(retry.result()), "1 roots");
 
-    // Another client: never asked; the sidecar answers the server with a decline itself, so the
+    // Another client: never asked; the sidecar retries the call with no roots itself, so the
     // client gets the server's complete answer in one request.
+    let calls_before = upstream_requests(&s.server, "tools/call").await;
     let refused = mrtr(
         &stranger,
         json!({"name": "list_roots", "arguments": {}, "_meta": no_task}),
@@ -726,8 +1046,25 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     .await;
     assert_eq!(refused.status, 200, "{refused:?}");
     assert_eq!(refused.result()["resultType"], "complete", "{refused:?}");
-    assert_eq!(call_text(refused.result()), "roots declined");
-    assert_eq!(rejections_when(&s.sidecar, 1).await, ["wrong_client"]);
+    assert_eq!(call_text(refused.result()), "0 roots");
+    assert_eq!(
+        upstream_requests(&s.server, "tools/call").await,
+        calls_before + 2,
+        "the call and the sidecar's retry with no roots"
+    );
+    assert_eq!(
+        rejections_when(&s.sidecar, 2).await,
+        ["wrong_client", "wrong_client"]
+    );
+    // Roots refusals fail nothing.
+    assert!(
+        !s.sidecar
+            .audit()
+            .iter()
+            .any(|e| e["reason"] == "capability_refused"),
+        "{:?}",
+        s.sidecar.audit()
+    );
     let raw = std::fs::read_to_string(&s.sidecar.audit_path).unwrap();
     assert!(!raw.contains("/srv/"), "root paths in the audit trail");
 }

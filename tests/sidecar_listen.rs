@@ -153,17 +153,24 @@ async fn two_principals_never_see_each_others_task_events() {
     );
     let raw = serde_json::to_string(&alice_frames).unwrap();
     assert!(!raw.contains("task-"), "upstream IDs leaked: {raw}");
-    // The last state alice saw is completed, in her IDs, without the result: streams never
-    // carry results (read-once and the result audit apply to tasks/get only)…
+    // The last state alice saw is the completion, in her IDs; listen streams carry status
+    // only, never a result or an error: the result is read with tasks/get.
     let last = alice_frames
         .iter()
         .rev()
         .find(|f| f["method"] == "notifications/tasks")
         .unwrap();
     assert_eq!(last["params"]["status"], "completed");
-    assert!(last["params"].get("result").is_none(), "{last}");
-    // …which tasks/get delivers.
+    for frames in [&alice_frames, &bob_frames] {
+        assert!(
+            frames
+                .iter()
+                .all(|f| f["params"].get("result").is_none() && f["params"].get("error").is_none()),
+            "a listen stream carried a result or an error: {frames:?}"
+        );
+    }
     let read = client.get_task(&alice, &a).await;
+    assert_eq!(read.result()["status"], "completed", "{read:?}");
     assert_eq!(
         read.result()["result"]["content"][0]["text"],
         "wrote 3 rows"

@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, mpsc};
 
+use crate::inputs::{self, Expected};
+use crate::rpc::RpcError;
 use crate::store::{Outcome, Store};
 use crate::tools::ToolCall;
 
@@ -107,47 +109,107 @@ fn accepted_content(answer: Option<&Value>) -> Option<&Map<String, Value>> {
     a.get("content").and_then(Value::as_object)
 }
 
-/// A JSON-RPC-style refusal: `{action: "decline"|"cancel"}` or an object with an `error` key.
-fn is_refusal(answer: &Value) -> bool {
-    !answer.is_object()
-        || answer.get("error").is_some()
-        || matches!(
-            answer.get("action").and_then(Value::as_str),
-            Some("decline" | "cancel")
-        )
-}
-
-/// The text of a sampling answer: `content` as one block or as an array of blocks.
-fn sampled_text(answer: &Value) -> Option<String> {
-    let content = answer.get("content")?;
-    let block = match content {
-        Value::Array(blocks) => blocks.iter().find(|b| b.get("text").is_some())?,
+/// The text of a sampling answer (a `CreateMessageResult`): its first text block, with
+/// `content` as one block or as an array of blocks.
+fn sampled_text(answer: &Value) -> String {
+    let block = match answer.get("content") {
+        Some(Value::Array(blocks)) => blocks.iter().find(|b| b.get("text").is_some()),
         other => other,
     };
-    block.get("text").and_then(Value::as_str).map(str::to_owned)
+    block
+        .and_then(|b| b.get("text"))
+        .and_then(Value::as_str)
+        .unwrap_or("(no text)")
+        .to_owned()
+}
+
+/// The `sampling/createMessage` input request of a summary round.
+fn sampling_request(text: &str, max_tokens: u64, tools: &[String]) -> Value {
+    let mut params = json!({
+        "messages": [{"role": "user", "content": {"type": "text", "text": format!("Summarize: {text}")}}],
+        "maxTokens": max_tokens,
+    });
+    if !tools.is_empty() {
+        params["tools"] = Value::Array(
+            tools
+                .iter()
+                .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
+                .collect(),
+        );
+    }
+    json!({"method": "sampling/createMessage", "params": params})
 }
 
 /// `list_roots` outside a task, as a multi round-trip request: the first call answers
-/// `input_required` with a `roots/list` input request; the retry carrying `inputResponses` gets
-/// the count (or "roots declined").
-pub fn roots_round_trip(params: &Value) -> Value {
-    match params.pointer("/inputResponses/roots-1") {
-        Some(answer) => text_result(roots_text(Some(answer))),
+/// `input_required` with a `roots/list` input request; the retry carrying a `ListRootsResult`
+/// for `roots-1` gets the count; a retry without it is asked again; any other answer is -32602.
+pub fn roots_round_trip(params: &Value) -> Result<Value, RpcError> {
+    inputs::check_retry(params, &[("roots-1", Expected::Roots)])?;
+    Ok(match params.pointer("/inputResponses/roots-1") {
+        Some(answer) => text_result(roots_text(answer)),
         None => json!({
             "resultType": "input_required",
             "inputRequests": {"roots-1": {"method": "roots/list", "params": {}}},
             "requestState": "list-roots-1",
         }),
-    }
+    })
 }
 
-fn roots_text(answer: Option<&Value>) -> String {
-    answer
-        .filter(|a| !is_refusal(a))
-        .and_then(|a| a.get("roots"))
+/// `N roots` for a `ListRootsResult`.
+fn roots_text(answer: &Value) -> String {
+    let count = answer
+        .get("roots")
         .and_then(Value::as_array)
-        .map(|r| format!("{} roots", r.len()))
-        .unwrap_or_else(|| "roots declined".to_owned())
+        .map_or(0, Vec::len);
+    format!("{count} roots")
+}
+
+/// `summarize_with_sampling` outside a task, as a multi round-trip request: each round answers
+/// `input_required` with `sample-N` and a `requestState` carrying the round and the texts so
+/// far (this peer trusts it: it is the demo's "before" picture); the retry carrying a
+/// `CreateMessageResult` for `sample-N` moves to the next round or completes. A retry without
+/// the answer is asked the same again; any other answer is -32602.
+pub fn summarize_round_trip(
+    params: &Value,
+    text: &str,
+    max_tokens: u64,
+    rounds: u64,
+    tools: &[String],
+) -> Result<Value, RpcError> {
+    let bad_state = || RpcError::invalid_params("Invalid requestState");
+    let (round, mut texts): (u64, Vec<String>) = match params.get("requestState") {
+        None => (0, Vec::new()),
+        Some(Value::String(state)) => {
+            let state: Value = serde_json::from_str(state).map_err(|_| bad_state())?;
+            let round = state
+                .get("round")
+                .and_then(Value::as_u64)
+                .filter(|r| (1..=rounds).contains(r))
+                .ok_or_else(bad_state)?;
+            let texts = serde_json::from_value(state.get("texts").cloned().unwrap_or_default())
+                .map_err(|_| bad_state())?;
+            (round, texts)
+        }
+        Some(_) => return Err(bad_state()),
+    };
+    let key = format!("sample-{round}");
+    inputs::check_retry(params, &[(key.as_str(), Expected::Sampling)])?;
+    let next = match params.get("inputResponses").and_then(|r| r.get(&key)) {
+        Some(answer) if round > 0 => {
+            texts.push(sampled_text(answer));
+            if round == rounds {
+                return Ok(text_result(texts.join(" | ")));
+            }
+            round + 1
+        }
+        // Not answered (or nothing asked yet): ask this round (again).
+        _ => round.max(1),
+    };
+    Ok(json!({
+        "resultType": "input_required",
+        "inputRequests": {format!("sample-{next}"): sampling_request(text, max_tokens, tools)},
+        "requestState": json!({"round": next, "texts": texts}).to_string(),
+    }))
 }
 
 /// Runs the job behind a tool call to its end.
@@ -256,33 +318,16 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             }
             let mut summaries = Vec::new();
             for round in 1..=*rounds {
-                let mut params = json!({
-                    "messages": [{"role": "user", "content": {"type": "text", "text": format!("Summarize: {text}")}}],
-                    "maxTokens": max_tokens,
-                });
-                if !tools.is_empty() {
-                    params["tools"] = Value::Array(
-                        tools
-                            .iter()
-                            .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
-                            .collect(),
-                    );
-                }
                 let key = format!("sample-{round}");
-                let req = json!({"method": "sampling/createMessage", "params": params});
+                let req = sampling_request(text, *max_tokens, tools);
                 let Some(answers) = ctx
                     .ask(vec![(key.clone(), req)], "Waiting for a sample")
                     .await
                 else {
                     return Outcome::Cancelled;
                 };
-                summaries.push(
-                    answers
-                        .get(&key)
-                        .filter(|a| !is_refusal(a))
-                        .and_then(sampled_text)
-                        .unwrap_or_else(|| "summary declined".to_owned()),
-                );
+                // tasks/update accepts only a CreateMessageResult for this key.
+                summaries.push(answers.get(&key).map(sampled_text).unwrap_or_default());
             }
             Outcome::Done(text_result(summaries.join(" | ")))
         }
@@ -294,7 +339,8 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             else {
                 return Outcome::Cancelled;
             };
-            Outcome::Done(text_result(roots_text(answers.get("roots-1"))))
+            let roots = answers.get("roots-1").map(roots_text).unwrap_or_default();
+            Outcome::Done(text_result(roots))
         }
         ToolCall::Unstable { .. } => {
             if !ctx.sleep(20).await {

@@ -12,6 +12,7 @@
 //! Run: `cargo run --example example_server -- --listen 127.0.0.1:3000`
 
 mod debug;
+mod inputs;
 mod jobs;
 mod listen;
 mod mcp;

@@ -14,7 +14,7 @@ use crate::rpc::{
 };
 use crate::store::Outcome;
 use crate::tools::{self, ToolCall};
-use crate::{listen, streaming};
+use crate::{inputs, listen, streaming};
 
 /// Freshness hint for the cacheable results (discover and the lists).
 const CACHE_TTL_MS: u64 = 60_000;
@@ -267,13 +267,29 @@ async fn tools_call(
     ctx: &RequestContext,
 ) -> Result<Reply, RpcError> {
     let call = tools::parse(params)?;
+    // As the Python SDK validates the params before the tool runs: whatever a retried request
+    // carries must be an InputResponse (the tool checks the keys it asked for by their type).
+    inputs::check_retry(params, &[])?;
     // `rogue_task` ignores what the client declared: the bug the sidecar must catch.
     let as_task = (call.task_capable() && ctx.tasks_ext) || matches!(call, ToolCall::Rogue { .. });
     if !as_task && call.task_only() {
         return Err(RpcError::tasks_extension_required());
     }
-    if !as_task && matches!(call, ToolCall::ListRoots) {
-        return Ok(Reply::Result(jobs::roots_round_trip(params)));
+    if !as_task {
+        match &call {
+            ToolCall::ListRoots => return Ok(Reply::Result(jobs::roots_round_trip(params)?)),
+            ToolCall::Summarize {
+                text,
+                max_tokens,
+                rounds,
+                tools,
+                ..
+            } => {
+                let reply = jobs::summarize_round_trip(params, text, *max_tokens, *rounds, tools)?;
+                return Ok(Reply::Result(reply));
+            }
+            _ => {}
+        }
     }
     if ctx.accepts_sse
         && let Some(token) = &ctx.progress_token
@@ -340,7 +356,8 @@ fn task_method(state: &AppState, method: &str, params: &Value) -> Result<Value, 
             state
                 .store
                 .update(task_id, responses)
-                .ok_or_else(not_found)?;
+                .ok_or_else(not_found)?
+                .map_err(inputs::invalid)?;
             Ok(json!({"resultType": "complete"}))
         }
         _ => {

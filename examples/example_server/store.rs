@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, broadcast};
 
+use crate::inputs::Expected;
 use crate::rpc::{iso8601, now_ms};
 
 /// Time-to-live advertised on every task (the demo never expires tasks).
@@ -231,12 +232,32 @@ impl Store {
     }
 
     /// Applies `inputResponses`: keys that are not outstanding are ignored; partial answers keep
-    /// the task in `input_required`. `None` when the task is unknown.
-    pub fn update(&self, id: &str, responses: &Map<String, Value>) -> Option<()> {
+    /// the task in `input_required`. Each answer to an outstanding key must be the result type
+    /// of its request ([`Expected`]); when one is not, nothing is applied and the problems are
+    /// returned per key (the task keeps waiting for the same keys). `None` when the task is
+    /// unknown.
+    pub fn update(
+        &self,
+        id: &str,
+        responses: &Map<String, Value>,
+    ) -> Option<Result<(), Map<String, Value>>> {
         let mut inner = self.lock();
         let t = inner.tasks.get_mut(id)?;
         if t.status != Status::InputRequired {
-            return Some(());
+            return Some(Ok(()));
+        }
+        let problems: Map<String, Value> = responses
+            .iter()
+            .filter_map(|(key, answer)| {
+                let expected = Expected::of_request(t.input_requests.get(key)?)?;
+                expected
+                    .check(answer)
+                    .err()
+                    .map(|p| (key.clone(), json!(p)))
+            })
+            .collect();
+        if !problems.is_empty() {
+            return Some(Err(problems));
         }
         let mut changed = false;
         for (key, answer) in responses {
@@ -253,7 +274,7 @@ impl Store {
             t.wake.notify_one();
             self.touch(id, t);
         }
-        Some(())
+        Some(Ok(()))
     }
 
     /// Puts the task into `input_required` with these (new, never reused) keys.

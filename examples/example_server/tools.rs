@@ -53,12 +53,10 @@ impl ToolCall {
         !matches!(self, ToolCall::Greet { .. })
     }
 
-    /// Whether the tool can only run as a task (it needs `inputRequests`).
+    /// Whether the tool can only run as a task (it asks through a task's `inputRequests` and
+    /// has no multi round-trip form).
     pub fn task_only(&self) -> bool {
-        matches!(
-            self,
-            ToolCall::ConfirmAction { .. } | ToolCall::MultiInput | ToolCall::Summarize { .. }
-        )
+        matches!(self, ToolCall::ConfirmAction { .. } | ToolCall::MultiInput)
     }
 }
 
@@ -126,7 +124,7 @@ pub fn list() -> Value {
         ),
         tool(
             "summarize_with_sampling",
-            "Summarize `text` by asking the client's model (sampling, task only).",
+            "Summarize `text` by asking the client's model (sampling; as a task, or in multi round-trip requests).",
             schema(
                 json!({
                     "text": {"type": "string"},

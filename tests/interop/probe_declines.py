@@ -43,7 +43,7 @@ TEXT_ANSWER = {
 # (label, value or OMIT) per capability. OMIT: the key is left out of inputResponses.
 OMIT = object()
 SAMPLING_CANDIDATES = [
-    ("JSON-RPC error object (sidecar today)", {"error": {"code": -32603, "message": DECLINE_MESSAGE}}),
+    ("JSON-RPC error object (the sidecar's former decline)", {"error": {"code": -32603, "message": DECLINE_MESSAGE}}),
     ("CreateMessageResult, text content", TEXT_ANSWER),
     ("CreateMessageResult, empty text", {**TEXT_ANSWER, "content": {"type": "text", "text": ""}}),
     ("CreateMessageResult, stopReason \"refusal\"", {**TEXT_ANSWER, "stopReason": "refusal"}),
@@ -56,7 +56,7 @@ SAMPLING_CANDIDATES = [
     ("key omitted", OMIT),
 ]
 ROOTS_CANDIDATES = [
-    ("JSON-RPC error object (sidecar today)", {"error": {"code": -32603, "message": DECLINE_MESSAGE.replace("sampling/createMessage", "roots/list")}}),
+    ("JSON-RPC error object (the sidecar's former decline)", {"error": {"code": -32603, "message": DECLINE_MESSAGE.replace("sampling/createMessage", "roots/list")}}),
     ("ListRootsResult {roots: []}", {"roots": []}),
     ("ListRootsResult, one root (control)", {"roots": [{"uri": "file:///tmp/project", "name": "project"}]}),
     ("ListRootsResult {roots: []} + error member", {"roots": [], "error": {"code": -32603, "message": "declined"}}),
