@@ -574,28 +574,37 @@ async fn the_capability_must_be_declared_on_the_request_that_would_carry_it() {
     .await;
     let token = User::new("alice", "tenant-a", "console").token();
     let task = summarize(&s.client, &token, json!({})).await;
-    // Poll declaring only the tasks extension: the input request is refused, and since a
-    // sampling request cannot be declined, the task fails.
-    let done = support::eventually(Duration::from_secs(10), async || {
+    // Polls declaring only the tasks extension are not shown the sampling request and do not
+    // decide it (a client that cannot answer must not end the task for one that can): the task
+    // keeps waiting, and nothing is audited as allowed or rejected.
+    let waiting = support::eventually(Duration::from_secs(10), async || {
         let state = get(&s.client, &token, &task, false, false).await;
-        assert_ne!(state["status"], "input_required", "{state}");
-        (state["status"] != "working").then_some(state)
+        assert!(state.get("inputRequests").is_none(), "{state}");
+        (state["status"] == "working" && state["statusMessage"] == "Waiting for a sample")
+            .then_some(state)
     })
     .await
-    .expect("task ends");
-    assert_refused(&done, "undeclared_capability");
-    assert_eq!(
-        rejections_when(&s.sidecar, 1).await,
-        ["undeclared_capability"]
+    .expect("the task waits for a sample, with the request hidden");
+    assert!(waiting.get("error").is_none(), "{waiting}");
+    let again = get(&s.client, &token, &task, false, false).await;
+    assert_eq!(again["status"], "working", "{again}");
+    // The poll that declares sampling is shown the request (the exception allows it).
+    let shown = get(&s.client, &token, &task, true, false).await;
+    assert_eq!(shown["status"], "input_required", "{shown}");
+    let requests = shown["inputRequests"].as_object().expect("input requests");
+    assert_eq!(requests.len(), 1, "{shown}");
+    assert!(
+        requests
+            .values()
+            .all(|r| r["method"] == "sampling/createMessage"),
+        "{shown}"
     );
-    // Declaring it afterwards does not bring the request back: the decision was made.
-    assert_refused(
-        &get(&s.client, &token, &task, true, true).await,
-        "undeclared_capability",
-    );
-    assert_eq!(
-        refusal_trails(&s.sidecar, 1).await,
-        ["undeclared_capability"]
+    assert!(
+        s.sidecar
+            .audit()
+            .iter()
+            .all(|e| e["event"] != "capability.rejected"),
+        "nothing was rejected"
     );
 }
 

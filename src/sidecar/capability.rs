@@ -162,6 +162,17 @@ impl CapabilityGate {
                 continue;
             };
             let decided_key = (carrier.scope.to_owned(), key.clone());
+            // A request that does not declare the capability is not shown it, and does not
+            // decide it either when an exception could allow it: a poll from a client that
+            // cannot answer must not end the task for the one that can. (Under `deny` the
+            // outcome does not depend on the client: it is decided at once.)
+            if !state.decided.contains_key(&decided_key)
+                && !declares(carrier.declared, capability)
+                && policy.capabilities.mode(capability) != CapabilityMode::Deny
+            {
+                requests.remove(&key);
+                continue;
+            }
             // An allowance is re-verified at every use: an exception withdrawn, expired, or
             // signed by a key revoked since the decision no longer covers the request.
             let previous = state.decided.get(&decided_key).cloned();
