@@ -774,11 +774,13 @@ async fn expiry_and_a_revoked_approval_take_effect_without_a_restart() {
         "expired",
     );
     assert_eq!(rejections_when(&s.sidecar, 1).await, ["expired"]);
-    // A request allowed before the expiry stays allowed (decided once per task and key).
-    assert_eq!(
-        get(&s.client, &console, &before, true, true).await["status"],
-        "input_required"
+    // An allowance is re-verified at every use: the request allowed before the expiry is
+    // refused at the next poll, for the same reason, and its task fails.
+    assert_refused(
+        &get(&s.client, &console, &before, true, true).await,
+        "expired",
     );
+    assert_eq!(rejections_when(&s.sidecar, 2).await, ["expired", "expired"]);
 
     // Revoking the approval in the trust file is picked up like a policy change: the reload
     // reports the exception out of force.
@@ -800,13 +802,18 @@ async fn expiry_and_a_revoked_approval_take_effect_without_a_restart() {
         &ends_without_asking(&s.client, &other, &revoked).await,
         "approval_revoked",
     );
-    assert_eq!(
-        rejections_when(&s.sidecar, 2).await,
-        ["expired", "approval_revoked"]
+    // …and the task allowed before the revocation is refused at its next poll.
+    assert_refused(
+        &get(&s.client, &other, &revocable_before, true, true).await,
+        "approval_revoked",
     );
     assert_eq!(
-        refusal_trails(&s.sidecar, 2).await,
-        ["expired", "approval_revoked"]
+        rejections_when(&s.sidecar, 4).await,
+        ["expired", "expired", "approval_revoked", "approval_revoked"]
+    );
+    assert_eq!(
+        refusal_trails(&s.sidecar, 4).await,
+        ["expired", "expired", "approval_revoked", "approval_revoked"]
     );
 }
 
