@@ -59,6 +59,10 @@ pub struct SidecarArgs {
     /// How long to wait for the server's response headers.
     #[arg(long, value_name = "DURATION", default_value = "5m")]
     pub upstream_timeout: lifeguard::api::PolicyDuration,
+    /// How long a cancelled task waits for the server to confirm it stopped before it ends as
+    /// unconfirmed (and frees its quota slot).
+    #[arg(long, value_name = "DURATION", default_value = "1m")]
+    pub cancel_confirm_timeout: lifeguard::api::PolicyDuration,
     /// Log format (logs go to stderr).
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,

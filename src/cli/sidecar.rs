@@ -18,6 +18,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
+        cancel_confirm_timeout: args.cancel_confirm_timeout.get(),
     };
     let runtime = lifeguard::runtime::tokio_runtime(args.worker_threads)?;
     runtime.block_on(async move {

@@ -130,8 +130,6 @@ impl Error {
     }
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -31,6 +31,7 @@
 
 mod active_policy;
 mod bounded_body;
+mod cancellation;
 mod capability;
 mod capability_screen;
 mod context;
@@ -111,6 +112,8 @@ pub struct SidecarConfig {
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
+    /// How long a cancelled task waits for the server's confirmation.
+    pub cancel_confirm_timeout: Duration,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
@@ -178,6 +181,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         streams: Arc::new(stream_registry::StreamRegistry::default()),
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,
+        cancel_confirm_timeout: config.cancel_confirm_timeout,
     });
 
     tokio::spawn(sweeper::sweep(app.clone(), shutdown.clone()));

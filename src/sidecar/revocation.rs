@@ -14,12 +14,13 @@ use crate::model::Owner;
 use crate::policy::RevocationRule;
 
 use super::active_policy::ActivePolicy;
+use super::cancellation::{self, Requested};
 use super::context::new_correlation_id;
 use super::decisions::revocation;
 use super::server_tasks::cancel_at_server;
 use super::state::{AppState, PolicyWatch};
 use super::stream_registry::CloseReason;
-use super::task_state::{now_ms, settle_terminal};
+use super::task_state::now_ms;
 
 fn issued(seconds: Option<i64>) -> Option<jiff::Timestamp> {
     seconds.and_then(|s| jiff::Timestamp::from_second(s).ok())
@@ -137,7 +138,8 @@ async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule)
     );
 }
 
-/// Cancels one task of a revoked principal; returns whether this call ended it.
+/// Cancels one task of a revoked principal; returns whether this call asked for it (the task
+/// ends once the server confirms, or when the sidecar stops waiting).
 pub async fn cancel_for_revocation(
     app: &AppState,
     policy: &ActivePolicy,
@@ -145,19 +147,12 @@ pub async fn cancel_for_revocation(
     record: &TaskRecord,
     rule: &RevocationRule,
 ) -> bool {
-    let ended_here = settle_terminal(
-        app,
-        policy,
-        correlation,
-        record,
-        revocation(rule.reason, now_ms()),
+    let end = revocation(rule.reason, now_ms());
+    let send = async || cancel_at_server(app, correlation, record, "revocation").await;
+    matches!(
+        cancellation::request(app, policy, correlation, record, end, None, send).await,
+        Requested::Recorded
     )
-    .await
-    .is_some_and(|s| s.applied);
-    if ended_here {
-        cancel_at_server(app, correlation, record, "revocation").await;
-    }
-    ended_here
 }
 
 /// Cancels `record` if a revocation in force now covers it (a revocation that arrived while

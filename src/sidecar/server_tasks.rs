@@ -11,7 +11,7 @@ use crate::mcp::task::{set_input_responses, sidecar_task_request};
 
 use super::active_policy::ActivePolicy;
 use super::context::sidecar_request_id;
-use super::decisions::{TaskReply, interpret_task_reply, upstream_end, upstream_lost};
+use super::decisions::{Report, TaskReply, end_for_report, interpret_task_reply};
 use super::forward::{set_mcp_headers, sidecar_request_headers};
 use super::state::AppState;
 use super::task_state::{now_ms, observe_if_changed, settle_terminal};
@@ -41,16 +41,13 @@ fn task_request(
     (headers, message)
 }
 
-/// Asks the server for the task's state and records what it learns: a terminal state ends the
-/// task in the ledger, a forgotten task fails. Returns the record as it stands afterwards, or
-/// `None` when the server could not be asked.
-pub async fn refresh_from_upstream(
+/// Asks the server (as the sidecar) for the task's state; `None` when it could not be asked.
+pub async fn ask_state(
     app: &AppState,
-    policy: &ActivePolicy,
     correlation_id: &str,
     record: &TaskRecord,
     reason: &str,
-) -> Option<TaskRecord> {
+) -> Option<Value> {
     let (headers, message) = task_request(
         methods::TASKS_GET,
         &owner_identity(record),
@@ -58,37 +55,52 @@ pub async fn refresh_from_upstream(
         correlation_id,
         reason,
     );
-    let (_, reply) = match app.upstream.call(headers, &message).await {
-        Ok(r) => r,
+    match app.upstream.call(headers, &message).await {
+        Ok((_, reply)) => Some(reply),
         Err(e) => {
-            tracing::debug!(error = %e, "refreshing a task from the server failed");
-            return None;
+            tracing::debug!(error = %e, "asking the server for a task's state failed");
+            None
         }
-    };
-    match interpret_task_reply(&reply) {
-        TaskReply::Lost => {
-            settle_terminal(app, policy, correlation_id, record, upstream_lost(now_ms()))
-                .await
-                .map(|s| s.record)
-        }
-        TaskReply::State(state) => match upstream_end(&state, now_ms()) {
-            Some(finish) => settle_terminal(app, policy, correlation_id, record, finish)
-                .await
-                .map(|s| s.record),
-            None => {
-                observe_if_changed(app, record, &state).await;
-                let mut updated = record.clone();
-                updated.status = state.status;
-                updated.status_message = state.status_message;
-                Some(updated)
-            }
-        },
-        TaskReply::Error | TaskReply::NoResult | TaskReply::Malformed => None,
     }
 }
 
-/// Asks the server to stop a task the ledger ended on its own authority (deadline,
-/// revocation): cooperative, best effort; waits for the server's answer.
+/// Asks the server for the task's state and records what it learns: a terminal state ends the
+/// task in the ledger (confirming a pending cancellation), a forgotten task ends. Returns the
+/// record as it stands afterwards, or `None` when the server could not be asked.
+pub async fn refresh_from_upstream(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    reason: &str,
+) -> Option<TaskRecord> {
+    let reply = ask_state(app, correlation_id, record, reason).await?;
+    let state = match interpret_task_reply(&reply) {
+        TaskReply::Lost => {
+            let end = end_for_report(record, Report::Lost, now_ms())?;
+            return settle_terminal(app, policy, correlation_id, record, end)
+                .await
+                .map(|s| s.record);
+        }
+        TaskReply::State(state) => state,
+        TaskReply::Error | TaskReply::NoResult | TaskReply::Malformed => return None,
+    };
+    match end_for_report(record, Report::State(&state), now_ms()) {
+        Some(end) => settle_terminal(app, policy, correlation_id, record, end)
+            .await
+            .map(|s| s.record),
+        None => {
+            observe_if_changed(app, record, &state).await;
+            let mut updated = record.clone();
+            updated.status = state.status;
+            updated.status_message = state.status_message;
+            Some(updated)
+        }
+    }
+}
+
+/// Asks the server to stop a task (as the sidecar): cooperative; waits for the server's
+/// answer, whose failure is only logged (the cancellation outbox asks again).
 pub async fn cancel_at_server(
     app: &AppState,
     correlation_id: &str,

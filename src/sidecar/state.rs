@@ -43,6 +43,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Bound on waiting for the server's response headers.
     pub upstream_timeout: Duration,
+    /// How long a cancelled task waits for the server to confirm it stopped.
+    pub cancel_confirm_timeout: Duration,
 }
 
 impl AppState {

@@ -10,11 +10,12 @@ use crate::audit::{AuditEvent, Decision};
 use crate::ledger::TaskRecord;
 
 use super::active_policy::ActivePolicy;
+use super::cancellation::{self, drive_outbox};
 use super::context::new_correlation_id;
 use super::decisions::deadline_exceeded;
 use super::server_tasks::cancel_at_server;
 use super::state::AppState;
-use super::task_state::{now_ms, settle_terminal};
+use super::task_state::now_ms;
 
 /// How often deadlines and retention are checked: deadlines take effect within this interval
 /// (plus one ledger write), well inside the one-second promise.
@@ -39,6 +40,8 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
             }
             Err(e) => tracing::error!(error = %e, "reading tasks past their deadline failed"),
         }
+        // Cancellations waiting for the server's confirmation: asked again, or given up.
+        drive_outbox(&app, &policy, &new_correlation_id()).await;
         match app.ledger.purge_expired(now, SWEEP_BATCH).await {
             Ok(purged) => {
                 for id in purged {
@@ -59,12 +62,11 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
     }
 }
 
+/// Cancels a task past its deadline: it ends (failed, "Deadline exceeded") once the server
+/// confirms it stopped, or when the sidecar stops waiting.
 async fn end_at_deadline(app: &AppState, policy: &ActivePolicy, record: &TaskRecord) {
     let correlation = new_correlation_id();
-    let finish = deadline_exceeded(record, now_ms());
-    if let Some(settled) = settle_terminal(app, policy, &correlation, record, finish).await
-        && settled.applied
-    {
-        cancel_at_server(app, &correlation, record, "deadline").await;
-    }
+    let end = deadline_exceeded(record, now_ms());
+    let send = async || cancel_at_server(app, &correlation, record, "deadline").await;
+    cancellation::request(app, policy, &correlation, record, end, None, send).await;
 }

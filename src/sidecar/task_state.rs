@@ -11,7 +11,6 @@ use crate::telemetry::metrics::TerminalLabels;
 
 use super::active_policy::ActivePolicy;
 use super::decisions::lifecycle_event;
-use super::error::Result;
 use super::state::AppState;
 
 /// The sidecar's clock: Unix milliseconds.
@@ -38,6 +37,19 @@ pub async fn settle_terminal(
     record: &TaskRecord,
     finish: Finish,
 ) -> Option<Settled> {
+    let event = lifecycle_event(finish.status, finish.ending.reason);
+    settle_terminal_as(app, policy, correlation_id, record, finish, event).await
+}
+
+/// [`settle_terminal`], audited as `event` when it applies.
+pub async fn settle_terminal_as(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    finish: Finish,
+    event: &'static str,
+) -> Option<Settled> {
     let status = finish.status;
     let reason = finish.ending.reason;
     let outcome = match record_finish(app, record, finish).await {
@@ -55,8 +67,7 @@ pub async fn settle_terminal(
     };
     match outcome {
         FinishOutcome::Applied(after) => {
-            app.audit
-                .log(audit(lifecycle_event(status, reason), reason.as_str()));
+            app.audit.log(audit(event, reason.as_str()));
             Some(Settled {
                 record: *after,
                 applied: true,
@@ -81,19 +92,6 @@ pub async fn settle_terminal(
         }
         FinishOutcome::NotFound => None,
     }
-}
-
-/// Records a terminal state a client asked for (`tasks/cancel`); returns whether this request
-/// ended the task. The caller audits it, as the client's request.
-pub async fn finish_for_client(
-    app: &AppState,
-    record: &TaskRecord,
-    finish: Finish,
-) -> Result<bool> {
-    Ok(matches!(
-        record_finish(app, record, finish).await?,
-        FinishOutcome::Applied(_)
-    ))
 }
 
 /// The ledger write of a terminal transition, timed, and counted when it applied.

@@ -21,7 +21,9 @@ use crate::telemetry::metrics::ReasonLabels;
 use super::super::bounded_body::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
-use super::super::decisions::{Operation, authorize, holds_scopes, task_view, upstream_end};
+use super::super::decisions::{
+    Operation, Report, authorize, end_for_report, holds_scopes, task_view,
+};
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
 use super::super::task_state::{now_ms, settle_terminal};
@@ -166,7 +168,7 @@ impl Pump {
         if !record.status.is_terminal()
             && let Some(finish) = parse_reported_state(&params)
                 .as_ref()
-                .and_then(|state| upstream_end(state, now_ms()))
+                .and_then(|state| end_for_report(&record, Report::State(state), now_ms()))
             && let Some(settled) = settle_terminal(
                 &self.app,
                 &self.ctx.policy,

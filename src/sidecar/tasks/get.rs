@@ -13,8 +13,8 @@ use crate::model::TaskStatus;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{
-    Operation, ReadPlan, TaskReply, deliver_result, interpret_task_reply, plan_read, task_view,
-    upstream_end, upstream_lost,
+    Operation, ReadPlan, Report, TaskReply, deliver_result, end_for_report, interpret_task_reply,
+    plan_read, task_view,
 };
 use super::super::error::Error;
 use super::super::respond;
@@ -50,10 +50,11 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     let state = match interpret_task_reply(&reply) {
         TaskReply::State(state) => state,
         TaskReply::Lost => {
-            // The server forgot a task the ledger says is running (it restarted, or purged it).
-            let lost = upstream_lost(now_ms());
-            if let Some(settled) =
-                settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, lost).await
+            // The server forgot a task the ledger says is running (it restarted, or purged it;
+            // or it confirms a pending cancellation).
+            if let Some(lost) = end_for_report(&record, Report::Lost, now_ms())
+                && let Some(settled) =
+                    settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, lost).await
             {
                 return answer_from_ledger(app, ctx, &settled.record).await;
             }
@@ -69,7 +70,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
             return Error::MalformedTask.respond(&app.metrics, &ctx.id());
         }
     };
-    if let Some(finish) = upstream_end(&state, now_ms()) {
+    if let Some(finish) = end_for_report(&record, Report::State(&state), now_ms()) {
         let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
         return match settled {
             Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
