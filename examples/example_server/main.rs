@@ -16,6 +16,7 @@ mod inputs;
 mod jobs;
 mod listen;
 mod mcp;
+mod rogue;
 mod rpc;
 mod store;
 mod streaming;
@@ -148,5 +149,10 @@ fn router(state: AppState) -> Router {
         .route("/_example/tasks", get(debug::tasks))
         .route("/_example/listeners", get(debug::listeners))
         .route("/_example/emit", post(debug::emit))
+        .route("/_example/rogue/requests", get(rogue::requests))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rogue::intercept,
+        ))
         .with_state(state)
 }

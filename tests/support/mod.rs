@@ -6,6 +6,7 @@ pub mod client;
 pub mod listen;
 pub mod process;
 pub mod python;
+pub mod rogue;
 
 use std::path::{Path, PathBuf};
 
