@@ -375,10 +375,19 @@ async fn admins_cancel_tasks_of_their_tenant_and_nothing_more() {
         after.result()["statusMessage"],
         "Cancelled by an administrator"
     );
+    // The admin's request is audited as theirs; the confirmed end names the owner and who
+    // ended it.
+    let requested = sidecar
+        .audit_event(|e| e["event"] == "task.cancel_requested")
+        .await
+        .expect("admin cancel request audited");
+    assert_eq!(requested["subject"], "ops");
+    assert_eq!(requested["reason"], "admin");
+    assert_eq!(requested["detail"]["taskOwner"]["subject"], "alice");
     let event = sidecar
         .audit_event(|e| e["event"] == "task.admin_cancelled")
         .await
         .expect("admin cancel audited");
-    assert_eq!(event["subject"], "ops");
-    assert_eq!(event["detail"]["taskOwner"]["subject"], "alice");
+    assert_eq!(event["subject"], "alice");
+    assert_eq!(event["detail"]["endedBy"]["subject"], "ops");
 }

@@ -52,6 +52,7 @@ pub async fn settle_terminal_as(
 ) -> Option<Settled> {
     let status = finish.status;
     let reason = finish.ending.reason;
+    let ended_by = finish.ending.by.clone().filter(|by| by != &record.owner);
     let outcome = match record_finish(app, record, finish).await {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -67,7 +68,11 @@ pub async fn settle_terminal_as(
     };
     match outcome {
         FinishOutcome::Applied(after) => {
-            app.audit.log(audit(event, reason.as_str()));
+            let mut line = audit(event, reason.as_str());
+            if let Some(by) = ended_by {
+                line = line.detail("endedBy", serde_json::json!(by));
+            }
+            app.audit.log(line);
             Some(Settled {
                 record: *after,
                 applied: true,
