@@ -220,6 +220,7 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             count,
             interval_ms,
             label,
+            ..
         } => {
             for row in 1..=*count {
                 if !ctx.sleep(*interval_ms).await {

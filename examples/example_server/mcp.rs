@@ -304,6 +304,13 @@ async fn tools_call(
     }
     if as_task {
         let (task_id, created, wake) = state.store.create();
+        if let ToolCall::WriteRows {
+            ignore_cancel: true,
+            ..
+        } = &call
+        {
+            state.store.ignore_cancel(&task_id);
+        }
         jobs::spawn_task(state.store.clone(), task_id, wake, call);
         return Ok(Reply::Result(created));
     }

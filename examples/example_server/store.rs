@@ -83,6 +83,9 @@ struct Task {
 #[derive(Default)]
 struct Inner {
     next_id: u64,
+    /// Tasks whose tool ignores `tasks/cancel` (a deliberately uncooperative worker), with how
+    /// many cancels each ignored.
+    ignores_cancel: HashMap<String, u64>,
     tasks: HashMap<String, Task>,
     /// Creation order, for `/_example/tasks`.
     order: Vec<String>,
@@ -203,10 +206,13 @@ impl Store {
             .order
             .iter()
             .filter_map(|id| {
-                inner
-                    .tasks
-                    .get(id)
-                    .map(|t| json!({"taskId": id, "status": t.status.as_str()}))
+                inner.tasks.get(id).map(|t| {
+                    let mut brief = json!({"taskId": id, "status": t.status.as_str()});
+                    if let Some(ignored) = inner.ignores_cancel.get(id) {
+                        brief["ignoredCancels"] = json!(ignored);
+                    }
+                    brief
+                })
             })
             .collect()
     }
@@ -217,9 +223,19 @@ impl Store {
         inner.tasks.get(id).is_some_and(|t| !t.status.is_terminal())
     }
 
-    /// Requests cancellation. `None` when the task is unknown; a terminal task is left alone.
+    /// Marks a task as one whose tool ignores `tasks/cancel`.
+    pub fn ignore_cancel(&self, id: &str) {
+        self.lock().ignores_cancel.insert(id.to_owned(), 0);
+    }
+
+    /// Requests cancellation. `None` when the task is unknown; a terminal task is left alone,
+    /// and so is a task whose tool ignores cancels (the request is only counted).
     pub fn cancel(&self, id: &str) -> Option<()> {
         let mut inner = self.lock();
+        if let Some(ignored) = inner.ignores_cancel.get_mut(id) {
+            *ignored += 1;
+            return inner.tasks.contains_key(id).then_some(());
+        }
         let t = inner.tasks.get_mut(id)?;
         if !t.status.is_terminal() {
             t.status = Status::Cancelled;

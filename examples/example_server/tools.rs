@@ -14,6 +14,8 @@ pub enum ToolCall {
         count: u64,
         interval_ms: u64,
         label: String,
+        /// The worker ignores `tasks/cancel` and writes on (deliberately uncooperative).
+        ignore_cancel: bool,
     },
     SlowCompute {
         seconds: f64,
@@ -88,7 +90,9 @@ pub fn list() -> Value {
                 json!({
                     "count": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 10},
                     "intervalMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 200},
-                    "label": {"type": "string", "default": ""}
+                    "label": {"type": "string", "default": ""},
+                    "ignoreCancel": {"type": "boolean", "default": false,
+                                     "description": "The worker ignores tasks/cancel and writes on"}
                 }),
                 &[]
             )
@@ -187,6 +191,16 @@ impl Args<'_> {
         }
     }
 
+    fn flag(&self, key: &str) -> Result<bool, RpcError> {
+        match self.0.get(key) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(RpcError::invalid_params(format!(
+                "Invalid arguments: `{key}` must be a boolean"
+            ))),
+        }
+    }
+
     fn number(&self, key: &str, default: f64, max: f64) -> Result<f64, RpcError> {
         match self.0.get(key) {
             None => Ok(default),
@@ -223,6 +237,7 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
             count: a.uint("count", 10, 100_000)?,
             interval_ms: a.uint("intervalMs", 200, 60_000)?,
             label: a.string("label", Some(""))?,
+            ignore_cancel: a.flag("ignoreCancel")?,
         },
         "slow_compute" => ToolCall::SlowCompute {
             seconds: a.number("seconds", 1.0, 86_400.0)?,

@@ -185,6 +185,9 @@ impl Pump {
         } else {
             let mut params = params;
             present_task(&mut params, upstream_id, id.as_str(), record.ttl_ms, None);
+            if let Some(intent) = &record.cancel {
+                params["statusMessage"] = serde_json::json!(intent.pending_message);
+            }
             strip_payload(&mut params);
             // Input requests inside notifications pass the same gate as in tasks/get, judged
             // by what the listen request declared.

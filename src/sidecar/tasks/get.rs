@@ -89,6 +89,10 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         record.ttl_ms,
         Some(floor),
     );
+    if let Some(intent) = &record.cancel {
+        // A pending cancellation is the sidecar's to tell.
+        result["statusMessage"] = json!(intent.pending_message);
+    }
     let screening =
         screen_task_state(app, &ctx.policy, &record, &Recipient::of(ctx), &mut result).await;
     if let Screening::TaskFailed(failed) = screening {
