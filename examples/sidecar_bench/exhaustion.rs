@@ -30,8 +30,8 @@ use crate::report::Target;
 use crate::stats::{Errors, Summary, us};
 
 /// What the documented memory bound allows per connection (docs/sidecar.md, "Resource limits
-/// and what they bound"): hyper's read buffer grown towards the 32 KiB head limit (up to
-/// 56 KiB of capacity as it doubles), its 8 KiB write buffer, and the connection's state
+/// and what they bound"): hyper's read buffer grown towards the 32 KiB head limit (under
+/// 64 KiB of capacity as it doubles), its 8 KiB write buffer, and the connection's state
 /// (hyper's dispatcher, the task, the timer: a few KiB). The bound is the sidecar's idle
 /// memory plus this much per connection the cap admits.
 pub const CONNECTION_ALLOWANCE_KIB: u64 = 80;
