@@ -39,6 +39,7 @@ fn benchmark_smoke_run_has_no_errors() {
         "task creation via sidecar",
         "ratio via sidecar / direct",
         "listen: ",
+        "exhaustion: ",
         "added by the sidecar",
         "targets",
         "no failed requests",
@@ -57,7 +58,12 @@ fn benchmark_smoke_run_has_no_errors() {
     )
     .expect("results are JSON");
     assert_eq!(json["passed"], true);
-    assert_eq!(json["targets"].as_array().map(Vec::len), Some(8));
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(9));
+    // The exhaustion phase's attack was refused and the sidecar served again afterwards.
+    let exhaustion = &json["exhaustion"];
+    assert_eq!(exhaustion["recovered"], true, "{exhaustion}");
+    assert_eq!(exhaustion["half_sent_held"], 0, "{exhaustion}");
+    assert_eq!(exhaustion["greet_failures"], 0, "{exhaustion}");
     // The listen phase ran both lanes and every delivery arrived.
     for lane in ["direct", "via_sidecar"] {
         let l = &json["listen"][lane];

@@ -19,7 +19,7 @@ async fn start(confirm_timeout: &str) -> (ExampleServer, Sidecar, McpClient) {
         &server.url,
         SidecarOptions {
             spec: SPEC.into(),
-            extra_args: vec!["--cancel-confirm-timeout".into(), confirm_timeout.into()],
+            args: vec!["--cancel-confirm-timeout".into(), confirm_timeout.into()],
             ..Default::default()
         },
     )

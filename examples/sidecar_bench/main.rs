@@ -8,6 +8,7 @@
 
 mod client;
 mod components;
+mod exhaustion;
 mod listen;
 mod phases;
 mod procs;

@@ -219,6 +219,7 @@ impl Sidecar {
         upstream: &Endpoint,
         keys: &Keys,
         env: &[(String, String)],
+        args: &[String],
     ) -> Result<Self> {
         std::fs::write(dir.join("jwks.json"), &keys.jwks).context("writing jwks.json")?;
         let policy = dir.join("policy.yaml");
@@ -236,6 +237,7 @@ impl Sidecar {
             .arg(&ledger)
             .arg("--audit-file")
             .arg(dir.join("audit.jsonl"))
+            .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().map(|(k, v)| (k, v)));
         let mut proc = Proc::spawn(command, dir, "sidecar")?;
@@ -261,6 +263,21 @@ impl Sidecar {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// One series of /metrics, e.g. `lifeguard_connections_open` or a counter with its labels
+    /// (0 when absent).
+    pub async fn series(&self, series: &str) -> Result<f64> {
+        let (status, text) = client::get(self.admin, "/metrics").await?;
+        if status != 200 {
+            bail!("/metrics answered HTTP {status}");
+        }
+        Ok(text
+            .lines()
+            .filter_map(|l| l.strip_prefix(series))
+            .filter_map(|rest| rest.strip_prefix(' '))
+            .find_map(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0))
     }
 
     /// `_sum` and `_count` of a histogram on /metrics.

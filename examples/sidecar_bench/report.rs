@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::components::{self, Components};
+use crate::exhaustion::ExhaustionResult;
 use crate::listen::ListenResult;
 use crate::phases::Usage;
 use crate::procs::ProcStatus;
@@ -190,6 +191,7 @@ pub struct Results {
     pub targets: Vec<Target>,
     pub errors: Errors,
     pub listen: ListenResult,
+    pub exhaustion: ExhaustionResult,
     /// Cores' worth of CPU other processes used in the second before the run.
     pub preflight_other_cores: f64,
 }
@@ -407,6 +409,7 @@ impl Results {
         }
 
         o.push_str(&self.listen.table());
+        o.push_str(&self.exhaustion.table());
         let _ = writeln!(o, "components, in process (µs)");
         for (name, s) in &self.components {
             let _ = writeln!(
@@ -472,6 +475,7 @@ impl Results {
             "ledger": self.ledger,
             "completed_task_reads": self.read_pass.as_ref().map(Summary::to_json),
             "listen": self.listen.to_json(),
+            "exhaustion": self.exhaustion.to_json(),
             "components": components::to_json(&self.components),
             "targets": self.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
             "errors": {"count": self.errors.count, "examples": self.errors.examples},

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::client::{self, Conn, Endpoint, Template};
 use crate::components;
+use crate::exhaustion::{self, ExhaustionPlan};
 use crate::listen::{self, LaneTarget, ListenPlan, ListenResult};
 use crate::phases::{self, Lane, Load, latency_rounds, settle, task_id_of, throughput_rounds};
 use crate::procs::{self, Keys, Server, Sidecar, TASK_TOOL};
@@ -33,6 +34,7 @@ pub struct Plan {
     /// Pause before memory readings and for the preflight noise reading.
     pub rest: Duration,
     pub listen: ListenPlan,
+    pub exhaustion: ExhaustionPlan,
 }
 
 impl Plan {
@@ -66,6 +68,7 @@ impl Plan {
                 warmup: Duration::from_secs_f64(secs(2.0, 0.3)),
                 duration: Duration::from_secs_f64(args.listen_secs.unwrap_or(secs(20.0, 1.0))),
             },
+            exhaustion: ExhaustionPlan::new(smoke),
         }
         .with_listen_groups()
     }
@@ -87,6 +90,7 @@ impl Plan {
             "component_iterations": self.component_iterations,
             "rest_seconds": self.rest.as_secs_f64(),
             "listen": self.listen.to_json(),
+            "exhaustion": self.exhaustion.to_json(),
         })
     }
 }
@@ -442,7 +446,15 @@ pub async fn measure(
     let server = Server::start(&bins.example, work)?;
     let upstream = server.endpoint.clone();
     let env = &bins.sidecar_env;
-    let sidecar = Sidecar::start(&bins.lifeguard, work, &upstream, &keys, env).await?;
+    // One client address opens the listen phase's streams: lift the connection caps for it.
+    let caps = [
+        "--max-connections",
+        "4096",
+        "--max-connections-per-peer",
+        "4096",
+    ];
+    let args = caps.map(str::to_owned);
+    let sidecar = Sidecar::start(&bins.lifeguard, work, &upstream, &keys, env, &args).await?;
     let mut bench = Bench {
         plan,
         direct: server.endpoint.clone(),
@@ -502,10 +514,22 @@ pub async fn measure(
         errors,
         latency,
         added,
+        owner,
         ..
     } = bench;
     let mut errors_total = errors;
     drop(sidecar);
+    // A fresh sidecar of its own, so its memory is the attack's alone.
+    let exhaustion = exhaustion::run(
+        &plan.exhaustion,
+        &bins.lifeguard,
+        work,
+        &server.endpoint,
+        &keys,
+        &owner,
+    )
+    .await?;
+    errors_total.merge(exhaustion.errors.clone());
     drop(server);
 
     eprintln!("phase: components");
@@ -514,6 +538,7 @@ pub async fn measure(
 
     let mut targets = targets(&latency, &added, &throughput, &memory, rows);
     targets.extend(crate::report::listen_targets(&listen));
+    targets.push(exhaustion.target());
     if listen.lost() > 0 {
         errors_lost(&mut errors_total, listen.lost());
     }
@@ -541,6 +566,7 @@ pub async fn measure(
         targets,
         errors: errors_total,
         listen,
+        exhaustion,
         preflight_other_cores,
     })
 }

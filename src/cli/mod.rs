@@ -73,6 +73,32 @@ pub struct SidecarArgs {
     /// Threads serving requests. Default: one per CPU the container may use.
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// Client connections served at once; beyond it a new connection is closed at accept.
+    #[arg(long, value_name = "N", default_value_t = default_limits().max_connections as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Client connections served at once from one IP address (a proxy in front of the sidecar
+    /// counts as one address).
+    #[arg(long, value_name = "N", default_value_t = default_limits().max_connections_per_peer as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_peer: u32,
+    /// Time a client has to send a complete request head (from accepting the connection for
+    /// its first request, from the first byte of the head for later ones).
+    #[arg(long, value_name = "DURATION",
+          default_value_t = default_limits().header_read_timeout.into())]
+    pub header_read_timeout: lifeguard::api::PolicyDuration,
+    /// Time an authenticated client has to send a request body.
+    #[arg(long, value_name = "DURATION",
+          default_value_t = default_limits().body_read_timeout.into())]
+    pub body_read_timeout: lifeguard::api::PolicyDuration,
+    /// Time a kept-alive connection may wait for its next request before it is closed.
+    #[arg(long, value_name = "DURATION",
+          default_value_t = default_limits().idle_timeout.into())]
+    pub idle_timeout: lifeguard::api::PolicyDuration,
+}
+
+fn default_limits() -> lifeguard::runtime::http::ServerLimits {
+    lifeguard::runtime::http::ServerLimits::default()
 }
 
 #[derive(Debug, Subcommand)]

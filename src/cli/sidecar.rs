@@ -1,6 +1,7 @@
 //! `lifeguard sidecar`.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
+use lifeguard::runtime::http::ServerLimits;
 use lifeguard::sidecar::{PolicySourceConfig, SidecarConfig};
 
 use super::SidecarArgs;
@@ -19,10 +20,30 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
         cancel_confirm_timeout: args.cancel_confirm_timeout.get(),
+        limits: limits(args)?,
     };
     let runtime = lifeguard::runtime::tokio_runtime(args.worker_threads)?;
     runtime.block_on(async move {
         let shutdown = lifeguard::runtime::shutdown_on_signals();
         lifeguard::sidecar::run(config, shutdown).await
+    })
+}
+
+/// The client-facing port's limits from the flags.
+fn limits(args: &SidecarArgs) -> Result<ServerLimits> {
+    for (flag, value) in [
+        ("--header-read-timeout", &args.header_read_timeout),
+        ("--body-read-timeout", &args.body_read_timeout),
+        ("--idle-timeout", &args.idle_timeout),
+    ] {
+        ensure!(!value.get().is_zero(), "{flag} must be longer than 0s");
+    }
+    Ok(ServerLimits {
+        header_read_timeout: args.header_read_timeout.get(),
+        body_read_timeout: args.body_read_timeout.get(),
+        idle_timeout: args.idle_timeout.get(),
+        max_connections: args.max_connections as usize,
+        max_connections_per_peer: args.max_connections_per_peer as usize,
+        ..ServerLimits::default()
     })
 }

@@ -68,9 +68,10 @@ pub async fn spawn(
     let local = listener.local_addr()?;
     eprintln!("lifeguard: admin on http://{local}");
     tokio::spawn(async move {
-        let served = axum::serve(listener, router(health))
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
+        // Default limits; its connection metrics are not exported (the port is not public).
+        let limits = super::http::ServerLimits::default();
+        let metrics = super::http::ConnectionMetrics::default();
+        let served = super::http::serve(listener, router(health), limits, metrics, shutdown).await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin server failed");
         }

@@ -1,8 +1,10 @@
 //! Server plumbing every long-running subcommand shares (sidecar today; operator and webhook
-//! next): the Tokio runtime, shutdown on signals, and the admin endpoint (`/live`, `/ready`,
-//! `/metrics`). Nothing here knows what the server does.
+//! next): the Tokio runtime, shutdown on signals, the hardened HTTP server ([`http`]:
+//! connection caps, header-read, idle and body-read timeouts, graceful shutdown) and the admin
+//! endpoint (`/live`, `/ready`, `/metrics`). Nothing here knows what the server does.
 
 pub mod admin;
+pub mod http;
 pub mod signals;
 
 pub use admin::{Health, Readiness};

@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::response::Response;
 use axum::routing::{get, post};
 use http::{StatusCode, Uri};
@@ -69,7 +69,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{AuditLog, AuditTarget, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::LedgerLocation;
-use crate::mcp::jsonrpc::MAX_REQUEST_BYTES;
+use crate::runtime::http::{ConnectionMetrics, ServerLimits};
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::SidecarMetrics;
 
@@ -114,6 +114,8 @@ pub struct SidecarConfig {
     pub upstream_timeout: Duration,
     /// How long a cancelled task waits for the server's confirmation.
     pub cancel_confirm_timeout: Duration,
+    /// Connection caps and timeouts of the client-facing port.
+    pub limits: ServerLimits,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
@@ -149,7 +151,10 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         None => AuditTarget::Stdout,
     };
     let (audit, audit_writer) = AuditLog::open(initial_target).context("opening the audit file")?;
-    let metrics = Arc::new(SidecarMetrics::new());
+    let connection_metrics = ConnectionMetrics::default();
+    let mut metrics = SidecarMetrics::new();
+    connection_metrics.register(&mut metrics.registry);
+    let metrics = Arc::new(metrics);
     let (publisher, policy) = PolicyPublisher::channel(metrics.clone());
     if config.audit_file.is_none() {
         // Without --audit-file, the policy's audit.sink decides where the trail goes.
@@ -201,7 +206,6 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             "/.well-known/oauth-protected-resource",
             get(protected_resource_metadata),
         )
-        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(app.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -214,8 +218,8 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         crate::runtime::admin::spawn(admin_addr, app.clone(), shutdown.clone()).await?;
     }
 
-    axum::serve(listener, mcp)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+    let limits = config.limits.clone();
+    crate::runtime::http::serve(listener, mcp, limits, connection_metrics, shutdown.clone())
         .await
         .context("serving MCP")?;
     drop(app);

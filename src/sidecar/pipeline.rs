@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
-use bytes::Bytes;
 use http::StatusCode;
 use http::header::{self, HeaderMap};
 use serde_json::Value;
@@ -14,7 +14,8 @@ use crate::audit::{AuditEvent, Decision};
 use crate::identity::{AuthError, Identity, bearer_token, validate_token};
 use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
-use crate::mcp::jsonrpc::{ErrorObject, parse_request};
+use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
+use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::metrics::RequestLabels;
 
 use super::active_policy::ActivePolicy;
@@ -37,10 +38,13 @@ fn method_label(method: &str) -> &'static str {
     }
 }
 
+/// Everything before the body is read is decided from the headers alone, so a caller without a
+/// valid token never gets its body read.
 pub async fn handle_mcp(
     State(app): State<Arc<AppState>>,
+    body_timeout: BodyReadTimeout,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
@@ -85,6 +89,10 @@ pub async fn handle_mcp(
         }
     };
 
+    let body = match read_body(body, MAX_REQUEST_BYTES, body_timeout).await {
+        Ok(body) => body,
+        Err(error) => return body_refused(&app, error, body_timeout),
+    };
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(error) => {
@@ -145,6 +153,33 @@ pub async fn handle_mcp(
 
 fn deny_metric(app: &AppState, reason: &'static str) {
     app.metrics.denial(reason);
+}
+
+/// The answer to an authenticated request whose body could not be read.
+fn body_refused(app: &AppState, error: BodyError, timeout: BodyReadTimeout) -> Response {
+    let (status, reason, message) = match error {
+        BodyError::TooLarge => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("Request body exceeds {} bytes", MAX_REQUEST_BYTES),
+        ),
+        BodyError::TimedOut => (
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "Request body not received within {} s",
+                timeout.0.as_secs_f64()
+            ),
+        ),
+        BodyError::Unreadable => (
+            StatusCode::BAD_REQUEST,
+            "body_unreadable",
+            "Request body could not be read".to_owned(),
+        ),
+    };
+    deny_metric(app, reason);
+    let error = ErrorObject::new(codes::INVALID_REQUEST, message);
+    respond::rpc_error(status, &Value::Null, &error)
 }
 
 /// Validates the bearer token against the policy (refetching the issuer's keys once, rate

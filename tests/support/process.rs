@@ -266,8 +266,8 @@ pub struct SidecarOptions {
     pub jwks_uri: Option<String>,
     /// `--approver-keys`: the trusted approvers of capability exceptions.
     pub approver_keys: Option<PathBuf>,
-    /// More command-line arguments for `lifeguard sidecar`.
-    pub extra_args: Vec<String>,
+    /// More command-line arguments of the sidecar (e.g. its connection limits).
+    pub args: Vec<String>,
 }
 
 pub struct Sidecar {
@@ -307,7 +307,7 @@ impl Sidecar {
             extra_args.push("--approver-keys".to_owned());
             extra_args.push(keys.display().to_string());
         }
-        extra_args.extend(options.extra_args.iter().cloned());
+        extra_args.extend(options.args.iter().cloned());
         Self::start_with(dir, policy_path, upstream, extra_args).await
     }
 

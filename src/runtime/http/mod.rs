@@ -1,0 +1,208 @@
+//! A hardened HTTP/1.1 server for ports that face untrusted clients: an axum [`Router`] served
+//! from our own accept loop, so every connection is admitted, timed and shut down on purpose.
+//!
+//! - **Connection caps**: beyond [`ServerLimits::max_connections`] in total or
+//!   [`ServerLimits::max_connections_per_peer`] from one IP address, a new connection is
+//!   closed right after accept and counted (`connections_refused_total{reason}`).
+//! - **Header-read and idle timeouts** (see [`conn`]): a request head must be complete within
+//!   the header-read timeout (of the accept for a connection's first request, of its first
+//!   byte for later ones); a kept-alive connection with no request for the idle timeout is
+//!   closed. A request in flight (a long answer, an event stream) is never cut by either.
+//! - **Bounded buffers**: a request head and each connection's read buffer are capped at
+//!   [`ServerLimits::max_head_bytes`] (larger heads get 431).
+//! - **Body reads** are the handler's business, on purpose (after authentication), with
+//!   [`read_body`] under the [`BodyReadTimeout`] this server puts on every request.
+//! - **Graceful shutdown**: when `shutdown` fires, accepting stops, idle connections close,
+//!   requests in flight get [`ServerLimits::shutdown_grace`] to finish, then the rest are
+//!   aborted. Connection errors are logged at debug level.
+
+mod admission;
+mod body;
+pub mod conn;
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::{Extension, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use admission::{ConnectionLabels, ConnectionMetrics, Refusal};
+pub use body::{BodyError, BodyReadTimeout, read_body};
+
+use admission::{Admission, Gate};
+use conn::{ConnClock, HeadTimer, Tracked};
+
+/// What one server allows its clients. The defaults suit a sidecar facing a cluster network;
+/// docs/sidecar.md ("Resource limits and what they bound") gives the reasons and the memory
+/// they bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Time to receive a complete request head (default 10 s).
+    pub header_read_timeout: Duration,
+    /// Time a handler gives a request body once it starts reading it (default 30 s).
+    pub body_read_timeout: Duration,
+    /// Time a kept-alive connection may wait for its next request (default 120 s).
+    pub idle_timeout: Duration,
+    /// Connections served at once (default 1024).
+    pub max_connections: usize,
+    /// Connections served at once from one IP address (default 64).
+    pub max_connections_per_peer: usize,
+    /// Largest request head, and largest read or write buffer of a connection (default
+    /// 32 KiB).
+    pub max_head_bytes: usize,
+    /// Time requests in flight get to finish after shutdown begins (default 10 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: 1024,
+            max_connections_per_peer: 64,
+            max_head_bytes: 32 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// hyper's smallest allowed buffer.
+const MIN_BUFFER: usize = 8 * 1024;
+/// Pause after an accept error that is not about one connection (e.g. out of file
+/// descriptors), so the loop does not spin while it lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves `router` on `listener` under `limits` until `shutdown` fires, then shuts down
+/// gracefully (see the module documentation). Returns once every connection is closed.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let gate = Gate::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        metrics.clone(),
+    );
+    let router = router.layer(Extension(BodyReadTimeout(limits.body_read_timeout)));
+    let service = TowerToHyperService::new(router);
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(error) = joined {
+                    tracing::debug!(%error, "connection task ended abnormally");
+                }
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match gate.admit(peer.ip()) {
+                    Ok(admission) => {
+                        let served = serve_connection(
+                            stream, peer, admission, service.clone(), &limits,
+                            metrics.clone(), shutdown.clone(),
+                        );
+                        connections.spawn(served);
+                    }
+                    Err(refusal) => {
+                        tracing::debug!(%peer, reason = refusal.label(), "connection refused");
+                        drop(stream);
+                    }
+                },
+                Err(error) => {
+                    tracing::debug!(%error, "accept failed");
+                    if !is_connection_error(&error) {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                }
+            },
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            connections = connections.len(),
+            "closing connections still busy after the shutdown grace period"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Errors of one connection that was being accepted (the listener is fine).
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+type Service = TowerToHyperService<Router>;
+
+/// Serves one admitted connection until it ends (or is shut down), then gives its slots back.
+fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    admission: Admission,
+    service: Service,
+    limits: &ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
+    }
+    let clock = ConnClock::new();
+    let buffer = limits.max_head_bytes.max(MIN_BUFFER);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(HeadTimer::new(
+            clock.clone(),
+            limits.header_read_timeout,
+            limits.idle_timeout,
+        ))
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(buffer);
+    let io = TokioIo::new(Tracked::new(stream, clock.clone()));
+    let connection = builder.serve_connection(io, service);
+    async move {
+        let mut connection = std::pin::pin!(connection);
+        let served = tokio::select! {
+            served = connection.as_mut() => served,
+            _ = shutdown.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(error) = served {
+            match clock.expiry().filter(|_| error.is_timeout()) {
+                Some(expiry) => {
+                    metrics.time_out(expiry.label());
+                    tracing::debug!(%peer, reason = expiry.label(), "connection timed out");
+                }
+                None => tracing::debug!(%peer, %error, "connection ended with an error"),
+            }
+        }
+        drop(admission);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,239 @@
+//! The server over real sockets. Assertions are about states and orderings: waits for a state
+//! are generous, and "still open" is checked well past the deadline that must not apply.
+
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+
+/// Longest wait for something that must happen (a guard against hangs, not a timing check).
+const EVENTUALLY: Duration = Duration::from_secs(20);
+
+/// Told when `/slow` starts (only the shutdown test calls it).
+static SLOW_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+async fn slow() -> &'static str {
+    SLOW_STARTED.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    "slow"
+}
+
+async fn echo_len(timeout: BodyReadTimeout, body: axum::body::Body) -> String {
+    match read_body(body, 16, timeout).await {
+        Ok(bytes) => bytes.len().to_string(),
+        Err(error) => format!("{error:?}"),
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+    served: tokio::task::JoinHandle<io::Result<()>>,
+}
+
+async fn start(limits: ServerLimits) -> Running {
+    let router = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/slow", get(slow))
+        .route("/echo", post(echo_len));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = ConnectionMetrics::default();
+    let shutdown = CancellationToken::new();
+    let served = tokio::spawn(serve(
+        listener,
+        router,
+        limits,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    Running {
+        addr,
+        metrics,
+        shutdown,
+        served,
+    }
+}
+
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+
+/// Sends `request` and reads one response (up to its end, for these small answers).
+async fn exchange(stream: &mut TcpStream, request: &[u8]) -> String {
+    stream.write_all(request).await.unwrap();
+    read_response(stream).await
+}
+
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = tokio::time::timeout(EVENTUALLY, stream.read(&mut chunk))
+            .await
+            .expect("a response")
+            .unwrap_or(0);
+        out.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&out);
+        if n == 0 || response_complete(&text) {
+            return text.into_owned();
+        }
+    }
+}
+
+fn response_complete(text: &str) -> bool {
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    length.is_some_and(|n| body.len() >= n)
+}
+
+/// Whether the server closed `stream` (EOF or reset) within [`EVENTUALLY`].
+async fn closed_eventually(stream: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(EVENTUALLY, stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+fn timed_out(metrics: &ConnectionMetrics, reason: &'static str) -> u64 {
+    metrics
+        .timed_out
+        .get_or_create(&ConnectionLabels { reason })
+        .get()
+}
+
+#[tokio::test]
+async fn an_unfinished_first_head_is_closed_after_the_header_timeout() {
+    let server = start(ServerLimits {
+        header_read_timeout: Duration::from_millis(200),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    stream.write_all(b"GET / HTTP/1.1\r\nHost").await.unwrap();
+    assert!(closed_eventually(&mut stream).await);
+    assert_eq!(timed_out(&server.metrics, "header_read"), 1);
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_outlives_the_header_timeout_until_the_idle_timeout() {
+    let server = start(ServerLimits {
+        header_read_timeout: Duration::from_millis(100),
+        idle_timeout: Duration::from_millis(1500),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    assert!(exchange(&mut stream, GET).await.ends_with("ok"));
+    // Idle for several header timeouts: the connection is still served.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(exchange(&mut stream, GET).await.ends_with("ok"));
+    // Then silence past the idle timeout closes it.
+    assert!(closed_eventually(&mut stream).await);
+    assert_eq!(timed_out(&server.metrics, "idle"), 1);
+    assert_eq!(timed_out(&server.metrics, "header_read"), 0);
+}
+
+#[tokio::test]
+async fn a_later_head_that_stalls_is_closed_after_the_header_timeout() {
+    let server = start(ServerLimits {
+        header_read_timeout: Duration::from_millis(200),
+        idle_timeout: Duration::from_secs(3600),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    assert!(exchange(&mut stream, GET).await.ends_with("ok"));
+    stream.write_all(b"GET / HT").await.unwrap();
+    assert!(closed_eventually(&mut stream).await);
+    assert_eq!(timed_out(&server.metrics, "header_read"), 1);
+}
+
+#[tokio::test]
+async fn bodies_are_read_under_the_limits_of_the_server() {
+    let server = start(ServerLimits {
+        body_read_timeout: Duration::from_millis(200),
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let post = |len: usize, body: &str| {
+        format!("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n\r\n{body}")
+    };
+    assert!(
+        exchange(&mut stream, post(5, "hello").as_bytes())
+            .await
+            .ends_with("\r\n5")
+    );
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let answer = exchange(&mut stream, post(17, "").as_bytes()).await;
+    assert!(answer.ends_with("TooLarge"), "{answer}");
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let answer = exchange(&mut stream, post(10, "hel").as_bytes()).await;
+    assert!(answer.ends_with("TimedOut"), "{answer}");
+}
+
+#[tokio::test]
+async fn caps_connections_per_peer_and_serves_again_once_they_close() {
+    let server = start(ServerLimits {
+        max_connections_per_peer: 2,
+        ..ServerLimits::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        assert!(exchange(&mut stream, GET).await.ends_with("ok"));
+        held.push(stream);
+    }
+    let mut refused = TcpStream::connect(server.addr).await.unwrap();
+    assert!(closed_eventually(&mut refused).await);
+    for stream in &mut held {
+        assert!(exchange(stream, GET).await.ends_with("ok"));
+    }
+    drop(held);
+    let mut served = None;
+    for _ in 0..200 {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let _ = stream.write_all(GET).await;
+        if read_response(&mut stream).await.ends_with("ok") {
+            served = Some(stream);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        served.is_some(),
+        "never served again after the held connections closed"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_lets_requests_in_flight_finish_and_stops_accepting() {
+    let server = start(ServerLimits::default()).await;
+    let mut busy = TcpStream::connect(server.addr).await.unwrap();
+    busy.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut idle = TcpStream::connect(server.addr).await.unwrap();
+    assert!(exchange(&mut idle, GET).await.ends_with("ok"));
+    SLOW_STARTED.notified().await;
+    server.shutdown.cancel();
+    assert!(read_response(&mut busy).await.ends_with("slow"));
+    assert!(closed_eventually(&mut idle).await);
+    let result = tokio::time::timeout(EVENTUALLY, server.served).await;
+    assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
+    assert!(TcpStream::connect(server.addr).await.is_err());
+}
