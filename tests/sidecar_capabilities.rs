@@ -448,6 +448,13 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
     );
     assert_eq!(allowed[0]["detail"]["approvalId"], "CHG-1");
     assert_eq!(allowed[0]["detail"]["exception"], "tests/ok");
+    // The approved model route is recorded with every use.
+    assert!(
+        allowed
+            .iter()
+            .all(|e| e["detail"]["modelRoute"] == "test/route"),
+        "{allowed:?}"
+    );
     assert_eq!(allowed[0]["detail"]["budgetLeft"]["iterations"], 4);
     assert_eq!(allowed[1]["detail"]["budgetLeft"]["iterations"], 3);
     let requested = audit

@@ -29,10 +29,11 @@ pub use revocation::{
     RevocationSource, RevocationSourceKind,
 };
 pub use server_policy::{
-    AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames, ConcurrencySpec,
-    DeadlineSpec, IdempotencySpec, IdentitySpec, IssuerSpec, JwsAlgorithm, ListenNotification,
-    ListenSpec, McpServerPolicy, McpServerPolicySpec, McpServerPolicyStatus, ProtocolSpec,
-    ResourceSubscriptionsSpec, RetentionSpec, TasksSpec, UpstreamIdentity, UpstreamSpec,
+    AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,
+    ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, IssuerSpec, JwsAlgorithm,
+    ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec, McpServerPolicyStatus,
+    ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec, UpstreamIdentity,
+    UpstreamSpec,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

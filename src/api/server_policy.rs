@@ -443,6 +443,21 @@ pub struct AuditSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub status_read_sample_percent: Option<u8>,
+    /// What the sidecar does while audit events cannot be written (the sink fails or its
+    /// queue overflows). `failClosed` (default): new tasks and capability allowances are
+    /// refused and `/ready` fails until writes succeed again. `failOpen`: requests are served
+    /// and the loss is only counted (`lifeguard_audit_write_errors_total`,
+    /// `lifeguard_audit_dropped_total`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<AuditFailureMode>,
+}
+
+/// What an unwritable audit trail does to serving.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum AuditFailureMode {
+    FailClosed,
+    FailOpen,
 }
 
 /// Audit sink kinds.

@@ -10,6 +10,10 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
 use crate::model::{Owner, TaskId};
@@ -134,10 +138,35 @@ pub fn summarize(value: &Value) -> Value {
     serde_json::json!({"bytes": bytes.len(), "sha256": hex})
 }
 
+/// Events queued for the writer at most; beyond it new events are dropped and counted (memory
+/// stays bounded when the sink is slower than the traffic).
+pub const QUEUE_CAPACITY: usize = 65_536;
+
 /// Handle for writing audit events; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
-    tx: mpsc::UnboundedSender<Message>,
+    tx: mpsc::Sender<Message>,
+    health: Arc<AuditHealth>,
+}
+
+/// How the trail is doing, shared by every handle and the writer.
+#[derive(Default)]
+pub struct AuditHealth {
+    /// The last write failed (cleared by the next successful one).
+    failing: AtomicBool,
+    /// An event was dropped because the queue was full, since the last successful write.
+    dropping: AtomicBool,
+    /// Writes that failed (each a batch of lines), and events dropped at the full queue.
+    pub write_errors: Counter,
+    pub dropped: Counter,
+}
+
+impl AuditHealth {
+    /// Whether every event is being written: no failed write and no drop since the last
+    /// successful write.
+    pub fn is_healthy(&self) -> bool {
+        !self.failing.load(Ordering::Relaxed) && !self.dropping.load(Ordering::Relaxed)
+    }
 }
 
 /// Where audit lines go.
@@ -156,12 +185,14 @@ enum Message {
 fn open_target(target: &AuditTarget) -> std::io::Result<Box<dyn Write + Send>> {
     Ok(match target {
         AuditTarget::Stdout => Box::new(std::io::stdout()),
-        AuditTarget::File(path) => Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?,
-        ),
+        AuditTarget::File(path) => {
+            let mut options = std::fs::OpenOptions::new();
+            options.create(true).append(true);
+            // The trail names principals and tools: owner-only when created here.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            Box::new(options.open(path)?)
+        }
     })
 }
 
@@ -170,8 +201,11 @@ impl AuditLog {
     pub fn open(target: AuditTarget) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
         let mut out = open_target(&target)?;
         let mut current = target;
-        let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+        let (tx, mut rx) = mpsc::channel::<Message>(QUEUE_CAPACITY);
+        let health = Arc::new(AuditHealth::default());
+        let writer_health = health.clone();
         let writer = tokio::task::spawn_blocking(move || {
+            let health = writer_health;
             let mut buffer = Vec::with_capacity(8192);
             while let Some(first) = rx.blocking_recv() {
                 let mut next = Some(first);
@@ -179,7 +213,7 @@ impl AuditLog {
                     match message {
                         Message::Event(event) => write_line(&mut buffer, &event),
                         Message::Retarget(target) if target != current => {
-                            flush(&mut out, &mut buffer);
+                            flush(&mut out, &mut buffer, &health);
                             match open_target(&target) {
                                 Ok(new) => {
                                     tracing::info!(
@@ -199,32 +233,56 @@ impl AuditLog {
                         Message::Retarget(_) => {}
                     }
                 }
-                flush(&mut out, &mut buffer);
+                flush(&mut out, &mut buffer, &health);
             }
         });
-        Ok((Self { tx }, writer))
+        Ok((Self { tx, health }, writer))
     }
 
-    /// Queues an event. Never blocks; events are written in order.
+    /// Queues an event. Never blocks; events are written in order. When the queue is full the
+    /// event is dropped and counted, and the trail reads unhealthy until a write succeeds.
     pub fn log(&self, event: AuditEvent) {
-        if self.tx.send(Message::Event(Box::new(event))).is_err() {
-            tracing::error!("audit writer has stopped; event lost");
+        match self.tx.try_send(Message::Event(Box::new(event))) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.health.dropped.inc();
+                self.health.dropping.store(true, Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.health.dropped.inc();
+                self.health.failing.store(true, Ordering::Relaxed);
+                tracing::error!("audit writer has stopped; event lost");
+            }
         }
     }
 
     /// Switches where later events go (no-op when unchanged). Events queued before stay with the
     /// old target.
     pub fn retarget(&self, target: AuditTarget) {
-        let _ = self.tx.send(Message::Retarget(target));
+        let _ = self.tx.try_send(Message::Retarget(target));
+    }
+
+    /// How the trail is doing (for readiness, fail-closed decisions and metrics).
+    pub fn health(&self) -> &Arc<AuditHealth> {
+        &self.health
     }
 }
 
-fn flush(out: &mut Box<dyn Write + Send>, buffer: &mut Vec<u8>) {
+fn flush(out: &mut Box<dyn Write + Send>, buffer: &mut Vec<u8>, health: &AuditHealth) {
     if buffer.is_empty() {
         return;
     }
-    if let Err(e) = out.write_all(buffer).and_then(|()| out.flush()) {
-        tracing::error!(error = %e, "writing the audit trail failed");
+    match out.write_all(buffer).and_then(|()| out.flush()) {
+        Ok(()) => {
+            health.failing.store(false, Ordering::Relaxed);
+            health.dropping.store(false, Ordering::Relaxed);
+        }
+        Err(e) => {
+            health.write_errors.inc();
+            if !health.failing.swap(true, Ordering::Relaxed) {
+                tracing::error!(error = %e, "writing the audit trail failed");
+            }
+        }
     }
     buffer.clear();
 }
@@ -238,6 +296,47 @@ fn write_line(buffer: &mut Vec<u8>, event: &AuditEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Flaky(std::sync::Arc<AtomicBool>);
+
+    impl Write for Flaky {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0.load(Ordering::SeqCst) {
+                Err(std::io::Error::other("disk full"))
+            } else {
+                Ok(buf.len())
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_makes_the_trail_unhealthy_until_one_succeeds() {
+        let broken = std::sync::Arc::new(AtomicBool::new(true));
+        let mut out: Box<dyn Write + Send> = Box::new(Flaky(broken.clone()));
+        let health = AuditHealth::default();
+        let mut buffer = b"line\n".to_vec();
+        flush(&mut out, &mut buffer, &health);
+        assert!(!health.is_healthy());
+        assert_eq!(health.write_errors.get(), 1);
+        broken.store(false, Ordering::SeqCst);
+        buffer.extend_from_slice(b"line\n");
+        flush(&mut out, &mut buffer, &health);
+        assert!(health.is_healthy());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn audit_files_are_created_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        drop(open_target(&AuditTarget::File(path.clone())).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
 
     #[test]
     fn task_hashes_are_keyed_and_stable() {

@@ -9,8 +9,9 @@ use jiff::Timestamp;
 use serde::Serialize;
 
 use crate::api::{
-    AuditSink, CapabilityException, CapabilityMode, JwsAlgorithm, ListenNotification,
-    McpServerPolicy, PolicyDuration, PrincipalRevocation, TasksSpec, UpstreamIdentity,
+    AuditFailureMode, AuditSink, CapabilityException, CapabilityMode, JwsAlgorithm,
+    ListenNotification, McpServerPolicy, PolicyDuration, PrincipalRevocation, TasksSpec,
+    UpstreamIdentity,
 };
 
 use super::effective::*;
@@ -293,6 +294,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
                 .as_ref()
                 .and_then(|a| a.status_read_sample_percent)
                 .unwrap_or(100),
+            on_failure: policy
+                .spec
+                .audit
+                .as_ref()
+                .and_then(|a| a.on_failure)
+                .unwrap_or(AuditFailureMode::FailClosed),
         },
     });
     Compilation {

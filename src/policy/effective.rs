@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::api::{
-    AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability, JwsAlgorithm,
-    ListenNotification, PolicyDuration, RevocationReason, UpstreamIdentity,
+    AuditFailureMode, AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability,
+    JwsAlgorithm, ListenNotification, PolicyDuration, RevocationReason, UpstreamIdentity,
 };
 
 use super::uri_pattern::UriPattern;
@@ -280,4 +280,6 @@ pub struct AuditRules {
     pub sink: AuditSink,
     pub path: Option<String>,
     pub status_read_sample_percent: u8,
+    /// What serving does while audit events cannot be written.
+    pub on_failure: AuditFailureMode,
 }

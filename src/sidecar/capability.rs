@@ -30,6 +30,8 @@ pub enum Verdict {
     Allowed {
         exception: ObjectKey,
         approval_id: String,
+        /// The exception's approved model route (sampling), recorded with every use.
+        model_route: Option<String>,
         iterations_left: u32,
         per_minute_left: u32,
     },
@@ -132,6 +134,10 @@ pub struct Carrier<'a> {
     pub protocol_version: &'a str,
     pub correlation_id: &'a str,
     pub policy_name: &'a str,
+    /// The audit trail can be written, or the policy does not require it
+    /// (`audit.onFailure`). When it cannot, nothing is allowed: undecided and allowed
+    /// requests are withheld (not decided, so they come back once the trail recovers).
+    pub audit_ok: bool,
 }
 
 impl CapabilityGate {
@@ -162,6 +168,12 @@ impl CapabilityGate {
                 continue;
             };
             let decided_key = (carrier.scope.to_owned(), key.clone());
+            if !carrier.audit_ok
+                && !matches!(state.decided.get(&decided_key), Some(Verdict::Rejected(_)))
+            {
+                requests.remove(&key);
+                continue;
+            }
             // A request that does not declare the capability is not shown it, and does not
             // decide it either when an exception could allow it: a poll from a client that
             // cannot answer must not end the task for the one that can. (Under `deny` the
@@ -360,6 +372,7 @@ fn decide(
         return Verdict::Allowed {
             exception: exception.exception.clone(),
             approval_id: exception.spec.approval_id.clone(),
+            model_route: exception.spec.model_route.clone(),
             iterations_left: limits.max_iterations_per_task - iterations - 1,
             per_minute_left,
         };
@@ -391,11 +404,13 @@ fn audit_events(
         Verdict::Allowed {
             exception,
             approval_id,
+            model_route,
             iterations_left,
             per_minute_left,
         } => base("capability.allowed", Decision::Allow, "exception")
             .detail("exception", exception.to_string())
             .detail("approvalId", approval_id.clone())
+            .detail("modelRoute", json!(model_route))
             .detail(
                 "budgetLeft",
                 json!({"iterations": iterations_left, "perMinute": per_minute_left}),
@@ -466,6 +481,7 @@ mod tests {
         let carrier = Carrier {
             scope: "lgt_task",
             budget: Budget::Task("lgt_task".into()),
+            audit_ok: true,
             owner: &owner,
             declared: &declared,
             protocol_version: crate::mcp::PROTOCOL_VERSION,

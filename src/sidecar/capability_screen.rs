@@ -66,6 +66,7 @@ pub async fn screen_task_state(
     let carrier = Carrier {
         scope: record.id.as_str(),
         budget: Budget::Task(record.id.as_str().to_owned()),
+        audit_ok: !app.audit_blocks(policy),
         owner: &record.owner,
         declared: recipient.declared,
         protocol_version: recipient.protocol_version,
@@ -152,6 +153,7 @@ pub async fn screen_request_inputs(
             protocol_version: &ctx.facts.protocol_version,
             correlation_id: &ctx.correlation_id,
             policy_name: &ctx.policy.name,
+            audit_ok: !app.audit_blocks(&ctx.policy),
         };
         let screened = app.gate.screen(
             &ctx.policy.effective,

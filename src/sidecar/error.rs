@@ -37,6 +37,8 @@ pub enum Error {
     StreamTooLarge,
     #[error("the MCP server answered with a task ID recorded for another owner")]
     UpstreamTaskTaken,
+    #[error("the audit trail cannot be written")]
+    AuditUnavailable,
     #[error("the MCP server returned a malformed task")]
     MalformedTask,
     #[error("the MCP server answered with a task, which this request may not create")]
@@ -54,6 +56,7 @@ impl Error {
     pub fn http_status(&self) -> StatusCode {
         match self {
             Self::Ledger(_) | Self::Model(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
@@ -69,6 +72,9 @@ impl Error {
             Self::ResponseMismatch => "The MCP server's answer does not match the request",
             Self::StreamTooLarge => "The MCP server's answer is too large",
             Self::UpstreamTaskTaken => "The MCP server returned a task that cannot be used",
+            Self::AuditUnavailable => {
+                "The audit trail cannot be written; new tasks are refused until it recovers"
+            }
             Self::MalformedTask => "The MCP server returned a malformed task",
             Self::UnexpectedTask => {
                 "The MCP server answered with a task, which this request may not create"
@@ -95,6 +101,7 @@ impl Error {
             Self::ResponseMismatch => "upstream_response_mismatch",
             Self::StreamTooLarge => "upstream_stream_too_large",
             Self::UpstreamTaskTaken => "upstream_task_taken",
+            Self::AuditUnavailable => "audit_unavailable",
             Self::MalformedTask => "upstream_malformed_task",
             Self::UnexpectedTask => "upstream_unexpected_task",
             Self::CapabilityNotAllowed => "capability_not_allowed",

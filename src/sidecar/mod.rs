@@ -154,6 +154,16 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     let connection_metrics = ConnectionMetrics::default();
     let mut metrics = SidecarMetrics::new();
     connection_metrics.register(&mut metrics.registry);
+    metrics.registry.register(
+        "audit_write_errors",
+        "Failed writes of the audit trail",
+        audit.health().write_errors.clone(),
+    );
+    metrics.registry.register(
+        "audit_dropped",
+        "Audit events dropped because the writer's queue was full or stopped",
+        audit.health().dropped.clone(),
+    );
     let metrics = Arc::new(metrics);
     let (publisher, policy) = PolicyPublisher::channel(metrics.clone());
     if config.audit_file.is_none() {
@@ -228,9 +238,13 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
 }
 
 impl Health for AppState {
-    /// Ready once a policy is in force (the ledger is opened before the server starts).
+    /// Ready once a policy is in force (the ledger is opened before the server starts), and
+    /// not while the audit trail fails under `audit.onFailure: failClosed`.
     fn readiness(&self) -> Readiness {
         match self.policy() {
+            Some(policy) if self.audit_blocks(&policy) => Readiness::NotReady(
+                "audit trail cannot be written (audit.onFailure: failClosed)".into(),
+            ),
             Some(policy) => {
                 Readiness::Ready(format!("ready: policy {} {}", policy.name, policy.hash))
             }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::AuditFailureMode;
 use crate::audit::{AuditLog, TaskHasher};
 use crate::ledger::TaskLedger;
 use crate::model::TaskId;
@@ -51,6 +52,13 @@ impl AppState {
     /// The policy in force now.
     pub fn policy(&self) -> Option<Arc<ActivePolicy>> {
         self.policy.borrow().clone()
+    }
+
+    /// Whether the audit trail's failure stops what must be audited (new tasks, capability
+    /// allowances): it is failing and the policy says `audit.onFailure: failClosed`.
+    pub fn audit_blocks(&self, policy: &ActivePolicy) -> bool {
+        policy.effective.audit.on_failure == AuditFailureMode::FailClosed
+            && !self.audit.health().is_healthy()
     }
 }
 

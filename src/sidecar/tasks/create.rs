@@ -73,6 +73,11 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     };
     let rules = rules.clone();
     let numbers = numbers.clone();
+    if app.audit_blocks(&ctx.policy) {
+        // What cannot be audited is not done (audit.onFailure: failClosed).
+        app.metrics.denial("audit_unavailable");
+        return Error::AuditUnavailable.respond(&app.metrics, &ctx.id());
+    }
 
     let pending = match reserve(&app, &ctx, &tool, &rules, &numbers).await {
         Ok(Reserved::Pending(pending)) => pending,
