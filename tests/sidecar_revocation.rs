@@ -125,12 +125,13 @@ async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones
         .expect("revocation.applied audited");
     assert_eq!(applied["detail"]["tasksCancelled"], 1);
     assert_eq!(applied["detail"]["revocation"], "alice-session");
-    assert!(
-        sidecar
-            .audit_event(|e| e["event"] == "auth.denied" && e["reason"] == "revoked")
-            .await
-            .is_some()
-    );
+    // The refusal names the principal and the revocation that refused it.
+    let denied = sidecar
+        .audit_event(|e| e["event"] == "auth.denied" && e["reason"] == "revoked")
+        .await
+        .expect("auth.denied audited");
+    assert_eq!(denied["subject"], "alice");
+    assert_eq!(denied["detail"]["revocation"], "alice-session");
     client.cancel_task(&bob_token, &bob_task).await;
 }
 

@@ -36,6 +36,7 @@ mod capability;
 mod capability_screen;
 mod context;
 mod decisions;
+mod denials;
 mod error;
 mod forward;
 mod listen;
@@ -193,6 +194,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         gate: capability::CapabilityGate::default(),
         polls: state::PollClock::default(),
         reconciles: state::ReconcileClock::default(),
+        denials: denials::DenialAudit::default(),
         streams: Arc::new(stream_registry::StreamRegistry::default()),
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,

@@ -2,6 +2,7 @@
 //! checks → the method's handler. Each stage either passes facts on or answers.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -67,36 +68,72 @@ pub async fn handle_mcp(
         });
         if !allowed {
             deny_metric(&app, "bad_origin");
-            return respond::json(
+            let event = AuditEvent::new(
+                "request.denied",
+                &correlation_id,
+                &policy.name,
+                Decision::Deny,
+                "bad_origin",
+            );
+            app.denials.log(&app.audit, event, None, Instant::now());
+            return respond::rpc_error(
                 StatusCode::FORBIDDEN,
-                &serde_json::json!({"error": "origin not allowed"}),
+                &Value::Null,
+                &ErrorObject::new(codes::INVALID_REQUEST, "Origin not allowed"),
             );
         }
     }
 
     let identity = match authenticate(&policy, &headers).await {
         Ok(identity) => identity,
-        Err(error) => {
+        Err(refused) => {
+            let error = &refused.error;
             deny_metric(&app, error.reason());
-            app.audit.log(AuditEvent::new(
+            let event = AuditEvent::new(
                 "auth.denied",
                 &correlation_id,
                 &policy.name,
                 Decision::Deny,
                 error.reason(),
-            ));
-            return respond::unauthorized(&policy.resource_metadata_url, &error);
+            );
+            match refused.revoked.as_deref() {
+                // A revoked principal is named, with the revocation that refused it.
+                Some((identity, revocation)) => app.denials.log(
+                    &app.audit,
+                    event
+                        .owner(&identity.owner)
+                        .detail("revocation", revocation.clone()),
+                    Some(&identity.owner),
+                    Instant::now(),
+                ),
+                None => app.denials.log(&app.audit, event, None, Instant::now()),
+            }
+            return respond::unauthorized(&policy.resource_metadata_url, error);
         }
+    };
+    // Refusals from here on are of a known principal.
+    let refuse = |reason: &'static str| {
+        deny_metric(&app, reason);
+        let event = AuditEvent::new(
+            "request.denied",
+            &correlation_id,
+            &policy.name,
+            Decision::Deny,
+            reason,
+        )
+        .owner(&identity.owner);
+        app.denials
+            .log(&app.audit, event, Some(&identity.owner), Instant::now());
     };
 
     let body = match read_body(body, MAX_REQUEST_BYTES, body_timeout).await {
         Ok(body) => body,
-        Err(error) => return body_refused(&app, error, body_timeout),
+        Err(error) => return body_refused(error, body_timeout, refuse),
     };
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(error) => {
-            deny_metric(&app, "invalid_envelope");
+            refuse("invalid_envelope");
             return respond::rpc_error(StatusCode::BAD_REQUEST, &Value::Null, &error);
         }
     };
@@ -109,7 +146,7 @@ pub async fn handle_mcp(
     let facts = match check_request(&headers, &request, options) {
         Ok(facts) => facts,
         Err(violation) => {
-            deny_metric(&app, violation.reason());
+            refuse(violation.reason());
             app.metrics
                 .requests
                 .get_or_create(&RequestLabels {
@@ -156,7 +193,11 @@ fn deny_metric(app: &AppState, reason: &'static str) {
 }
 
 /// The answer to an authenticated request whose body could not be read.
-fn body_refused(app: &AppState, error: BodyError, timeout: BodyReadTimeout) -> Response {
+fn body_refused(
+    error: BodyError,
+    timeout: BodyReadTimeout,
+    refuse: impl Fn(&'static str),
+) -> Response {
     let (status, reason, message) = match error {
         BodyError::TooLarge => (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -177,26 +218,41 @@ fn body_refused(app: &AppState, error: BodyError, timeout: BodyReadTimeout) -> R
             "Request body could not be read".to_owned(),
         ),
     };
-    deny_metric(app, reason);
+    refuse(reason);
     let error = ErrorObject::new(codes::INVALID_REQUEST, message);
     respond::rpc_error(status, &Value::Null, &error)
 }
 
+/// Why a request was not authenticated.
+struct Refused {
+    error: AuthError,
+    /// For a valid token of a revoked principal: who, and the revocation that refused it.
+    revoked: Option<Box<(Identity, String)>>,
+}
+
+impl From<AuthError> for Refused {
+    fn from(error: AuthError) -> Self {
+        Self {
+            error,
+            revoked: None,
+        }
+    }
+}
+
 /// Validates the bearer token against the policy (refetching the issuer's keys once, rate
 /// limited, when the token names an unknown key) and refuses revoked principals.
-async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Identity, AuthError> {
+async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Identity, Refused> {
     // One credential per request: with two, which one was checked and which one the server
     // reads (forwardToken mode) could differ.
     let mut authorizations = headers.get_all(header::AUTHORIZATION).iter();
     let first = authorizations.next();
     if authorizations.next().is_some() {
-        return Err(AuthError::MultipleCredentials);
+        return Err(AuthError::MultipleCredentials.into());
     }
     let token = bearer_token(first.map(|v| v.as_bytes()))?;
     let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
     if let Some(identity) = policy.tokens.get(token, now_secs) {
-        check_revocations(policy, &identity)?;
-        return Ok(identity);
+        return check_revocations(policy, identity);
     }
     let keys = |issuer: &crate::policy::TrustedIssuer| policy.keys.keys_for(issuer);
     let identity = match validate_token(token, &policy.effective, &keys, now_secs) {
@@ -206,22 +262,24 @@ async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Iden
                 None => false,
             };
             if !refreshed {
-                return Err(AuthError::UnknownKey { issuer, kid: None });
+                return Err(AuthError::UnknownKey { issuer, kid: None }.into());
             }
             validate_token(token, &policy.effective, &keys, now_secs)?
         }
         other => other?,
     };
     policy.tokens.insert(token, &identity);
-    check_revocations(policy, &identity)?;
-    Ok(identity)
+    check_revocations(policy, identity)
 }
 
 /// Refuses tokens of a revoked principal issued at or before the revocation (or all tokens,
 /// for account-level revocations).
-fn check_revocations(policy: &ActivePolicy, identity: &Identity) -> Result<(), AuthError> {
-    match revocation_of(policy, identity) {
-        Some(_) => Err(AuthError::Revoked),
-        None => Ok(()),
+fn check_revocations(policy: &ActivePolicy, identity: Identity) -> Result<Identity, Refused> {
+    match revocation_of(policy, &identity) {
+        Some(rule) => Err(Refused {
+            error: AuthError::Revoked,
+            revoked: Some(Box::new((identity, rule.name.clone()))),
+        }),
+        None => Ok(identity),
     }
 }

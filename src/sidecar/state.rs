@@ -38,6 +38,8 @@ pub struct AppState {
     pub polls: PollClock,
     /// When each principal's unfinished tasks were last reconciled with the server.
     pub reconciles: ReconcileClock,
+    /// Rate-limited audit lines of refusals anyone can cause.
+    pub denials: super::denials::DenialAudit,
     /// Open listen streams.
     pub streams: Arc<StreamRegistry>,
     /// Fires when the sidecar shuts down (listen streams end gracefully).

@@ -30,6 +30,7 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
         }
+        app.denials.flush(&app.audit, std::time::Instant::now());
         let Some(policy) = app.policy() else { continue };
         let now = now_ms();
         match app.ledger.past_deadline(now, SWEEP_BATCH).await {
