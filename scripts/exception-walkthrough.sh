@@ -107,8 +107,8 @@ mcp tasks/update "$TASK" "{\"taskId\":\"$TASK\",\"inputResponses\":{\"sample-1\"
 poll "$TASK" | jq -c '{status, result: .result.content[0].text}'
 audit
 
-step "6. Expired: after $EXPIRES_AT the same request is declined to the server, unseen by the client"
+step "6. Expired: after $EXPIRES_AT the same request is refused, unseen by the client, and the task fails"
 while [ "$(date -u +%s)" -le "$(date -u -d "$EXPIRES_AT" +%s)" ]; do sleep 1; done
 TASK=$(summarize)
-poll "$TASK" | jq -c '{status, result: .result.content[0].text}'
+poll "$TASK" | jq -c '{status, statusMessage, reason: .error.data.reason}'
 audit | tail -n 2

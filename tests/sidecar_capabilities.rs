@@ -1091,3 +1091,43 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     let raw = std::fs::read_to_string(&s.sidecar.audit_path).unwrap();
     assert!(!raw.contains("/srv/"), "root paths in the audit trail");
 }
+
+#[tokio::test]
+async fn iterations_bound_multi_round_trip_exchanges_across_retries() {
+    // maxIterationsPerTask 2: outside tasks, every new call is a new request, so the budget is
+    // counted per principal and tool (within a window), not per call.
+    let grant = Grant {
+        iterations: 2,
+        ..Grant::sampling("exchanges", "console")
+    };
+    let s = setup("{sampling: exception}", &[grant.signed()]).await;
+    let console = User::new("alice", "tenant-a", "console").token();
+    let mut no_task = meta(true, false);
+    no_task["io.modelcontextprotocol/clientCapabilities"] = json!({"sampling": {}});
+    let call = || {
+        s.client
+            .request(
+                "tools/call",
+                json!({"name": "summarize_with_sampling",
+                       "arguments": {"text": "numbers", "maxTokens": 100},
+                       "_meta": no_task}),
+            )
+            .token(&console)
+            .send()
+    };
+    for round in 1..=2 {
+        let asked = call().await;
+        assert_eq!(
+            asked.result()["resultType"],
+            "input_required",
+            "round {round}: {asked:?}"
+        );
+    }
+    let third = call().await;
+    assert!(third.body.get("result").is_none(), "{third:?}");
+    assert_eq!(
+        third.body["error"],
+        refusal_error("iteration_budget"),
+        "{third:?}"
+    );
+}

@@ -614,3 +614,33 @@ async fn an_answer_to_an_undecided_sampling_request_is_not_forwarded() {
         "the task did not complete with the forged sample"
     );
 }
+
+// Input requests inside a CreateTaskResult pass the capability gate too.
+
+#[tokio::test]
+async fn a_task_born_asking_for_sampling_never_shows_the_request() {
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let token = alice().token();
+    let reply = client
+        .call_tool(
+            &token,
+            "rogue_reply",
+            json!({"kind": "task_asking_for_sampling"}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let created = reply.result();
+    assert_eq!(created["resultType"], "task", "{reply:?}");
+    assert!(created.get("inputRequests").is_none(), "{reply:?}");
+    assert!(!reply.raw.contains("rogue prompt"), "{reply:?}");
+    // Sampling cannot be declined: the task failed at birth, and says why.
+    assert_eq!(created["status"], "failed", "{reply:?}");
+    let task = created["taskId"].as_str().unwrap();
+    let read = client.get_task(&token, task).await;
+    assert_eq!(read.result()["status"], "failed", "{read:?}");
+    assert_eq!(read.result()["error"]["data"]["reason"], "no_exception");
+    sidecar
+        .audit_event(|e| e["event"] == "capability.rejected")
+        .await
+        .expect("the refusal is audited");
+}

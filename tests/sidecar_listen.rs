@@ -390,3 +390,43 @@ async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
     .await;
     assert!(cut.is_some(), "slow consumer never cut off");
 }
+
+#[tokio::test]
+async fn a_token_without_the_tools_scopes_gets_no_task_events() {
+    let spec = SPEC.replace(
+        "    minPollInterval: 50ms\n",
+        "    minPollInterval: 50ms\n    requiredScopes: {write_rows: [rows:write]}\n",
+    );
+    let (_server, _sidecar, client) = support::start_behind_sidecar(&spec).await;
+    let writer = User::new("alice", "tenant-a", "console")
+        .with_scopes("rows:write")
+        .token();
+    let reader = User::new("alice", "tenant-a", "console").token();
+    let task = support::create_task(
+        &client,
+        &writer,
+        "write_rows",
+        json!({"count": 5, "intervalMs": 100, "label": "scoped"}),
+    )
+    .await;
+    // The same principal without the scope is refused on tasks/get…
+    assert_eq!(client.get_task(&reader, &task).await.status, 403);
+    // …and a stream opened with that token drops the task like a foreign one.
+    let mut stream = ListenStream::open(
+        &client.url,
+        &reader,
+        json!("s"),
+        json!({"taskIds": [task], "toolsListChanged": true}),
+        true,
+    )
+    .await;
+    let ack = stream.next(LONG).await.expect("acknowledgement");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "{ack}"
+    );
+    while let Some(frame) = stream.next(Duration::from_secs(1)).await {
+        assert_ne!(frame["method"], "notifications/tasks", "{frame}");
+    }
+}

@@ -170,6 +170,19 @@ fn rogue_reply(message: &Value) -> Response {
             }),
         ))
         .into_response(),
+        "task_asking_for_sampling" => Json(respond(
+            id,
+            json!({
+                "resultType": "task", "taskId": "rogue-asking-task", "status": "input_required",
+                "createdAt": "2026-07-28T00:00:00.000Z", "lastUpdatedAt": "2026-07-28T00:00:00.000Z",
+                "ttlMs": 60_000, "pollIntervalMs": 500,
+                "inputRequests": {"born-asking": {"method": "sampling/createMessage", "params": {
+                    "messages": [{"role": "user", "content": {"type": "text", "text": "rogue prompt"}}],
+                    "maxTokens": 10,
+                }}},
+            }),
+        ))
+        .into_response(),
         "sampling_id_as_string" => Json(respond(
             retyped(&id),
             json!({
