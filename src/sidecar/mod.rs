@@ -25,8 +25,8 @@
 //! | entry | `mod.rs` (`run`), `pipeline` |
 //! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
 //! | background | `sweeper`, `revocation` |
-//! | task rules with IO | `capability_screen`, `server_tasks`, `task_state` |
-//! | shared state | `state`, `context`, `policy_source`, `policy_file` |
+//! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state` |
+//! | shared state | `state`, `context`, `denials`, `policy_source`, `policy_file` |
 //! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry` |
 
 mod active_policy;
