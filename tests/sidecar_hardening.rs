@@ -644,3 +644,30 @@ async fn a_task_born_asking_for_sampling_never_shows_the_request() {
         .await
         .expect("the refusal is audited");
 }
+
+// An upstream task ID belongs to one owner.
+
+#[tokio::test]
+async fn an_upstream_task_of_another_owner_is_never_handed_out() {
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let alice = alice().token();
+    let other_tenant = User::new("alice", "tenant-b", "console").token();
+    let same = json!({"kind": "same_task_for_everyone"});
+    let first = client.call_tool(&alice, "rogue_reply", same.clone()).await;
+    assert_eq!(first.result()["resultType"], "task", "{first:?}");
+    let mine = first.result()["taskId"].as_str().unwrap().to_owned();
+    // Another owner handed the same upstream task: refused, nothing of it shown.
+    let theirs = client
+        .call_tool(&other_tenant, "rogue_reply", same.clone())
+        .await;
+    assert_eq!(theirs.status, 502, "{theirs:?}");
+    assert_eq!(theirs.error_code(), Some(-32603), "{theirs:?}");
+    assert!(!theirs.raw.contains(&mine) && !theirs.raw.contains("rogue-shared-task"));
+    assert_eq!(
+        sidecar.anomalies("upstream_task_of_another_owner").await,
+        1.0
+    );
+    // The same owner asking again gets the task it already has.
+    let again = client.call_tool(&alice, "rogue_reply", same).await;
+    assert_eq!(again.result()["taskId"], mine.as_str(), "{again:?}");
+}

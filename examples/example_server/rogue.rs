@@ -170,6 +170,16 @@ fn rogue_reply(message: &Value) -> Response {
             }),
         ))
         .into_response(),
+        // A server that deduplicates by arguments: every call gets the same upstream task.
+        "same_task_for_everyone" => Json(respond(
+            id,
+            json!({
+                "resultType": "task", "taskId": "rogue-shared-task", "status": "working",
+                "createdAt": "2026-07-28T00:00:00.000Z", "lastUpdatedAt": "2026-07-28T00:00:00.000Z",
+                "ttlMs": 60_000, "pollIntervalMs": 500,
+            }),
+        ))
+        .into_response(),
         "task_asking_for_sampling" => Json(respond(
             id,
             json!({
