@@ -33,20 +33,6 @@ async fn with_unwritable_audit(spec: &str) -> (ExampleServer, Sidecar, McpClient
     (server, sidecar, client)
 }
 
-async fn metric(sidecar: &Sidecar, name: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", sidecar.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
 #[tokio::test]
 async fn fail_closed_refuses_new_tasks_and_fails_readiness() {
     let (_server, sidecar, client) = with_unwritable_audit("  tasks: {}\n").await;
@@ -59,7 +45,7 @@ async fn fail_closed_refuses_new_tasks_and_fails_readiness() {
     .await
     .expect("/ready fails while the trail cannot be written");
     assert!(unready.contains("audit"), "{unready}");
-    assert!(metric(&sidecar, "lifeguard_audit_write_errors_total").await >= 1);
+    assert!(sidecar.metric("lifeguard_audit_write_errors_total").await >= 1.0);
 
     let alice = User::new("alice", "tenant-a", "console").token();
     let refused = client
@@ -81,7 +67,7 @@ async fn fail_open_serves_and_counts_the_loss() {
     let (_server, sidecar, client) =
         with_unwritable_audit("  tasks: {}\n  audit: {onFailure: failOpen}\n").await;
     support::eventually(Duration::from_secs(10), async || {
-        (metric(&sidecar, "lifeguard_audit_write_errors_total").await >= 1).then_some(())
+        (sidecar.metric("lifeguard_audit_write_errors_total").await >= 1.0).then_some(())
     })
     .await
     .expect("the failed write is counted");

@@ -9,19 +9,11 @@ use support::User;
 
 const SPEC: &str = "  tasks: {}\n";
 
-async fn denials_metric(admin: &str, reason: &str) -> u64 {
-    let text = reqwest::get(format!("{admin}/metrics"))
+/// `lifeguard_denials_total{reason="<reason>"}`.
+async fn denials(sidecar: &support::Sidecar, reason: &str) -> f64 {
+    sidecar
+        .metric(&format!("lifeguard_denials_total{{reason=\"{reason}\"}}"))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let needle = format!("lifeguard_denials_total{{reason=\"{reason}\"}}");
-    text.lines()
-        .find(|l| l.starts_with(&needle))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 #[tokio::test]
@@ -34,7 +26,7 @@ async fn unauthenticated_floods_write_one_audit_line_and_exact_metrics() {
             .await;
         assert_eq!(r.status, 401);
     }
-    assert_eq!(denials_metric(&sidecar.admin, "missing_token").await, 25);
+    assert_eq!(denials(&sidecar, "missing_token").await, 25.0);
     // A later, different refusal is written, and proves the earlier lines have landed.
     let bad = client
         .call_tool("not-a-jwt", "greet", json!({"name": "x"}))
@@ -77,7 +69,7 @@ async fn protocol_refusals_are_audited_per_principal() {
         .filter(|e| e["event"] == "request.denied" && e["subject"] == "mallory")
         .count();
     assert_eq!(mallory_lines, 1, "rate-limited per principal");
-    assert_eq!(denials_metric(&sidecar.admin, "removed_method").await, 4);
+    assert_eq!(denials(&sidecar, "removed_method").await, 4.0);
 }
 
 #[tokio::test]

@@ -129,21 +129,6 @@ async fn closed_without_answer(stream: &mut TcpStream) -> bool {
     )
 }
 
-/// A counter or gauge from the sidecar's /metrics (0 when absent).
-async fn metric(sidecar: &Sidecar, series: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", sidecar.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix(series))
-        .filter_map(|rest| rest.trim().parse().ok())
-        .next()
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn a_token_less_request_is_refused_before_its_body_is_read() {
     let (_server, sidecar) = start().await;
@@ -179,7 +164,7 @@ async fn a_half_sent_request_head_is_closed_after_the_header_read_timeout() {
         "the half-sent request was still held after {GENEROUS:?}"
     );
     let timed_out = r#"lifeguard_connections_timed_out_total{reason="header_read"}"#;
-    assert!(metric(&sidecar, timed_out).await >= 1.0);
+    assert!(sidecar.metric(timed_out).await >= 1.0);
 }
 
 #[tokio::test]
@@ -199,7 +184,7 @@ async fn beyond_the_per_peer_cap_new_connections_are_closed_and_held_ones_keep_w
     let _ = extra.write_all(METADATA).await;
     assert!(closed_without_answer(&mut extra).await);
     let refused = r#"lifeguard_connections_refused_total{reason="max_connections_per_peer"}"#;
-    assert!(metric(&sidecar, refused).await >= 1.0);
+    assert!(sidecar.metric(refused).await >= 1.0);
     // The held connections still work, and an authenticated call on one of them succeeds.
     for stream in &mut held {
         stream.write_all(METADATA).await.unwrap();
@@ -247,11 +232,9 @@ async fn a_slow_body_from_an_authenticated_caller_gets_408() {
     assert_eq!(answer.status, 408, "{answer:?}");
     assert_eq!(answer.json()["error"]["code"], -32600, "{answer:?}");
     assert!(
-        metric(
-            &sidecar,
-            r#"lifeguard_denials_total{reason="body_timeout"}"#
-        )
-        .await
+        sidecar
+            .metric(r#"lifeguard_denials_total{reason="body_timeout"}"#)
+            .await
             >= 1.0
     );
     // The same call sent whole on a new connection succeeds.
