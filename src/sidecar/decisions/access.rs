@@ -103,7 +103,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::model::{Owner, TaskId, TaskStatus};
+    use crate::model::Owner;
 
     fn owner(subject: &str, tenant: &str, client: &str) -> Owner {
         Owner {
@@ -128,22 +128,13 @@ mod tests {
 
     fn record() -> TaskRecord {
         TaskRecord {
-            id: TaskId::from_string("lgt_x"),
             upstream_id: "task-1".into(),
-            owner: owner("alice", "t1", "console"),
             tool: "generate_report".into(),
-            scopes: vec![],
-            status: TaskStatus::Working,
-            status_message: None,
             created_at: 1_000,
             last_updated_at: 1_000,
             ttl_ms: 10_000,
             deadline_at: 5_000,
-            poll_interval_ms: None,
-            ended: None,
-            result_reads: 0,
-            token_issued_at: None,
-            cancel: None,
+            ..crate::sidecar::decisions::test_task(owner("alice", "t1", "console"))
         }
     }
 

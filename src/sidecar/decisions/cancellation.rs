@@ -95,7 +95,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::model::{Owner, TaskId};
+    use crate::model::Owner;
 
     fn owner() -> Owner {
         Owner {
@@ -108,22 +108,8 @@ mod tests {
 
     fn record(cancel: Option<CancelIntent>) -> TaskRecord {
         TaskRecord {
-            id: TaskId::from_string("lgt_x"),
-            upstream_id: "u".into(),
-            owner: owner(),
-            tool: "t".into(),
-            scopes: vec![],
-            status: TaskStatus::Working,
-            status_message: None,
-            created_at: 0,
-            last_updated_at: 0,
-            ttl_ms: 60_000,
-            deadline_at: 30_000,
-            poll_interval_ms: None,
-            ended: None,
-            result_reads: 0,
-            token_issued_at: None,
             cancel,
+            ..crate::sidecar::decisions::test_task(owner())
         }
     }
 

@@ -137,7 +137,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::model::{Owner, TaskId};
+    use crate::model::Owner;
 
     fn state(status: TaskStatus) -> ReportedState {
         ReportedState {
@@ -188,28 +188,18 @@ mod tests {
 
     #[test]
     fn deadline_and_revocation_ends_say_why() {
+        let owner = Owner {
+            issuer: "i".into(),
+            subject: "s".into(),
+            tenant: String::new(),
+            client: String::new(),
+        };
         let record = TaskRecord {
-            id: TaskId::from_string("lgt_x"),
-            upstream_id: "u".into(),
-            owner: Owner {
-                issuer: "i".into(),
-                subject: "s".into(),
-                tenant: String::new(),
-                client: String::new(),
-            },
-            tool: "t".into(),
-            scopes: vec![],
-            status: TaskStatus::Working,
-            status_message: None,
             created_at: 1_000,
             last_updated_at: 1_000,
             ttl_ms: 600_000,
             deadline_at: 91_000,
-            poll_interval_ms: None,
-            ended: None,
-            result_reads: 0,
-            token_issued_at: None,
-            cancel: None,
+            ..crate::sidecar::decisions::test_task(owner)
         };
         let d = deadline_exceeded(&record, 91_000);
         assert_eq!(d.status, TaskStatus::Failed);

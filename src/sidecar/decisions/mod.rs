@@ -20,3 +20,27 @@ pub use replies::{
     FinalAnswer, JsonAnswer, Outstanding, TaskReply, classify_final, forwardable_inputs,
     interpret_task_reply, judge_json_answer,
 };
+
+/// A working task of `owner` for unit tests (created at 0, 60 s retention, 30 s deadline);
+/// tests change the fields they are about with struct update syntax.
+#[cfg(test)]
+pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord {
+    crate::ledger::TaskRecord {
+        id: crate::model::TaskId::from_string("lgt_x"),
+        upstream_id: "up".into(),
+        owner,
+        tool: "t".into(),
+        scopes: vec![],
+        status: crate::model::TaskStatus::Working,
+        status_message: None,
+        created_at: 0,
+        last_updated_at: 0,
+        ttl_ms: 60_000,
+        deadline_at: 30_000,
+        poll_interval_ms: None,
+        ended: None,
+        result_reads: 0,
+        token_issued_at: None,
+        cancel: None,
+    }
+}

@@ -62,31 +62,18 @@ pub fn deliver_result(read_once: bool, reads: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::TaskId;
 
     fn record(status: TaskStatus, last_updated_at: i64) -> TaskRecord {
+        let owner = crate::model::Owner {
+            issuer: "i".into(),
+            subject: "s".into(),
+            tenant: String::new(),
+            client: String::new(),
+        };
         TaskRecord {
-            id: TaskId::from_string("lgt_x"),
-            upstream_id: "up".into(),
-            owner: crate::model::Owner {
-                issuer: "i".into(),
-                subject: "s".into(),
-                tenant: String::new(),
-                client: String::new(),
-            },
-            tool: "t".into(),
-            scopes: vec![],
             status,
-            status_message: None,
-            created_at: 0,
             last_updated_at,
-            ttl_ms: 60_000,
-            deadline_at: 30_000,
-            poll_interval_ms: None,
-            ended: None,
-            result_reads: 0,
-            token_issued_at: None,
-            cancel: None,
+            ..crate::sidecar::decisions::test_task(owner)
         }
     }
 
