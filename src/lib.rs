@@ -17,20 +17,23 @@
 //! | `ledger` (task store) | `model` |
 //! | `identity`, `audit`, `mcp` (the wire, pure) | `model`, `api`, `policy` |
 //! | `exception` | `model`, `api`, `policy`, `identity`, `audit`, `mcp` |
-//! | `sidecar` | all of the above |
+//! | `distribution` (operator↔sidecar messages, pure) | `policy`, `api` |
+//! | `operator` (control plane) | `model`, `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |
+//! | `sidecar` | all of the above except `operator` |
 //!
-//! The operator and the webhook (next) sit beside `sidecar`: the three never import one
-//! another; they meet in `policy` (what a policy means) and, for the operator and the sidecar,
-//! in the distribution messages (how it travels).
+//! `operator`, `sidecar` and (next) `webhook` never import one another: they meet in `policy`
+//! (what a policy means) and `distribution` (how it travels).
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod audit;
+pub mod distribution;
 pub mod exception;
 pub mod identity;
 pub mod ledger;
 pub mod mcp;
 pub mod model;
+pub mod operator;
 pub mod policy;
 pub mod runtime;
 pub mod sidecar;

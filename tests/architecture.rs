@@ -22,6 +22,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("identity", &["model", "policy", "api"]),
     ("audit", &["model", "policy", "api"]),
     ("mcp", &["model", "policy", "api"]),
+    ("distribution", &["policy", "api"]),
+    (
+        "operator",
+        &[
+            "model",
+            "api",
+            "policy",
+            "identity",
+            "exception",
+            "distribution",
+            "telemetry",
+            "runtime",
+        ],
+    ),
     (
         "exception",
         &["model", "api", "policy", "identity", "audit", "mcp"],
@@ -37,6 +51,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "mcp",
             "ledger",
             "exception",
+            "distribution",
             "telemetry",
             "runtime",
         ],
