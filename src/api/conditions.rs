@@ -12,6 +12,8 @@ pub const SIDECARS_IN_SYNC: &str = "SidecarsInSync";
 pub const SIGNATURE_VERIFIED: &str = "SignatureVerified";
 /// PrincipalRevocation: every targeted sidecar applied the revocation.
 pub const PROPAGATED: &str = "Propagated";
+/// McpServerPolicy: another, older policy selects some of the same pods (and wins them).
+pub const CONFLICT: &str = "Conflict";
 
 pub mod reasons {
     pub const PROGRAMMED: &str = "Programmed";
@@ -26,4 +28,24 @@ pub mod reasons {
     pub const EXPIRED: &str = "Expired";
     pub const NOT_YET_VALID: &str = "NotYetValid";
     pub const APPLIED: &str = "Applied";
+    /// CapabilityException: the McpServerPolicy it names does not exist.
+    pub const POLICY_NOT_FOUND: &str = "PolicyNotFound";
+    /// CapabilityException: the operator has no approver keys (Secret missing or unusable).
+    pub const NO_TRUSTED_KEYS: &str = "NoTrustedKeys";
+    /// CapabilityException: the signing key is on the revoked-keys list.
+    pub const KEY_REVOKED: &str = "KeyRevoked";
+    /// CapabilityException: the signature binds another namespace or policy.
+    pub const WRONG_SERVER: &str = "WrongServer";
+    /// CapabilityException: the approval id is on the revoked-approvals list.
+    pub const APPROVAL_REVOKED: &str = "ApprovalRevoked";
+    /// CapabilityException: verified and inside its validity window.
+    pub const ACTIVE: &str = "Active";
+    /// McpServerPolicy: the spec does not compile.
+    pub const COMPILE_ERROR: &str = "CompileError";
+    /// McpServerPolicy: an older policy selects some of this policy's pods.
+    pub const OVERLAPPING_SELECTOR: &str = "OverlappingSelector";
+    /// McpServerPolicy: no other policy selects its pods.
+    pub const NO_CONFLICT: &str = "NoConflict";
+    /// PrincipalRevocation: some targeted sidecars have not acknowledged yet.
+    pub const PROPAGATING: &str = "Propagating";
 }

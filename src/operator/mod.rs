@@ -2,3 +2,4 @@
 //! that carry a sidecar, compiles one snapshot per policy, streams it to every sidecar, fans
 //! revocations out and collects acknowledgements into status, and turns standard security
 //! events (SSF/CAEP/RISC) into PrincipalRevocations.
+pub mod plan;

@@ -28,11 +28,14 @@ pub trait Health: Send + Sync + 'static {
     fn metrics(&self) -> String;
 }
 
-/// `/live`, `/ready`, `/metrics` for `health`.
+/// `/live`, `/ready`, `/metrics` for `health`; `/healthz` and `/readyz` are the same checks
+/// under the names Kubernetes components use (the operator and webhook document those).
 pub fn router(health: Arc<dyn Health>) -> Router {
     Router::new()
         .route("/live", get(|| async { "ok" }))
+        .route("/healthz", get(|| async { "ok" }))
         .route("/ready", get(ready))
+        .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .with_state(health)
 }

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod http;
 pub mod signals;
+pub mod tls;
 
 pub use admin::{Health, Readiness};
 pub use signals::shutdown_on_signals;

@@ -1,0 +1,347 @@
+//! What the cluster's objects mean for the sidecars, computed without IO: which policy each pod
+//! gets, the one compiled snapshot per policy, each exception's state and the next instant at
+//! which any of that changes by itself. The operator's IO shell feeds it the watch caches and
+//! acts on the result; every rule here is tested on plain objects.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::{Selector, SelectorExt};
+use serde_json::value::RawValue;
+
+use crate::api::conditions::reasons;
+use crate::api::{CapabilityException, ExceptionState, McpServerPolicy, PrincipalRevocation};
+use crate::exception::{ApproverTrust, verify};
+use crate::policy::compile::{namespace_of, targets};
+use crate::policy::{
+    CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile,
+};
+
+/// Namespace and name of a pod.
+pub type PodKey = ObjectKey;
+
+/// The approver keys as the operator last read them.
+#[derive(Clone, Debug, Default)]
+pub enum ApproverKeys {
+    /// No `approverKeys` configured, or the Secret (or its key) does not exist.
+    #[default]
+    Missing,
+    /// The Secret's value is not a usable trust document.
+    Unusable(String),
+    /// Parsed trust, with the document as sidecars receive it.
+    Loaded {
+        trust: Arc<ApproverTrust>,
+        document: Arc<RawValue>,
+    },
+}
+
+/// Everything the plan is computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct World<'a> {
+    pub policies: &'a [Arc<McpServerPolicy>],
+    pub exceptions: &'a [Arc<CapabilityException>],
+    pub revocations: &'a [Arc<PrincipalRevocation>],
+    pub pods: &'a [Arc<Pod>],
+    pub approver_keys: &'a ApproverKeys,
+    pub now: Timestamp,
+}
+
+/// One policy compiled for its sidecars, shared by all of them.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    pub effective: EffectivePolicy,
+    pub hash: String,
+    /// The serialized policy, written into every snapshot as is (serialized once per change,
+    /// not once per sidecar).
+    pub json: Arc<RawValue>,
+    /// Names of the revocations the snapshot carries.
+    pub revocations: BTreeSet<String>,
+}
+
+/// What the plan says about one McpServerPolicy.
+#[derive(Debug)]
+pub struct PolicyPlan {
+    pub generation: Option<i64>,
+    /// `None` when the spec has errors (see `errors`).
+    pub compiled: Option<Arc<CompiledPolicy>>,
+    pub errors: Vec<String>,
+    /// Pods its selector matches (whether or not it wins them).
+    pub matched_pods: i32,
+    /// An older policy that selects some of the same pods and wins them.
+    pub shadowed_by: Option<ObjectKey>,
+}
+
+/// What the plan says about one CapabilityException.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExceptionPlan {
+    pub generation: Option<i64>,
+    pub state: ExceptionState,
+    pub approver: Option<String>,
+    /// Condition reason (`Active`, `NotYetValid`, `Expired`, `PolicyNotFound`, `NoTrustedKeys`,
+    /// `BadSignature`, …).
+    pub reason: &'static str,
+    pub message: String,
+    /// Whether the signature verified (independently of the validity window).
+    pub signature_verified: bool,
+}
+
+/// The whole plan.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub policies: BTreeMap<ObjectKey, PolicyPlan>,
+    /// The policy each selected pod gets.
+    pub pods: HashMap<PodKey, ObjectKey>,
+    pub exceptions: BTreeMap<ObjectKey, ExceptionPlan>,
+    /// The next instant at which an exception enters or leaves its validity window.
+    pub next_change: Option<Timestamp>,
+}
+
+impl Plan {
+    /// The compiled policy a pod gets (`None`: no policy selects it, or its policy does not
+    /// compile; either way the sidecar enables nothing).
+    pub fn policy_for(&self, pod: &PodKey) -> Option<(&ObjectKey, Option<&Arc<CompiledPolicy>>)> {
+        let key = self.pods.get(pod)?;
+        Some((key, self.policies.get(key).and_then(|p| p.compiled.as_ref())))
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    ObjectKey {
+        namespace: namespace_of(meta),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Older first: creation time, then name (the API server's order of arrival).
+fn age_order(policy: &McpServerPolicy) -> (Option<Timestamp>, String) {
+    (
+        policy.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        policy.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn selects(policy: &McpServerPolicy, pod: &Pod) -> bool {
+    if namespace_of(&policy.metadata) != namespace_of(&pod.metadata) {
+        return false;
+    }
+    let Ok(selector) = Selector::try_from(policy.spec.selector.clone()) else {
+        return false;
+    };
+    // An empty selector would select every pod of the namespace; the compiler refuses it, and
+    // here it selects nothing rather than everything.
+    if selector.selects_all() {
+        return false;
+    }
+    let empty = BTreeMap::new();
+    selector.matches(pod.metadata.labels.as_ref().unwrap_or(&empty))
+}
+
+fn exception_plan(
+    exception: &CapabilityException,
+    policy_exists: bool,
+    keys: &ApproverKeys,
+    now: Timestamp,
+) -> ExceptionPlan {
+    let generation = exception.metadata.generation;
+    let invalid = |reason: &'static str, message: String| ExceptionPlan {
+        generation,
+        state: ExceptionState::Invalid,
+        approver: None,
+        reason,
+        message,
+        signature_verified: false,
+    };
+    if !policy_exists {
+        return invalid(
+            reasons::POLICY_NOT_FOUND,
+            format!(
+                "McpServerPolicy {}/{} does not exist",
+                namespace_of(&exception.metadata),
+                exception.spec.policy_ref.name
+            ),
+        );
+    }
+    let trust = match keys {
+        ApproverKeys::Missing => {
+            return invalid(
+                reasons::NO_TRUSTED_KEYS,
+                "the operator has no approver keys (approverKeys Secret missing)".into(),
+            );
+        }
+        ApproverKeys::Unusable(why) => {
+            return invalid(
+                reasons::NO_TRUSTED_KEYS,
+                format!("the approver keys are unusable: {why}"),
+            );
+        }
+        ApproverKeys::Loaded { trust, .. } => trust,
+    };
+    let v = verify(
+        &exception.spec,
+        &namespace_of(&exception.metadata),
+        trust,
+        now,
+    );
+    let failed_check = v
+        .checks
+        .iter()
+        .find_map(|c| c.result.as_ref().err().map(|e| format!("{}: {e}", c.check)));
+    let (reason, message) = match (v.state, v.reason) {
+        (ExceptionState::Active, _) => (
+            reasons::ACTIVE,
+            format!("in force until {}", exception.spec.expires_at.0),
+        ),
+        (ExceptionState::NotYetValid, _) => (
+            reasons::NOT_YET_VALID,
+            format!("valid from {}", exception.spec.not_before.0),
+        ),
+        (ExceptionState::Expired, _) => (
+            reasons::EXPIRED,
+            format!("expired at {}", exception.spec.expires_at.0),
+        ),
+        (ExceptionState::Invalid, code) => (
+            match code {
+                "unknown_key" => reasons::UNKNOWN_KEY,
+                "key_revoked" => reasons::KEY_REVOKED,
+                "wrong_server" => reasons::WRONG_SERVER,
+                "approval_revoked" => reasons::APPROVAL_REVOKED,
+                _ => reasons::BAD_SIGNATURE,
+            },
+            failed_check.unwrap_or_else(|| "the signature does not verify".into()),
+        ),
+    };
+    ExceptionPlan {
+        generation,
+        signature_verified: v.approver.is_some(),
+        state: v.state,
+        approver: v.approver,
+        reason,
+        message,
+    }
+}
+
+/// Computes the plan.
+pub fn plan(world: World<'_>) -> Plan {
+    let mut out = Plan::default();
+    let mut policies: Vec<&Arc<McpServerPolicy>> = world.policies.iter().collect();
+    policies.sort_by_key(|p| age_order(p));
+
+    // Pods: the oldest selecting policy wins; the others are shadowed on that pod.
+    let mut matched: HashMap<ObjectKey, i32> = HashMap::new();
+    let mut shadowed: HashMap<ObjectKey, ObjectKey> = HashMap::new();
+    for pod in world.pods {
+        let mut winner: Option<ObjectKey> = None;
+        for policy in policies.iter().filter(|p| selects(p, pod)) {
+            let key = key_of(&policy.metadata);
+            *matched.entry(key.clone()).or_default() += 1;
+            match &winner {
+                None => winner = Some(key),
+                Some(w) => {
+                    shadowed.entry(key).or_insert_with(|| w.clone());
+                }
+            }
+        }
+        if let Some(w) = winner {
+            out.pods.insert(key_of(&pod.metadata), w);
+        }
+    }
+
+    // Exceptions: state at `now`, and the next instant any of them changes by itself.
+    let policy_keys: BTreeSet<ObjectKey> = policies.iter().map(|p| key_of(&p.metadata)).collect();
+    for exception in world.exceptions {
+        let target = ObjectKey {
+            namespace: namespace_of(&exception.metadata),
+            name: exception.spec.policy_ref.name.clone(),
+        };
+        let e = exception_plan(
+            exception,
+            policy_keys.contains(&target),
+            world.approver_keys,
+            world.now,
+        );
+        if e.signature_verified {
+            for instant in [exception.spec.not_before.0, exception.spec.expires_at.0] {
+                if instant > world.now && out.next_change.is_none_or(|n| instant < n) {
+                    out.next_change = Some(instant);
+                }
+            }
+        }
+        out.exceptions.insert(key_of(&exception.metadata), e);
+    }
+
+    let revocations: Vec<PrincipalRevocation> = world
+        .revocations
+        .iter()
+        .filter(|r| r.spec.expires_at.as_ref().is_none_or(|e| e.0 > world.now))
+        .map(|r| r.as_ref().clone())
+        .collect();
+    for policy in &policies {
+        let key = key_of(&policy.metadata);
+        let active: Vec<CapabilityException> = world
+            .exceptions
+            .iter()
+            .filter(|e| targets(e, policy))
+            .filter(|e| {
+                out.exceptions
+                    .get(&key_of(&e.metadata))
+                    .is_some_and(|p| p.state == ExceptionState::Active)
+            })
+            .map(|e| e.as_ref().clone())
+            .collect();
+        let issuers: BTreeSet<&str> = policy
+            .spec
+            .identity
+            .issuers
+            .iter()
+            .map(|i| i.issuer.as_str())
+            .collect();
+        let trusted: Vec<PrincipalRevocation> = revocations
+            .iter()
+            .filter(|r| issuers.contains(r.spec.issuer.as_str()))
+            .cloned()
+            .collect();
+        let compilation = compile(CompileInput {
+            policy,
+            exceptions: &active,
+            revocations: &trusted,
+            mode: CompileMode::Cluster,
+            now: world.now,
+        });
+        let errors: Vec<String> = compilation
+            .problems
+            .iter()
+            .filter(|p| p.problem.severity == Severity::Error && p.object.kind == ObjectKind::McpServerPolicy)
+            .map(|p| p.problem.to_string())
+            .collect();
+        let compiled = compilation.effective.and_then(|effective| {
+            let json = serde_json::value::to_raw_value(&effective).ok()?;
+            Some(Arc::new(CompiledPolicy {
+                hash: effective.hash(),
+                revocations: effective
+                    .revocations
+                    .iter()
+                    .map(|r| r.name.clone())
+                    .collect(),
+                effective,
+                json: Arc::from(json),
+            }))
+        });
+        out.policies.insert(
+            key.clone(),
+            PolicyPlan {
+                generation: policy.metadata.generation,
+                compiled,
+                errors,
+                matched_pods: matched.get(&key).copied().unwrap_or(0),
+                shadowed_by: shadowed.get(&key).cloned(),
+            },
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
