@@ -3,3 +3,7 @@
 //! revocations out and collects acknowledgements into status, and turns standard security
 //! events (SSF/CAEP/RISC) into PrincipalRevocations.
 pub mod plan;
+pub mod auth;
+pub mod propagation;
+pub mod sessions;
+pub mod status;

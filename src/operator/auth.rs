@@ -1,0 +1,366 @@
+//! Who is on the other end of a policy stream: the sidecar's projected ServiceAccount token is
+//! checked with a `TokenReview` (audience `lifeguard`), and the review must name a pod that
+//! exists with that uid and service account. The pod's identity comes only from the review;
+//! what the sidecar claims is compared with it, never trusted. There is no mode without the
+//! review.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use sha2::{Digest, Sha256};
+
+use crate::distribution::{PodIdentity, TOKEN_AUDIENCE};
+
+/// `user.extra` key the API server sets to the pod a bound token was issued for.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+/// `user.extra` key with that pod's uid.
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+/// How long a successful review is reused for acknowledgements on the same token (streams
+/// are always reviewed afresh).
+const CACHE_TTL: Duration = Duration::from_secs(60);
+const CACHE_MAX: usize = 20_000;
+
+/// Why a sidecar was refused. `label` is the bounded metric label.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("no bearer token")]
+    MissingToken,
+    #[error("the token review failed: {0}")]
+    ReviewFailed(String),
+    #[error("the token is not authenticated: {0}")]
+    NotAuthenticated(String),
+    #[error("the token is not for audience {TOKEN_AUDIENCE}")]
+    WrongAudience,
+    #[error("the token does not belong to a service account: {0}")]
+    NotServiceAccount(String),
+    #[error("the token is not bound to a pod (no pod-name/pod-uid in user.extra)")]
+    NotPodBound,
+    #[error("pod {0} does not exist")]
+    PodNotFound(String),
+    #[error("pod {0} has another uid than the token names")]
+    PodUidMismatch(String),
+    #[error("pod {0} runs as another service account than the token names")]
+    ServiceAccountMismatch(String),
+    #[error("the sidecar claims to be pod {claimed}, the token belongs to {reviewed}")]
+    ClaimMismatch { claimed: String, reviewed: String },
+}
+
+impl AuthError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MissingToken => "missing_token",
+            Self::ReviewFailed(_) => "review_failed",
+            Self::NotAuthenticated(_) => "not_authenticated",
+            Self::WrongAudience => "wrong_audience",
+            Self::NotServiceAccount(_) => "not_service_account",
+            Self::NotPodBound => "not_pod_bound",
+            Self::PodNotFound(_) => "pod_not_found",
+            Self::PodUidMismatch(_) => "pod_uid_mismatch",
+            Self::ServiceAccountMismatch(_) => "service_account_mismatch",
+            Self::ClaimMismatch { .. } => "claim_mismatch",
+        }
+    }
+
+    /// 401 when the caller is not who it says at all (retry with a fresh token), 403 when it is
+    /// authenticated but not allowed this, 503 when the API server could not be asked.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Self::MissingToken | Self::NotAuthenticated(_) | Self::WrongAudience => {
+                http::StatusCode::UNAUTHORIZED
+            }
+            Self::ReviewFailed(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+            _ => http::StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// What a successful review says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReviewedToken {
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+}
+
+/// The TokenReview the operator sends for `token`.
+pub fn review_request(token: &str) -> TokenReview {
+    TokenReview {
+        metadata: Default::default(),
+        spec: TokenReviewSpec {
+            token: Some(token.to_owned()),
+            audiences: Some(vec![TOKEN_AUDIENCE.to_owned()]),
+        },
+        status: None,
+    }
+}
+
+fn single<'a>(extra: Option<&'a std::collections::BTreeMap<String, Vec<String>>>, key: &str) -> Option<&'a str> {
+    match extra?.get(key)?.as_slice() {
+        [one] if !one.is_empty() => Some(one.as_str()),
+        _ => None,
+    }
+}
+
+/// Reads a review's answer: authenticated, for our audience, a service account, bound to a pod.
+pub fn interpret_review(status: Option<&TokenReviewStatus>) -> Result<ReviewedToken, AuthError> {
+    let status = status.ok_or_else(|| AuthError::ReviewFailed("no status in the answer".into()))?;
+    if status.authenticated != Some(true) {
+        return Err(AuthError::NotAuthenticated(
+            status.error.clone().unwrap_or_else(|| "rejected".into()),
+        ));
+    }
+    // An API server that does not support audiences answers without them; the token is then
+    // not known to be ours.
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|a| a.iter().any(|x| x == TOKEN_AUDIENCE))
+    {
+        return Err(AuthError::WrongAudience);
+    }
+    let user = status
+        .user
+        .as_ref()
+        .ok_or_else(|| AuthError::NotServiceAccount("no user in the review".into()))?;
+    let username = user.username.clone().unwrap_or_default();
+    let (namespace, service_account) = username
+        .strip_prefix(SERVICE_ACCOUNT_PREFIX)
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains(':'))
+        .ok_or_else(|| AuthError::NotServiceAccount(username.clone()))?;
+    let pod_name = single(user.extra.as_ref(), EXTRA_POD_NAME).ok_or(AuthError::NotPodBound)?;
+    let pod_uid = single(user.extra.as_ref(), EXTRA_POD_UID).ok_or(AuthError::NotPodBound)?;
+    Ok(ReviewedToken {
+        namespace: namespace.to_owned(),
+        service_account: service_account.to_owned(),
+        pod_name: pod_name.to_owned(),
+        pod_uid: pod_uid.to_owned(),
+    })
+}
+
+/// Checks the reviewed token against the pod object the API server has.
+pub fn check_pod(reviewed: &ReviewedToken, pod: Option<&Pod>) -> Result<PodIdentity, AuthError> {
+    let name = format!("{}/{}", reviewed.namespace, reviewed.pod_name);
+    let pod = pod.ok_or_else(|| AuthError::PodNotFound(name.clone()))?;
+    if pod.metadata.uid.as_deref() != Some(reviewed.pod_uid.as_str()) {
+        return Err(AuthError::PodUidMismatch(name));
+    }
+    let pod_sa = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .unwrap_or("default");
+    if pod_sa != reviewed.service_account {
+        return Err(AuthError::ServiceAccountMismatch(name));
+    }
+    Ok(PodIdentity {
+        namespace: reviewed.namespace.clone(),
+        name: reviewed.pod_name.clone(),
+        uid: reviewed.pod_uid.clone(),
+        service_account: reviewed.service_account.clone(),
+    })
+}
+
+/// Compares what the sidecar claims with what the review established.
+pub fn check_claim(pod: &PodIdentity, namespace: &str, name: &str) -> Result<(), AuthError> {
+    if pod.namespace == namespace && pod.name == name {
+        Ok(())
+    } else {
+        Err(AuthError::ClaimMismatch {
+            claimed: format!("{namespace}/{name}"),
+            reviewed: format!("{}/{}", pod.namespace, pod.name),
+        })
+    }
+}
+
+/// Reviews tokens against the API server and the pod cache.
+pub struct SidecarAuthenticator {
+    client: kube::Client,
+    pods: Store<Pod>,
+    cache: Mutex<HashMap<[u8; 32], (PodIdentity, Instant)>>,
+}
+
+impl SidecarAuthenticator {
+    pub fn new(client: kube::Client, pods: Store<Pod>) -> Self {
+        Self {
+            client,
+            pods,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A fresh review of `token` (used for every new stream).
+    pub async fn authenticate(&self, token: &str) -> Result<PodIdentity, AuthError> {
+        if token.is_empty() {
+            return Err(AuthError::MissingToken);
+        }
+        let reviews: Api<TokenReview> = Api::all(self.client.clone());
+        let answer = reviews
+            .create(&PostParams::default(), &review_request(token))
+            .await
+            .map_err(|e| AuthError::ReviewFailed(e.to_string()))?;
+        let reviewed = interpret_review(answer.status.as_ref())?;
+        let cached = self.pods.get(
+            &ObjectRef::new(&reviewed.pod_name).within(&reviewed.namespace),
+        );
+        let pod = match cached {
+            Some(pod) if pod.metadata.uid.as_deref() == Some(reviewed.pod_uid.as_str()) => {
+                Some(pod.as_ref().clone())
+            }
+            // The cache may lag behind a pod that just started: ask the API server.
+            _ => Api::<Pod>::namespaced(self.client.clone(), &reviewed.namespace)
+                .get_opt(&reviewed.pod_name)
+                .await
+                .map_err(|e| AuthError::ReviewFailed(e.to_string()))?,
+        };
+        let identity = check_pod(&reviewed, pod.as_ref())?;
+        let mut cache = match self.cache.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if cache.len() >= CACHE_MAX {
+            cache.retain(|_, (_, at)| at.elapsed() < CACHE_TTL);
+            if cache.len() >= CACHE_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(Sha256::digest(token).into(), (identity.clone(), Instant::now()));
+        Ok(identity)
+    }
+
+    /// A review of `token` no older than a minute (used for acknowledgements).
+    pub async fn authenticate_cached(&self, token: &str) -> Result<PodIdentity, AuthError> {
+        let digest: [u8; 32] = Sha256::digest(token).into();
+        {
+            let cache = match self.cache.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            if let Some((identity, at)) = cache.get(&digest)
+                && at.elapsed() < CACHE_TTL
+            {
+                return Ok(identity.clone());
+            }
+        }
+        self.authenticate(token).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::authentication::v1::UserInfo;
+    use std::collections::BTreeMap;
+
+    fn status(username: &str, audiences: &[&str], extra: &[(&str, &str)]) -> TokenReviewStatus {
+        TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: Some(audiences.iter().map(|a| a.to_string()).collect()),
+            error: None,
+            user: Some(UserInfo {
+                username: Some(username.into()),
+                uid: Some("sa-uid".into()),
+                groups: None,
+                extra: Some(
+                    extra
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+            }),
+        }
+    }
+
+    fn bound() -> TokenReviewStatus {
+        status(
+            "system:serviceaccount:team-a:reports",
+            &["lifeguard"],
+            &[(EXTRA_POD_NAME, "reports-0"), (EXTRA_POD_UID, "uid-1")],
+        )
+    }
+
+    fn pod(uid: &str, sa: Option<&str>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "reports-0", "namespace": "team-a", "uid": uid},
+            "spec": {"containers": [], "serviceAccountName": sa}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_review_request_asks_for_the_lifeguard_audience() {
+        let r = review_request("tok");
+        assert_eq!(r.spec.token.as_deref(), Some("tok"));
+        assert_eq!(r.spec.audiences, Some(vec!["lifeguard".to_string()]));
+    }
+
+    #[test]
+    fn a_bound_service_account_token_of_an_existing_pod_is_accepted() {
+        let reviewed = interpret_review(Some(&bound())).unwrap();
+        let identity = check_pod(&reviewed, Some(&pod("uid-1", Some("reports")))).unwrap();
+        assert_eq!(
+            identity,
+            PodIdentity {
+                namespace: "team-a".into(),
+                name: "reports-0".into(),
+                uid: "uid-1".into(),
+                service_account: "reports".into()
+            }
+        );
+        assert!(check_claim(&identity, "team-a", "reports-0").is_ok());
+        let err = check_claim(&identity, "team-a", "reports-1").unwrap_err();
+        assert_eq!(err.label(), "claim_mismatch");
+        assert_eq!(err.status(), http::StatusCode::FORBIDDEN);
+    }
+
+    #[test]
+    fn every_refusal_is_named() {
+        let mut unauthenticated = bound();
+        unauthenticated.authenticated = Some(false);
+        assert_eq!(
+            interpret_review(Some(&unauthenticated)).unwrap_err().label(),
+            "not_authenticated"
+        );
+        let wrong_audience = status(
+            "system:serviceaccount:team-a:reports",
+            &["https://kubernetes.default.svc"],
+            &[(EXTRA_POD_NAME, "reports-0"), (EXTRA_POD_UID, "uid-1")],
+        );
+        assert_eq!(
+            interpret_review(Some(&wrong_audience)).unwrap_err().label(),
+            "wrong_audience"
+        );
+        let user = status("alice", &["lifeguard"], &[]);
+        assert_eq!(
+            interpret_review(Some(&user)).unwrap_err().label(),
+            "not_service_account"
+        );
+        let unbound = status("system:serviceaccount:team-a:reports", &["lifeguard"], &[]);
+        assert_eq!(
+            interpret_review(Some(&unbound)).unwrap_err().label(),
+            "not_pod_bound"
+        );
+        let reviewed = interpret_review(Some(&bound())).unwrap();
+        assert_eq!(check_pod(&reviewed, None).unwrap_err().label(), "pod_not_found");
+        assert_eq!(
+            check_pod(&reviewed, Some(&pod("uid-2", Some("reports"))))
+                .unwrap_err()
+                .label(),
+            "pod_uid_mismatch"
+        );
+        assert_eq!(
+            check_pod(&reviewed, Some(&pod("uid-1", None)))
+                .unwrap_err()
+                .label(),
+            "service_account_mismatch"
+        );
+    }
+}
