@@ -3,6 +3,7 @@
 pub mod crdgen;
 pub mod dev;
 pub mod exception;
+pub mod operator;
 pub mod policy_check;
 pub mod sidecar;
 
@@ -27,6 +28,9 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Run the enforcement sidecar in front of one MCP server.
     Sidecar(SidecarArgs),
+    /// Run the control plane: reconcile Lifeguard resources, stream policy to sidecars,
+    /// receive security events.
+    Operator(operator::OperatorArgs),
     /// Sign and verify CapabilityExceptions.
     #[command(subcommand)]
     Exception(ExceptionCommand),

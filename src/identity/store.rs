@@ -51,6 +51,17 @@ pub enum KeyLoadError {
     Parse { source_name: String, reason: String },
 }
 
+/// The HTTP client that fetches key sets: Lifeguard's user agent, no redirects (a key set URI
+/// names exactly where the keys live; following a redirect would let whoever controls the
+/// redirect choose the keys).
+pub fn key_fetch_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .user_agent(concat!("lifeguard/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default()
+}
+
 /// One issuer's keys.
 pub struct KeyStore {
     source: ResolvedSource,
@@ -63,7 +74,9 @@ pub struct KeyStore {
 }
 
 impl KeyStore {
-    fn new(source: ResolvedSource, http: reqwest::Client) -> Self {
+    /// A store for `source` with nothing loaded yet: call [`KeyStore::refresh`] (or let the
+    /// first unknown key id trigger [`KeyStore::refresh_for_unknown_key`]) to fill it.
+    pub fn new(source: ResolvedSource, http: reqwest::Client) -> Self {
         Self {
             source,
             keys: RwLock::new(None),
@@ -193,11 +206,7 @@ impl IssuerKeys {
 
 impl KeyRegistry {
     pub fn new(shutdown: CancellationToken) -> Self {
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("lifeguard/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
+        let http = key_fetch_client();
         Self {
             by_source: Mutex::new(HashMap::new()),
             http,

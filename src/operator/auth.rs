@@ -102,7 +102,10 @@ pub fn review_request(token: &str) -> TokenReview {
     }
 }
 
-fn single<'a>(extra: Option<&'a std::collections::BTreeMap<String, Vec<String>>>, key: &str) -> Option<&'a str> {
+fn single<'a>(
+    extra: Option<&'a std::collections::BTreeMap<String, Vec<String>>>,
+    key: &str,
+) -> Option<&'a str> {
     match extra?.get(key)?.as_slice() {
         [one] if !one.is_empty() => Some(one.as_str()),
         _ => None,
@@ -208,9 +211,9 @@ impl SidecarAuthenticator {
             .await
             .map_err(|e| AuthError::ReviewFailed(e.to_string()))?;
         let reviewed = interpret_review(answer.status.as_ref())?;
-        let cached = self.pods.get(
-            &ObjectRef::new(&reviewed.pod_name).within(&reviewed.namespace),
-        );
+        let cached = self
+            .pods
+            .get(&ObjectRef::new(&reviewed.pod_name).within(&reviewed.namespace));
         let pod = match cached {
             Some(pod) if pod.metadata.uid.as_deref() == Some(reviewed.pod_uid.as_str()) => {
                 Some(pod.as_ref().clone())
@@ -232,7 +235,10 @@ impl SidecarAuthenticator {
                 cache.clear();
             }
         }
-        cache.insert(Sha256::digest(token).into(), (identity.clone(), Instant::now()));
+        cache.insert(
+            Sha256::digest(token).into(),
+            (identity.clone(), Instant::now()),
+        );
         Ok(identity)
     }
 
@@ -326,7 +332,9 @@ mod tests {
         let mut unauthenticated = bound();
         unauthenticated.authenticated = Some(false);
         assert_eq!(
-            interpret_review(Some(&unauthenticated)).unwrap_err().label(),
+            interpret_review(Some(&unauthenticated))
+                .unwrap_err()
+                .label(),
             "not_authenticated"
         );
         let wrong_audience = status(
@@ -349,7 +357,10 @@ mod tests {
             "not_pod_bound"
         );
         let reviewed = interpret_review(Some(&bound())).unwrap();
-        assert_eq!(check_pod(&reviewed, None).unwrap_err().label(), "pod_not_found");
+        assert_eq!(
+            check_pod(&reviewed, None).unwrap_err().label(),
+            "pod_not_found"
+        );
         assert_eq!(
             check_pod(&reviewed, Some(&pod("uid-2", Some("reports"))))
                 .unwrap_err()

@@ -2,8 +2,30 @@
 //! that carry a sidecar, compiles one snapshot per policy, streams it to every sidecar, fans
 //! revocations out and collects acknowledgements into status, and turns standard security
 //! events (SSF/CAEP/RISC) into PrincipalRevocations.
-pub mod plan;
+//!
+//! # Data flow
+//!
+//! watch caches (reflectors) → [`distributor`] (pure [`plan`] on every change and at every
+//! exception boundary) → one [`stream::Distribution`] on a `watch` channel → every sidecar's
+//! [`stream`] → acknowledgements into [`sessions`] → the status reconcilers in
+//! [`controllers`] (leader only, see [`lease`]) via [`status`] and [`propagation`].
+//! Security events enter through [`ssf`] and become PrincipalRevocations ([`revocation_sink`]),
+//! which flow back in through the watch like any other object.
+
 pub mod auth;
+pub mod config;
+pub mod controllers;
+pub mod distributor;
+pub mod lease;
+pub mod metrics;
+pub mod network_policy;
+pub mod plan;
 pub mod propagation;
+pub mod revocation_sink;
+mod run;
 pub mod sessions;
+pub mod ssf;
 pub mod status;
+pub mod stream;
+
+pub use run::{OperatorConfig, run};

@@ -103,7 +103,10 @@ impl Plan {
     /// compile; either way the sidecar enables nothing).
     pub fn policy_for(&self, pod: &PodKey) -> Option<(&ObjectKey, Option<&Arc<CompiledPolicy>>)> {
         let key = self.pods.get(pod)?;
-        Some((key, self.policies.get(key).and_then(|p| p.compiled.as_ref())))
+        Some((
+            key,
+            self.policies.get(key).and_then(|p| p.compiled.as_ref()),
+        ))
     }
 }
 
@@ -312,7 +315,10 @@ pub fn plan(world: World<'_>) -> Plan {
         let errors: Vec<String> = compilation
             .problems
             .iter()
-            .filter(|p| p.problem.severity == Severity::Error && p.object.kind == ObjectKind::McpServerPolicy)
+            .filter(|p| {
+                p.problem.severity == Severity::Error
+                    && p.object.kind == ObjectKind::McpServerPolicy
+            })
             .map(|p| p.problem.to_string())
             .collect();
         let compiled = compilation.effective.and_then(|effective| {

@@ -182,7 +182,10 @@ fn an_exception_is_active_only_inside_its_window_and_the_plan_names_the_next_fli
         keys: loaded_keys(),
     };
     let before = inputs.plan("2026-11-30T00:00:00Z");
-    assert_eq!(before.exceptions[&key("ex")].state, ExceptionState::NotYetValid);
+    assert_eq!(
+        before.exceptions[&key("ex")].state,
+        ExceptionState::NotYetValid
+    );
     assert_eq!(before.next_change, Some(at("2026-12-01T00:00:00Z")));
     let compiled = before.policies[&key("reports")].compiled.clone().unwrap();
     assert!(compiled.effective.exceptions.is_empty());
@@ -199,7 +202,11 @@ fn an_exception_is_active_only_inside_its_window_and_the_plan_names_the_next_fli
     assert_eq!(after.exceptions[&key("ex")].state, ExceptionState::Expired);
     assert_eq!(after.next_change, None);
     assert_ne!(
-        after.policies[&key("reports")].compiled.as_ref().unwrap().hash,
+        after.policies[&key("reports")]
+            .compiled
+            .as_ref()
+            .unwrap()
+            .hash,
         compiled.hash
     );
 }
@@ -218,12 +225,18 @@ fn an_exception_without_its_policy_or_without_approver_keys_is_invalid_with_the_
         keys: loaded_keys(),
     };
     let e = inputs.plan("2026-12-05T00:00:00Z").exceptions[&key("ex")].clone();
-    assert_eq!((e.state, e.reason), (ExceptionState::Invalid, "PolicyNotFound"));
+    assert_eq!(
+        (e.state, e.reason),
+        (ExceptionState::Invalid, "PolicyNotFound")
+    );
 
     inputs.policies = vec![policy("reports", "2026-11-01T00:00:00Z", "reports")];
     inputs.keys = ApproverKeys::Missing;
     let e = inputs.plan("2026-12-05T00:00:00Z").exceptions[&key("ex")].clone();
-    assert_eq!((e.state, e.reason), (ExceptionState::Invalid, "NoTrustedKeys"));
+    assert_eq!(
+        (e.state, e.reason),
+        (ExceptionState::Invalid, "NoTrustedKeys")
+    );
 }
 
 #[test]
@@ -241,7 +254,10 @@ fn a_tampered_exception_is_invalid_and_never_reaches_the_snapshot() {
     };
     let plan = inputs.plan("2026-12-05T00:00:00Z");
     let e = &plan.exceptions[&key("ex")];
-    assert_eq!((e.state, e.reason), (ExceptionState::Invalid, "BadSignature"));
+    assert_eq!(
+        (e.state, e.reason),
+        (ExceptionState::Invalid, "BadSignature")
+    );
     assert_eq!(plan.next_change, None);
     let compiled = plan.policies[&key("reports")].compiled.clone().unwrap();
     assert!(compiled.effective.exceptions.is_empty());

@@ -123,7 +123,9 @@ impl PropagationTracker {
         self.revocations
             .values()
             .any(|t| t.target.is_none())
-            .then(|| self.started + jiff::SignedDuration::try_from(RESTART_GRACE).unwrap_or_default())
+            .then(|| {
+                self.started + jiff::SignedDuration::try_from(RESTART_GRACE).unwrap_or_default()
+            })
     }
 
     /// The propagation of `name` now. `reported` are the pods that acknowledged it, `pods`
@@ -159,7 +161,9 @@ impl PropagationTracker {
             .count();
         let target_len = target.len();
         if tracked.completed.is_none() && acknowledged == target_len {
-            let millis = i64::try_from(now.duration_since(tracked.observed).as_millis()).unwrap_or(i64::MAX).max(0);
+            let millis = i64::try_from(now.duration_since(tracked.observed).as_millis())
+                .unwrap_or(i64::MAX)
+                .max(0);
             tracked.completed = Some((now, millis));
         }
         Some(Propagation {
@@ -209,10 +213,19 @@ mod tests {
         };
         t.observe("rev", &first, seen, || [pod("a"), pod("b")].into());
         // A second sight with more pods changes nothing.
-        t.observe("rev", &first, seen, || [pod("a"), pod("b"), pod("c")].into());
+        t.observe("rev", &first, seen, || {
+            [pod("a"), pod("b"), pod("c")].into()
+        });
         let all = set(&["a", "b", "c"]);
         let p = t
-            .progress("rev", &set(&["a", "c"]), &all, 2, 0, at("2026-12-01T00:01:00.200Z"))
+            .progress(
+                "rev",
+                &set(&["a", "c"]),
+                &all,
+                2,
+                0,
+                at("2026-12-01T00:01:00.200Z"),
+            )
             .unwrap();
         assert_eq!((p.target, p.acknowledged, p.completed_at), (2, 1, None));
         let done_at = at("2026-12-01T00:01:00.350Z");
@@ -225,7 +238,14 @@ mod tests {
         assert_eq!(p.tasks_cancelled, 5);
         // Completion is not moved by later acknowledgements.
         let p = t
-            .progress("rev", &set(&["a", "b", "c"]), &all, 5, 1, at("2026-12-01T00:09:00Z"))
+            .progress(
+                "rev",
+                &set(&["a", "b", "c"]),
+                &all,
+                5,
+                1,
+                at("2026-12-01T00:09:00Z"),
+            )
             .unwrap();
         assert_eq!(p.completed_at, Some(done_at));
     }
@@ -244,7 +264,9 @@ mod tests {
             .unwrap();
         assert_eq!((p.acknowledged, p.propagation_millis), (2, Some(0)));
         t.observe("empty", &first, now, BTreeSet::new);
-        let p = t.progress("empty", &set(&[]), &set(&[]), 0, 0, now).unwrap();
+        let p = t
+            .progress("empty", &set(&[]), &set(&[]), 0, 0, now)
+            .unwrap();
         assert_eq!((p.target, p.completed_at), (0, Some(now)));
     }
 
@@ -256,12 +278,19 @@ mod tests {
             recorded_completion: None,
         };
         let early = at("2026-12-01T00:00:01Z");
-        t.observe("old", &first, early, || panic!("target fixed during the grace"));
-        assert!(t.progress("old", &set(&[]), &set(&[]), 0, 0, early).is_none());
+        t.observe("old", &first, early, || {
+            panic!("target fixed during the grace")
+        });
+        assert!(
+            t.progress("old", &set(&[]), &set(&[]), 0, 0, early)
+                .is_none()
+        );
         assert!(t.waiting_for_grace().is_some());
         let later = at("2026-12-01T00:00:07Z");
         t.fix_deferred_targets(later, |_| [pod("a")].into());
-        let p = t.progress("old", &set(&["a"]), &set(&["a"]), 1, 0, later).unwrap();
+        let p = t
+            .progress("old", &set(&["a"]), &set(&["a"]), 1, 0, later)
+            .unwrap();
         assert_eq!(p.target, 1);
         // Counted from the object's creation.
         assert_eq!(p.propagation_millis, Some(3_607_000));
@@ -280,7 +309,12 @@ mod tests {
             .progress("rev", &set(&[]), &set(&[]), 3, 1, at(START))
             .unwrap();
         assert_eq!(
-            (p.target, p.acknowledged, p.completed_at, p.propagation_millis),
+            (
+                p.target,
+                p.acknowledged,
+                p.completed_at,
+                p.propagation_millis
+            ),
             (7, 7, Some(done), Some(812))
         );
     }

@@ -210,7 +210,11 @@ impl Sessions {
 
     /// Number of pods with an open connection.
     pub fn connected_count(&self) -> usize {
-        self.lock().sidecars.values().filter(|s| s.connected).count()
+        self.lock()
+            .sidecars
+            .values()
+            .filter(|s| s.connected)
+            .count()
     }
 }
 

@@ -98,14 +98,20 @@ pub fn policy_status(
             type_: conditions::SIDECARS_IN_SYNC,
             ok: true,
             reason: reasons::ALL_IN_SYNC,
-            message: format!("{} of {} sidecars run this policy", sidecars.in_sync, sidecars.assigned),
+            message: format!(
+                "{} of {} sidecars run this policy",
+                sidecars.in_sync, sidecars.assigned
+            ),
         }
     } else {
         Want {
             type_: conditions::SIDECARS_IN_SYNC,
             ok: false,
             reason: reasons::PENDING,
-            message: format!("{} of {} sidecars run this policy", sidecars.in_sync, sidecars.assigned),
+            message: format!(
+                "{} of {} sidecars run this policy",
+                sidecars.in_sync, sidecars.assigned
+            ),
         }
     };
     let conflict_want = match &plan.shadowed_by {
@@ -282,7 +288,12 @@ mod tests {
         assert_eq!(third[0].status, "True");
         // A repeated computation is identical (the reconciler then skips the write).
         assert_eq!(
-            merge_conditions(&third, &[want(true, "Programmed")], Some(2), t3 + jiff::SignedDuration::from_secs(60)),
+            merge_conditions(
+                &third,
+                &[want(true, "Programmed")],
+                Some(2),
+                t3 + jiff::SignedDuration::from_secs(60)
+            ),
             third
         );
     }
@@ -299,8 +310,15 @@ mod tests {
             propagation_millis: None,
         };
         let s = revocation_status(Some(1), &pending, &Default::default(), now);
-        let propagated = s.conditions.iter().find(|c| c.type_ == "Propagated").unwrap();
-        assert_eq!((propagated.status.as_str(), propagated.reason.as_str()), ("False", "Propagating"));
+        let propagated = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Propagated")
+            .unwrap();
+        assert_eq!(
+            (propagated.status.as_str(), propagated.reason.as_str()),
+            ("False", "Propagating")
+        );
         let done = Propagation {
             acknowledged: 3,
             completed_at: Some(now),
@@ -309,7 +327,10 @@ mod tests {
         };
         let s = revocation_status(Some(1), &done, &s, now);
         let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Applied"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Applied")
+        );
         assert_eq!(s.propagation_millis, Some(420));
         assert_eq!(s.acknowledged_sidecars, Some(3));
     }

@@ -1,0 +1,176 @@
+//! `lifeguard operator --config FILE`: the operator's configuration file (YAML). Every key is
+//! optional; unknown keys are an error that names the key.
+//!
+//! ```yaml
+//! approverKeys: {secretName: lifeguard-approvers, key: approvers.jwks.json}
+//! securityEvents: {...}            # see operator::ssf::config
+//! bypassPrevention:
+//!   networkPolicy: optIn           # disabled (default) | optIn | all
+//!   sidecarPorts: [mcp]            # ports (names or numbers) the NetworkPolicy admits
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use super::ssf::config::{SecretKeyRef, SecurityEventsConfig};
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperatorFileConfig {
+    /// Secret (in the operator's namespace) holding the approver JWKS that CapabilityException
+    /// signatures must verify against; same format as `lifeguard sidecar --approver-keys`.
+    #[serde(default)]
+    pub approver_keys: Option<SecretKeyRef>,
+    /// Security-event transmitters (SSF/CAEP/RISC).
+    #[serde(default)]
+    pub security_events: Option<SecurityEventsConfig>,
+    #[serde(default)]
+    pub bypass_prevention: BypassPrevention,
+}
+
+/// When the operator writes a NetworkPolicy per McpServerPolicy that admits traffic to the
+/// selected pods only on the sidecar's ports.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BypassPrevention {
+    #[serde(default)]
+    pub network_policy: NetworkPolicyMode,
+    /// Ports of the selected pods that stay reachable: the sidecar's MCP port (and its admin
+    /// port if Prometheus scrapes it). Names resolve against the pod's container ports.
+    #[serde(default = "default_ports")]
+    pub sidecar_ports: Vec<PortRef>,
+}
+
+impl Default for BypassPrevention {
+    fn default() -> Self {
+        Self {
+            network_policy: NetworkPolicyMode::default(),
+            sidecar_ports: default_ports(),
+        }
+    }
+}
+
+fn default_ports() -> Vec<PortRef> {
+    vec![PortRef::Name("mcp".into())]
+}
+
+/// A port by name or number.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum PortRef {
+    Number(u16),
+    Name(String),
+}
+
+/// Which policies get a NetworkPolicy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NetworkPolicyMode {
+    /// None (the default: a NetworkPolicy changes who can reach a workload, so it is opt-in).
+    #[default]
+    Disabled,
+    /// Policies annotated `lifeguard.dev/bypass-prevention: enabled`.
+    OptIn,
+    /// Every McpServerPolicy.
+    All,
+}
+
+/// Annotation that opts one McpServerPolicy into a NetworkPolicy (mode `optIn`).
+pub const BYPASS_PREVENTION_ANNOTATION: &str = "lifeguard.dev/bypass-prevention";
+
+/// Why the file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+impl OperatorFileConfig {
+    /// Parses the YAML text; errors name the offending key.
+    pub fn parse(path: &str, text: &str) -> Result<Self, ConfigError> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Invalid {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        let config: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+            let at = e.path().to_string();
+            ConfigError::Invalid {
+                path: path.to_owned(),
+                message: if at == "." {
+                    e.inner().to_string()
+                } else {
+                    format!("{at}: {}", e.inner())
+                },
+            }
+        })?;
+        if let Some(events) = &config.security_events {
+            events.validate().map_err(|e| ConfigError::Invalid {
+                path: path.to_owned(),
+                message: format!("securityEvents: {e}"),
+            })?;
+        }
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&path.display().to_string(), &text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = OperatorFileConfig::parse("c.yaml", "approverKey: {secretName: a, key: b}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("approverKey"), "{err}");
+        let err = OperatorFileConfig::parse(
+            "c.yaml",
+            "approverKeys: {secretName: a, key: b, namespace: x}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("approverKeys") && err.contains("namespace"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_documented_keys_parse() {
+        let c = OperatorFileConfig::parse(
+            "c.yaml",
+            "approverKeys: {secretName: lifeguard-approvers, key: approvers.jwks.json}\nbypassPrevention: {networkPolicy: optIn, sidecarPorts: [mcp, 9090]}\n",
+        )
+        .unwrap();
+        assert_eq!(c.approver_keys.unwrap().secret_name, "lifeguard-approvers");
+        assert_eq!(c.bypass_prevention.network_policy, NetworkPolicyMode::OptIn);
+        assert_eq!(
+            c.bypass_prevention.sidecar_ports,
+            vec![PortRef::Name("mcp".into()), PortRef::Number(9090)]
+        );
+        assert_eq!(
+            OperatorFileConfig::parse("c.yaml", "").unwrap(),
+            OperatorFileConfig::default()
+        );
+    }
+}

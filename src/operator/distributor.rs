@@ -1,0 +1,212 @@
+//! The loop that turns the watch caches into the [`Distribution`] every sidecar stream sends:
+//! recompute the plan when anything it depends on changes (an object, a pod, the approver
+//! Secret) or when an exception reaches `notBefore`/`expiresAt`, publish it, and fix the
+//! target of revocations seen for the first time.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
+use crate::exception::ApproverTrust;
+use crate::policy::ObjectKey;
+
+use super::config::SecretKeyRef;
+use super::metrics::OperatorMetrics;
+use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
+use super::propagation::{FirstSight, PropagationTracker};
+use super::sessions::Sessions;
+use super::stream::Distribution;
+
+/// Changes that arrive within this window are planned together.
+const COALESCE: Duration = Duration::from_millis(15);
+
+/// The watch caches the plan reads.
+#[derive(Clone)]
+pub struct Caches {
+    pub policies: Store<McpServerPolicy>,
+    pub exceptions: Store<CapabilityException>,
+    pub revocations: Store<PrincipalRevocation>,
+    pub pods: Store<Pod>,
+    pub secrets: Store<Secret>,
+}
+
+/// Reads the approver keys from the configured Secret in the cache.
+pub fn approver_keys(
+    secrets: &Store<Secret>,
+    reference: Option<&SecretKeyRef>,
+    namespace: &str,
+) -> ApproverKeys {
+    let Some(reference) = reference else {
+        return ApproverKeys::Missing;
+    };
+    let Some(secret) = secrets.get(&ObjectRef::new(&reference.secret_name).within(namespace))
+    else {
+        return ApproverKeys::Missing;
+    };
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&reference.key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(&reference.key))
+                .map(|s| s.as_bytes().to_vec())
+        });
+    let Some(bytes) = bytes else {
+        return ApproverKeys::Missing;
+    };
+    let trust = match ApproverTrust::from_json(&bytes) {
+        Ok(t) => t,
+        Err(e) => return ApproverKeys::Unusable(e.to_string()),
+    };
+    match serde_json::from_slice::<Box<RawValue>>(&bytes) {
+        Ok(document) => ApproverKeys::Loaded {
+            trust: Arc::new(trust),
+            document: Arc::from(document),
+        },
+        Err(e) => ApproverKeys::Unusable(e.to_string()),
+    }
+}
+
+/// Connected pods whose snapshot carries `revocation`.
+pub fn revocation_targets(plan: &Plan, sessions: &Sessions, revocation: &str) -> BTreeSet<PodKey> {
+    sessions
+        .connected()
+        .into_iter()
+        .filter(|pod| {
+            plan.policy_for(pod)
+                .and_then(|(_, c)| c)
+                .is_some_and(|c| c.revocations.contains(revocation))
+        })
+        .collect()
+}
+
+/// Everything the loop needs.
+pub struct Distributor {
+    pub caches: Caches,
+    pub approver_keys: Option<SecretKeyRef>,
+    pub namespace: String,
+    pub changes: Arc<Notify>,
+    pub publish: watch::Sender<Arc<Distribution>>,
+    pub tracker: Arc<Mutex<PropagationTracker>>,
+    pub sessions: Arc<Sessions>,
+    pub metrics: Arc<OperatorMetrics>,
+}
+
+impl Distributor {
+    /// Recomputes and publishes once; returns the instant of the next self-driven change.
+    pub fn step(&self, version: u64) -> Option<Timestamp> {
+        let started = std::time::Instant::now();
+        let policies = self.caches.policies.state();
+        let exceptions = self.caches.exceptions.state();
+        let revocations = self.caches.revocations.state();
+        let pods = self.caches.pods.state();
+        let keys = approver_keys(
+            &self.caches.secrets,
+            self.approver_keys.as_ref(),
+            &self.namespace,
+        );
+        let now = Timestamp::now();
+        let plan = Arc::new(plan(World {
+            policies: &policies,
+            exceptions: &exceptions,
+            revocations: &revocations,
+            pods: &pods,
+            approver_keys: &keys,
+            now,
+        }));
+        let (document, hash) = match &keys {
+            ApproverKeys::Loaded { document, .. } => (
+                Some(document.clone()),
+                Some(hex(&Sha256::digest(document.get().as_bytes()))),
+            ),
+            _ => (None, None),
+        };
+        let next = plan.next_change;
+        self.publish.send_replace(Arc::new(Distribution {
+            version,
+            plan: plan.clone(),
+            approver_keys: document,
+            approver_keys_hash: hash,
+        }));
+        self.metrics.plan_version.set(version as i64);
+        self.metrics
+            .plan_seconds
+            .observe(started.elapsed().as_secs_f64());
+
+        // Revocations seen for the first time get their target now, against the plan just
+        // published (pods connecting from here on receive them in their first snapshot).
+        let mut tracker = match self.tracker.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        for revocation in &revocations {
+            let name = revocation.metadata.name.clone().unwrap_or_default();
+            let status = revocation.status.as_ref();
+            let first = FirstSight {
+                created: revocation.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                recorded_completion: status.and_then(|s| {
+                    Some((
+                        s.completed_at.as_ref()?.0,
+                        s.propagation_millis?,
+                        s.target_sidecars?,
+                        s.acknowledged_sidecars?,
+                    ))
+                }),
+            };
+            tracker.observe(&name, &first, now, || {
+                revocation_targets(&plan, &self.sessions, &name)
+            });
+        }
+        tracker.fix_deferred_targets(now, |name| revocation_targets(&plan, &self.sessions, name));
+        let grace = tracker.waiting_for_grace();
+        [next, grace].into_iter().flatten().min()
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        // Versions start from the wall clock so a restarted operator keeps counting upward.
+        let mut version = u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(1);
+        loop {
+            let next = self.step(version);
+            version += 1;
+            let sleep = match next {
+                Some(at) => {
+                    let wait = at.duration_since(Timestamp::now());
+                    Duration::try_from(wait).unwrap_or_default() + Duration::from_millis(1)
+                }
+                None => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.changes.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+            tokio::time::sleep(COALESCE).await;
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key of a namespaced object's metadata.
+pub fn object_key(meta: &kube::api::ObjectMeta) -> ObjectKey {
+    ObjectKey {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}

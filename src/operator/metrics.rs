@@ -1,0 +1,143 @@
+//! Prometheus metrics of the operator. Labels are bounded (kind, result, reason): never object
+//! names, pods or subjects.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::telemetry::metrics::ReasonLabels;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    pub kind: &'static str,
+    pub result: &'static str,
+}
+
+/// Every metric the operator exports.
+pub struct OperatorMetrics {
+    pub registry: Registry,
+    pub sidecars_connected: Gauge,
+    pub snapshots_sent: Counter,
+    pub acks: Counter,
+    pub auth_refusals: Family<ReasonLabels, Counter>,
+    pub reconciles: Family<ReconcileLabels, Counter>,
+    pub status_writes: Family<ReconcileLabels, Counter>,
+    pub leader: Gauge,
+    pub plan_version: Gauge,
+    pub plan_seconds: Histogram,
+    pub revocation_propagation_seconds: Histogram,
+}
+
+impl OperatorMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lifeguard_operator");
+        let sidecars_connected = Gauge::default();
+        registry.register(
+            "sidecars_connected",
+            "Sidecars with an open policy stream to this replica",
+            sidecars_connected.clone(),
+        );
+        let snapshots_sent = Counter::default();
+        registry.register(
+            "snapshots_sent",
+            "Policy snapshots written to sidecar streams",
+            snapshots_sent.clone(),
+        );
+        let acks = Counter::default();
+        registry.register(
+            "acknowledgements",
+            "Snapshot acknowledgements recorded",
+            acks.clone(),
+        );
+        let auth_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "sidecar_auth_refusals",
+            "Sidecar connections or acknowledgements refused, by reason",
+            auth_refusals.clone(),
+        );
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciliations by kind and result",
+            reconciles.clone(),
+        );
+        let status_writes = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "status_writes",
+            "Status patches sent, by kind and result",
+            status_writes.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        let plan_version = Gauge::default();
+        registry.register(
+            "plan_version",
+            "Version of the snapshot set being distributed",
+            plan_version.clone(),
+        );
+        let plan_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "plan_seconds",
+            "Time to recompute every policy snapshot after a change",
+            plan_seconds.clone(),
+        );
+        let revocation_propagation_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 14));
+        registry.register(
+            "revocation_propagation_seconds",
+            "Time from first observing a revocation to its last acknowledgement",
+            revocation_propagation_seconds.clone(),
+        );
+        Self {
+            registry,
+            sidecars_connected,
+            snapshots_sent,
+            acks,
+            auth_refusals,
+            reconciles,
+            status_writes,
+            leader,
+            plan_version,
+            plan_seconds,
+            revocation_propagation_seconds,
+        }
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn reconciled(&self, kind: &'static str, result: &'static str) {
+        self.reconciles
+            .get_or_create(&ReconcileLabels { kind, result })
+            .inc();
+    }
+
+    pub fn status_written(&self, kind: &'static str, result: &'static str) {
+        self.status_writes
+            .get_or_create(&ReconcileLabels { kind, result })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for OperatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,435 @@
+//! Wiring: the Kubernetes client, the watch caches, the distribution endpoint, the
+//! controllers, leader election and the admin endpoint.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use axum::Router;
+use axum::routing::{get, post};
+use futures_util::{FutureExt, StreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Config};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
+use crate::distribution::{ACK_PATH, STREAM_PATH};
+use crate::runtime::tls::{ReloadingCertificate, serve_tls};
+use crate::runtime::{Health, Readiness};
+
+use super::auth::SidecarAuthenticator;
+use super::config::OperatorFileConfig;
+use super::controllers::{self, Context};
+use super::distributor::{Caches, Distributor};
+use super::metrics::OperatorMetrics;
+use super::plan::Plan;
+use super::propagation::PropagationTracker;
+use super::revocation_sink::{KubeRevocationSink, KubeSecretReader};
+use super::sessions::Sessions;
+use super::ssf::SsfReceiver;
+use super::ssf::poll::PollClient;
+use super::stream::{self, Distribution, StreamContext};
+
+/// Everything `lifeguard operator` is configured with.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    pub kubeconfig: Option<PathBuf>,
+    pub namespace: Option<String>,
+    pub listen: SocketAddr,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub admin: SocketAddr,
+    pub config: Option<PathBuf>,
+}
+
+/// Namespace of the operator itself: the flag, else the pod's, else `lifeguard-system`.
+fn own_namespace(flag: Option<&str>) -> String {
+    if let Some(ns) = flag {
+        return ns.to_owned();
+    }
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+    {
+        return ns;
+    }
+    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "lifeguard-system".to_owned())
+}
+
+/// `--kubeconfig`, else the in-cluster configuration, else `$KUBECONFIG` (or
+/// `~/.kube/config`).
+async fn kube_client(kubeconfig: Option<&Path>) -> Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => match Config::incluster() {
+            Ok(c) => c,
+            Err(in_cluster) => Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .with_context(|| {
+                    format!("no --kubeconfig, not in a cluster ({in_cluster}), and no usable $KUBECONFIG")
+                })?,
+        },
+    };
+    Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Identity of this replica in the Lease.
+fn replica_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "lifeguard-operator".into());
+    format!("{host}_{}", std::process::id())
+}
+
+/// A watch cache whose every event wakes the distributor; for kinds that also have a
+/// controller, a shared stream the controller subscribes to.
+fn cache<K>(
+    api: Api<K>,
+    changes: Arc<Notify>,
+    shared: bool,
+) -> (
+    Store<K>,
+    Option<reflector::ReflectHandle<K>>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = if shared {
+        reflector::store_shared(1024)
+    } else {
+        reflector::store()
+    };
+    let subscriber = if shared { writer.subscribe() } else { None };
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let driver = async move {
+        let stream = if shared {
+            events.reflect_shared(writer).boxed()
+        } else {
+            events.reflect(writer).boxed()
+        };
+        stream
+            .for_each(|event| {
+                match event {
+                    Ok(_) => changes.notify_one(),
+                    Err(error) => tracing::warn!(%error, "watch failed; retrying"),
+                }
+                std::future::ready(())
+            })
+            .await;
+    };
+    (reader, subscriber, driver)
+}
+
+struct OperatorHealth {
+    metrics: Arc<OperatorMetrics>,
+    synced: AtomicBool,
+    serving: AtomicBool,
+}
+
+impl Health for OperatorHealth {
+    fn readiness(&self) -> Readiness {
+        match (
+            self.synced.load(Ordering::Acquire),
+            self.serving.load(Ordering::Acquire),
+        ) {
+            (true, true) => Readiness::Ready("ready: caches synced, serving sidecars".into()),
+            (false, _) => Readiness::NotReady("watch caches are syncing".into()),
+            (true, false) => Readiness::NotReady("the distribution endpoint is starting".into()),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+}
+
+/// Runs the operator until `shutdown`.
+pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<()> {
+    let file = match &config.config {
+        Some(path) => OperatorFileConfig::load(path)?,
+        None => OperatorFileConfig::default(),
+    };
+    let certificate = Arc::new(
+        ReloadingCertificate::load(&config.tls_cert, &config.tls_key)
+            .context("loading the serving certificate (--tls-cert, --tls-key)")?,
+    );
+    let namespace = own_namespace(config.namespace.as_deref());
+    let client = kube_client(config.kubeconfig.as_deref()).await?;
+    // Watch caches.
+    let changes = Arc::new(Notify::new());
+    let (policies, policy_events, policy_driver) = cache(
+        Api::<McpServerPolicy>::all(client.clone()),
+        changes.clone(),
+        true,
+    );
+    let (exceptions, exception_events, exception_driver) = cache(
+        Api::<CapabilityException>::all(client.clone()),
+        changes.clone(),
+        true,
+    );
+    let (revocations, revocation_events, revocation_driver) = cache(
+        Api::<PrincipalRevocation>::all(client.clone()),
+        changes.clone(),
+        true,
+    );
+    let (pods, _, pod_driver) = cache(Api::<Pod>::all(client.clone()), changes.clone(), false);
+    let (secrets, _, secret_driver) = cache(
+        Api::<Secret>::namespaced(client.clone(), &namespace),
+        changes.clone(),
+        false,
+    );
+    // Security events (optional): built before the metrics registry is shared.
+    let mut metrics = OperatorMetrics::new();
+    let security_events = match &file.security_events {
+        None => None,
+        Some(events) => {
+            let receiver = SsfReceiver::new(
+                events,
+                Arc::new(KubeSecretReader {
+                    client: client.clone(),
+                    namespace: namespace.clone(),
+                    cache: secrets.clone(),
+                }),
+                Arc::new(KubeRevocationSink {
+                    client: client.clone(),
+                }),
+            )
+            .context("securityEvents")?;
+            receiver.metrics().register(&mut metrics.registry);
+            Some(Arc::new(receiver))
+        }
+    };
+    let metrics = Arc::new(metrics);
+    let health = Arc::new(OperatorHealth {
+        metrics: metrics.clone(),
+        synced: AtomicBool::new(false),
+        serving: AtomicBool::new(false),
+    });
+    let admin = crate::runtime::admin::spawn(config.admin, health.clone(), shutdown.clone())
+        .await
+        .context("starting the admin endpoint")?;
+    eprintln!("lifeguard operator: admin on http://{admin}");
+
+    for driver in [
+        policy_driver.boxed(),
+        exception_driver.boxed(),
+        revocation_driver.boxed(),
+        pod_driver.boxed(),
+        secret_driver.boxed(),
+    ] {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = driver => {}
+            }
+        });
+    }
+    let caches = Caches {
+        policies: policies.clone(),
+        exceptions: exceptions.clone(),
+        revocations: revocations.clone(),
+        pods: pods.clone(),
+        secrets,
+    };
+    if let Some(receiver) = &security_events {
+        receiver.spawn_key_refresh(shutdown.clone());
+        for transmitter in receiver.poll_transmitters() {
+            PollClient::new(receiver.clone(), &transmitter)
+                .context("securityEvents poll transmitter")?
+                .spawn(shutdown.clone());
+        }
+    }
+    tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        synced = async {
+            caches.policies.wait_until_ready().await?;
+            caches.exceptions.wait_until_ready().await?;
+            caches.revocations.wait_until_ready().await?;
+            caches.pods.wait_until_ready().await?;
+            caches.secrets.wait_until_ready().await
+        } => synced.context("a watch cache stopped before it synced")?,
+    }
+    tracing::info!("watch caches synced");
+
+    // The first plan exists before any sidecar can connect: a sidecar never receives a
+    // snapshot computed from half-filled caches.
+    let (sessions, session_events) = Sessions::new();
+    let sessions = Arc::new(sessions);
+    let tracker = Arc::new(Mutex::new(PropagationTracker::new(Timestamp::now())));
+    let (publish, distribution) = watch::channel(Arc::new(Distribution {
+        version: 0,
+        plan: Arc::new(Plan::default()),
+        approver_keys: None,
+        approver_keys_hash: None,
+    }));
+    let distributor = Distributor {
+        caches: caches.clone(),
+        approver_keys: file.approver_keys.clone(),
+        namespace: namespace.clone(),
+        changes: changes.clone(),
+        publish,
+        tracker: tracker.clone(),
+        sessions: sessions.clone(),
+        metrics: metrics.clone(),
+    };
+    tokio::spawn(distributor.run(shutdown.clone()));
+    health.synced.store(true, Ordering::Release);
+
+    // Leader election.
+    let (leading_tx, leading) = watch::channel(false);
+    {
+        let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+        let metrics = metrics.clone();
+        let mut observed = leading.clone();
+        tokio::spawn(async move {
+            while observed.changed().await.is_ok() {
+                metrics.leader.set(i64::from(*observed.borrow()));
+            }
+        });
+        tokio::spawn(super::lease::run(
+            api,
+            replica_identity(),
+            leading_tx,
+            shutdown.clone(),
+        ));
+    }
+
+    // Controllers.
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        distribution: distribution.clone(),
+        sessions: sessions.clone(),
+        tracker,
+        leading: leading.clone(),
+        pods,
+        metrics: metrics.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "lifeguard-operator".into(),
+                instance: Some(replica_identity()),
+            },
+        ),
+        bypass: file.bypass_prevention.clone(),
+    });
+    let everything = || {
+        futures_util::stream::select(
+            controllers::changes(distribution.clone()),
+            controllers::changes(leading.clone()),
+        )
+    };
+    let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));
+    let (Some(policy_events), Some(exception_events), Some(revocation_events)) =
+        (policy_events, exception_events, revocation_events)
+    else {
+        anyhow::bail!("a shared watch cache offered no subscription");
+    };
+    let policy_controller = Controller::for_shared_stream(policy_events, policies)
+        .with_config(controller_config.clone())
+        .reconcile_all_on(everything())
+        .reconcile_on(controllers::policies_of_pods(
+            session_events.pods,
+            distribution.clone(),
+        ))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_policy,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let exception_controller = Controller::for_shared_stream(exception_events, exceptions)
+        .with_config(controller_config.clone())
+        .reconcile_all_on(everything())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_exception,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let revocation_controller = Controller::for_shared_stream(revocation_events, revocations)
+        .with_config(controller_config)
+        .reconcile_all_on(everything())
+        .reconcile_on(
+            controllers::received(session_events.revocations).map(|name| ObjectRef::new(&name)),
+        )
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_revocation,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    tokio::spawn(policy_controller);
+    tokio::spawn(exception_controller);
+    tokio::spawn(revocation_controller);
+
+    // The distribution endpoint (and security events).
+    let stream_ctx = Arc::new(StreamContext {
+        authenticator: SidecarAuthenticator::new(client.clone(), ctx.pods.clone()),
+        sessions,
+        distribution,
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+    });
+    let mut router = Router::new()
+        .route(STREAM_PATH, get(stream::open_stream))
+        .route(ACK_PATH, post(stream::acknowledge))
+        .with_state(stream_ctx);
+    if let Some(receiver) = security_events {
+        router = router.merge(super::ssf::push::router(receiver));
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
+    let local = listener.local_addr()?;
+    eprintln!("lifeguard operator: serving sidecars on https://{local}");
+    tracing::info!(%local, %namespace, "operator serving");
+    health.serving.store(true, Ordering::Release);
+    serve_tls(
+        listener,
+        router,
+        certificate,
+        shutdown.clone(),
+        Duration::from_secs(5),
+    )
+    .await
+    .context("serving the distribution endpoint")?;
+    Ok(())
+}

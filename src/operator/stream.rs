@@ -1,0 +1,310 @@
+//! The distribution endpoint sidecars dial: one long-lived NDJSON stream of snapshots per
+//! sidecar, and acknowledgements. See `crate::distribution` for the protocol.
+//!
+//! Every stream shares the operator's one [`Distribution`]: a snapshot line is assembled from
+//! the policy's pre-serialized JSON (one copy per policy, however many sidecars run it) and a
+//! few per-connection fields, so memory grows with policies plus sidecars, not their product.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::distribution::{
+    Ack, HEARTBEAT_INTERVAL, PodIdentity, STREAM_CONTENT_TYPE, StreamMessage, StreamQuery,
+};
+use crate::policy::ObjectKey;
+
+use super::auth::{AuthError, SidecarAuthenticator, check_claim};
+use super::metrics::OperatorMetrics;
+use super::plan::Plan;
+use super::sessions::Sessions;
+
+/// What every stream sends from: the current plan, published whenever it changes.
+#[derive(Debug)]
+pub struct Distribution {
+    pub version: u64,
+    pub plan: Arc<Plan>,
+    pub approver_keys: Option<Arc<RawValue>>,
+    /// Identifies the approver keys' content, so a stream can tell they changed.
+    pub approver_keys_hash: Option<String>,
+}
+
+/// Shared by the stream and ack handlers.
+pub struct StreamContext {
+    pub authenticator: SidecarAuthenticator,
+    pub sessions: Arc<Sessions>,
+    pub distribution: watch::Receiver<Arc<Distribution>>,
+    pub metrics: Arc<OperatorMetrics>,
+    pub shutdown: CancellationToken,
+}
+
+/// The snapshot line as written: the policy and approver keys are embedded pre-serialized.
+/// Must stay field-for-field what `StreamMessage::Snapshot` reads (a test checks).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    session: &'a str,
+    version: u64,
+    pod: &'a PodIdentity,
+    policy: Option<&'a RawValue>,
+    approver_keys: Option<&'a RawValue>,
+    issued_at: Timestamp,
+}
+
+/// What a stream last sent, to tell whether a new plan changes anything for its pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Sent {
+    policy: Option<(ObjectKey, Option<String>)>,
+    approver_keys_hash: Option<String>,
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn refuse(ctx: &StreamContext, error: &AuthError) -> Response {
+    ctx.metrics.auth_refused(error.label());
+    tracing::warn!(%error, reason = error.label(), "sidecar refused");
+    (error.status(), error.to_string()).into_response()
+}
+
+fn snapshot_line(distribution: &Distribution, pod: &PodIdentity, session: &str) -> (Bytes, Sent) {
+    let key = ObjectKey {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+    };
+    let assigned = distribution.plan.policy_for(&key);
+    let compiled = assigned.and_then(|(_, c)| c);
+    let line = SnapshotLine {
+        kind: "snapshot",
+        session,
+        version: distribution.version,
+        pod,
+        policy: compiled.map(|c| c.json.as_ref()),
+        approver_keys: distribution.approver_keys.as_deref(),
+        issued_at: Timestamp::now(),
+    };
+    // Serializing borrowed JSON and plain fields cannot fail.
+    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+    bytes.push(b'\n');
+    let sent = Sent {
+        policy: assigned.map(|(k, c)| (k.clone(), c.map(|c| c.hash.clone()))),
+        approver_keys_hash: distribution.approver_keys_hash.clone(),
+    };
+    (Bytes::from(bytes), sent)
+}
+
+fn heartbeat_line() -> Bytes {
+    let mut bytes = serde_json::to_vec(&StreamMessage::Heartbeat).unwrap_or_default();
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+/// Marks the session closed when the response body is dropped (the sidecar went away, or the
+/// operator is shutting down).
+struct SessionGuard {
+    sessions: Arc<Sessions>,
+    pod: PodIdentity,
+    session: String,
+    metrics: Arc<OperatorMetrics>,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.sessions.disconnect(&self.pod, &self.session);
+        self.metrics
+            .sidecars_connected
+            .set(i64::try_from(self.sessions.connected_count()).unwrap_or(i64::MAX));
+    }
+}
+
+struct StreamState {
+    guard: SessionGuard,
+    distribution: watch::Receiver<Arc<Distribution>>,
+    sent: Option<Sent>,
+    heartbeat: tokio::time::Interval,
+    shutdown: CancellationToken,
+    metrics: Arc<OperatorMetrics>,
+}
+
+impl StreamState {
+    /// The next line to write, or `None` to end the stream.
+    async fn next_line(&mut self) -> Option<Bytes> {
+        loop {
+            if self.sent.is_none() || self.distribution.has_changed().unwrap_or(false) {
+                let current = self.distribution.borrow_and_update().clone();
+                let (line, sent) = snapshot_line(&current, &self.guard.pod, &self.guard.session);
+                if self.sent.as_ref() != Some(&sent) {
+                    self.sent = Some(sent);
+                    self.metrics.snapshots_sent.inc();
+                    self.heartbeat.reset();
+                    return Some(line);
+                }
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                changed = self.distribution.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+                _ = self.heartbeat.tick() => return Some(heartbeat_line()),
+            }
+        }
+    }
+}
+
+/// `GET /distribution/v1/stream`.
+pub async fn open_stream(
+    State(ctx): State<Arc<StreamContext>>,
+    headers: HeaderMap,
+    query: Result<Query<StreamQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "podNamespace and podName query parameters are required",
+        )
+            .into_response();
+    };
+    let Some(token) = bearer(&headers) else {
+        return refuse(&ctx, &AuthError::MissingToken);
+    };
+    let pod = match ctx.authenticator.authenticate(token).await {
+        Ok(pod) => pod,
+        Err(error) => return refuse(&ctx, &error),
+    };
+    if let Err(error) = check_claim(&pod, &query.pod_namespace, &query.pod_name) {
+        return refuse(&ctx, &error);
+    }
+    let session = new_session_id();
+    ctx.sessions.connect(pod.clone(), session.clone());
+    ctx.metrics
+        .sidecars_connected
+        .set(i64::try_from(ctx.sessions.connected_count()).unwrap_or(i64::MAX));
+    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), %session, "sidecar connected");
+    let mut heartbeat = tokio::time::interval(HEARTBEAT_INTERVAL);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeat.reset();
+    let state = StreamState {
+        guard: SessionGuard {
+            sessions: ctx.sessions.clone(),
+            pod,
+            session,
+            metrics: ctx.metrics.clone(),
+        },
+        distribution: ctx.distribution.clone(),
+        sent: None,
+        heartbeat,
+        shutdown: ctx.shutdown.clone(),
+        metrics: ctx.metrics.clone(),
+    };
+    let body = futures_util::stream::unfold(state, |mut state| async move {
+        let line = state.next_line().await?;
+        Some((Ok::<_, Infallible>(line), state))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, STREAM_CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// `POST /distribution/v1/ack`.
+pub async fn acknowledge(
+    State(ctx): State<Arc<StreamContext>>,
+    headers: HeaderMap,
+    Json(ack): Json<Ack>,
+) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return refuse(&ctx, &AuthError::MissingToken);
+    };
+    let pod = match ctx.authenticator.authenticate_cached(token).await {
+        Ok(pod) => pod,
+        Err(error) => return refuse(&ctx, &error),
+    };
+    match ctx.sessions.acknowledge(&pod, &ack) {
+        Ok(()) => {
+            ctx.metrics.acks.inc();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(refused) => (StatusCode::CONFLICT, refused.to_string()).into_response(),
+    }
+}
+
+fn new_session_id() -> String {
+    let mut bytes = [0u8; 16];
+    // The OS random source does not fail on supported platforms; a zero id would still only
+    // identify a connection, not authorize anything.
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distribution::Snapshot;
+
+    #[test]
+    fn a_snapshot_line_reads_back_as_the_wire_message() {
+        let distribution = Distribution {
+            version: 42,
+            plan: Arc::new(Plan::default()),
+            approver_keys: Some(Arc::from(
+                serde_json::value::to_raw_value(&serde_json::json!({"keys": []})).unwrap(),
+            )),
+            approver_keys_hash: Some("h".into()),
+        };
+        let pod = PodIdentity {
+            namespace: "team-a".into(),
+            name: "reports-0".into(),
+            uid: "u".into(),
+            service_account: "reports".into(),
+        };
+        let (line, sent) = snapshot_line(&distribution, &pod, "s1");
+        assert!(line.ends_with(b"\n"));
+        let message: StreamMessage = serde_json::from_slice(&line).unwrap();
+        let StreamMessage::Snapshot(snapshot) = message else {
+            panic!("not a snapshot");
+        };
+        let Snapshot {
+            session,
+            version,
+            pod: back,
+            policy,
+            approver_keys,
+            ..
+        } = *snapshot;
+        assert_eq!((session.as_str(), version), ("s1", 42));
+        assert_eq!(back, pod);
+        assert!(policy.is_none());
+        assert_eq!(approver_keys, Some(serde_json::json!({"keys": []})));
+        assert_eq!(sent.policy, None);
+    }
+
+    #[test]
+    fn only_bearer_credentials_are_read() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+    }
+}
