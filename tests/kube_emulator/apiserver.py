@@ -28,6 +28,7 @@ What it does not do is listed in README.md next to this file.
 """
 
 import asyncio
+import base64
 import copy
 import datetime
 import json
@@ -69,6 +70,7 @@ SUBRESOURCE_VERBS = ['get', 'patch', 'update']
 
 TOKEN_REVIEWS = kmock.resource('authentication.k8s.io', 'v1', 'tokenreviews')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
+SECRETS = kmock.resource('', 'v1', 'secrets')
 
 MERGE_PATCH = 'application/merge-patch+json'
 STRATEGIC_MERGE_PATCH = 'application/strategic-merge-patch+json'
@@ -146,6 +148,16 @@ def remove_path(value: dict[str, Any], path: tuple[str, ...]) -> None:
 def spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     """What `generation` tracks: everything but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ('metadata', 'status', 'apiVersion', 'kind')}
+
+
+def encode_string_data(kind: 'Kind', obj: dict[str, Any]) -> dict[str, Any]:
+    """A Secret's `stringData` goes into `data`, base64-encoded, as the API server stores it."""
+    if kind.resource == SECRETS and isinstance(obj.get('stringData'), dict):
+        data = obj.setdefault('data', {}) or {}
+        for key, value in obj.pop('stringData').items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj['data'] = data
+    return obj
 
 
 def guess_kind(plural: str) -> str:
@@ -419,6 +431,14 @@ class ApiServer(kmock.KubernetesEmulator):
         except yaml.YAMLError as e:
             raise bad_request(f'the request body is neither JSON nor YAML: {e}')
 
+    def _learn_kind(self, request: kmock.Request, body: Any) -> Kind:
+        """The request's resource, its kind taken from the body when nothing declared it."""
+        assert request.resource is not None
+        if (request.resource not in self.resources and isinstance(body, dict)
+                and isinstance(body.get('kind'), str)):
+            self._seen_kinds.setdefault(request.resource, body['kind'])
+        return self._kind_of(request)
+
     @staticmethod
     def _check_type(kind: Kind, body: dict[str, Any], required: bool) -> None:
         for field, expected in (('apiVersion', kind.api_version), ('kind', kind.kind)):
@@ -436,9 +456,7 @@ class ApiServer(kmock.KubernetesEmulator):
             raise bad_request('the request body must be a JSON object')
         if kind.resource == TOKEN_REVIEWS:
             return self._review_token(body)
-        if kind.resource not in self.resources and isinstance(body.get('kind'), str):
-            self._seen_kinds.setdefault(kind.resource, body['kind'])
-            kind = self._kind_of(request)
+        kind = self._learn_kind(request, body)
         self._check_type(kind, body, required=False)
         meta = body.get('metadata') or {}
         namespace = request.namespace or meta.get('namespace')
@@ -463,7 +481,7 @@ class ApiServer(kmock.KubernetesEmulator):
         return kmock.Response(status=201, payload=obj)
 
     def _new_object(self, kind: Kind, body: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
-        obj = copy.deepcopy(body)
+        obj = encode_string_data(kind, copy.deepcopy(body))
         if kind.status_subresource:
             obj.pop('status', None)
         obj['apiVersion'] = kind.api_version
@@ -487,13 +505,13 @@ class ApiServer(kmock.KubernetesEmulator):
         return request.params.get('dryRun') == 'All'
 
     async def _serve_update(self, request: kmock.Request) -> Any:
-        kind = self._kind_of(request)
         if request.subresource not in (None, 'status'):
             raise api_error(404, 'NotFound', f'the emulator has no {request.subresource!r} subresource')
         content_type = header(request, 'Content-Type').split(';')[0].strip().lower()
         if content_type not in (MERGE_PATCH, STRATEGIC_MERGE_PATCH, JSON_PATCH, APPLY_PATCH):
             raise api_error(415, 'UnsupportedMediaType', f'the patch content type {content_type!r} is not supported')
         body = self._body(request)
+        kind = self._learn_kind(request, body)
         manager = request.params.get('fieldManager')
         if content_type == APPLY_PATCH:
             if not isinstance(body, dict):
@@ -559,7 +577,7 @@ class ApiServer(kmock.KubernetesEmulator):
             else:
                 new.pop('status', None)
             return new
-        new = copy.deepcopy(patched)
+        new = encode_string_data(kind, copy.deepcopy(patched))
         if kind.status_subresource:
             if 'status' in old:
                 new['status'] = copy.deepcopy(old['status'])
