@@ -20,6 +20,7 @@ use kube::api::{
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::wait::await_condition;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
@@ -394,13 +395,40 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
         "the namespaced metadata watcher sees only ns-b: {:?}",
         metadata_seen.lock().unwrap()
     );
-    let watches = k8s
-        .requests()
-        .await
-        .into_iter()
+    let requests = k8s.requests().await;
+    let watches = requests
+        .iter()
         .filter(|r| r["path"] == "/api/v1/pods" && r["query"]["watch"] == "true")
         .count();
     assert!(watches >= 2, "the watcher re-watched after the timeout");
+    // The metadata watcher's list and watch (the typed list above has no `limit`).
+    let metadata_requests: Vec<_> = requests
+        .iter()
+        .filter(|r| r["path"] == "/api/v1/namespaces/ns-b/pods")
+        .filter(|r| r["query"].get("limit").is_some() || r["query"]["watch"] == "true")
+        .collect();
+    assert_eq!(metadata_requests.len(), 2, "{requests:?}");
+    assert!(
+        metadata_requests
+            .iter()
+            .all(|r| r["accept"].as_str().unwrap().contains("as=PartialObjectMetadata")),
+        "{metadata_requests:?}"
+    );
+    let listed: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/namespaces/ns-b/pods", k8s.url()))
+        .header(
+            "Accept",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["kind"], "PartialObjectMetadataList");
+    assert_eq!(listed["items"][0]["kind"], "PartialObjectMetadata");
+    assert!(listed["items"][0].get("spec").is_none(), "{listed}");
 }
 
 #[tokio::test]
@@ -780,4 +808,39 @@ async fn a_controller_reconciles_owned_objects_and_writes_status() {
     assert!(recreated.is_some(), "the owned NetworkPolicy is recreated");
     assert!(*context.reconciles.lock().unwrap() > before);
     assert!(errors.lock().unwrap().is_empty(), "{:?}", errors.lock().unwrap());
+}
+
+#[tokio::test]
+async fn streaming_lists_and_waits_for_one_object_work() {
+    let k8s = KubeEmulator::start().await;
+    let leases: Api<Lease> = Api::namespaced(k8s.client().await, "lifeguard-system");
+    // `sendInitialEvents`: the initial objects, then a bookmark that ends the initial events.
+    let seen = record_watch(leases.clone(), watcher::Config::default().streaming_lists());
+    saw(&seen, "init-done").await;
+    // `await_condition` watches one object by `fieldSelector=metadata.name=…`.
+    let waiting = tokio::spawn(await_condition(
+        leases.clone(),
+        "second",
+        |lease: Option<&Lease>| lease.is_some(),
+    ));
+    for name in ["first", "second"] {
+        let lease: Lease =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {}})).unwrap();
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+    }
+    let found = tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap();
+    assert_eq!(found.unwrap().unwrap().metadata.name.as_deref(), Some("second"));
+    saw_where(&seen, "apply second", |l| l.starts_with("apply second ")).await;
+    assert!(errors(&seen).is_empty(), "{:?}", errors(&seen));
+    let requests = k8s.requests().await;
+    assert!(
+        requests.iter().any(|r| r["query"]["sendInitialEvents"] == "true"),
+        "{requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r["query"]["fieldSelector"] == "metadata.name=second"),
+        "{requests:?}"
+    );
 }

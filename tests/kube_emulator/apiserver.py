@@ -220,6 +220,8 @@ class ApiServer(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self.resources.load_bundled()
         self.fallback['put'] << self._serve_replace
+        self.fallback['delete'] << self._serve_unsupported  # deletecollection
+        self.fallback['post'] << self._serve_unsupported  # POST to a subresource
         self['get /__emulator/tokens'] << (lambda: self.tokens)
         self['post /__emulator/tokens'] << self._update_tokens
         self['get /__emulator/tokenreviews'] << (lambda: self.token_reviews)
@@ -654,6 +656,14 @@ class ApiServer(kmock.KubernetesEmulator):
         raise api_error(405, 'MethodNotAllowed',
                         'the Lifeguard kube emulator does not implement PUT (replace); use a patch')
 
+    async def _serve_unsupported(self, request: kmock.Request) -> Any:
+        if request.resource is None:
+            raise kmock.KubernetesEndpointNotFoundError()
+        what = f'{request.method.value} {request.url.path}'
+        raise api_error(405, 'MethodNotAllowed',
+                        f'the Lifeguard kube emulator does not implement {what} '
+                        '(deletecollection and POST to subresources are not emulated)')
+
     # --- CustomResourceDefinitions --------------------------------------------------------------
 
     def register_crd(self, crd: dict[str, Any]) -> None:
@@ -737,7 +747,7 @@ class ApiServer(kmock.KubernetesEmulator):
         return [
             {'method': str(r.method.value if hasattr(r.method, 'value') else r.method),
              'path': r.url.path, 'query': dict(r.params),
-             'contentType': header(r, 'Content-Type')}
+             'contentType': header(r, 'Content-Type'), 'accept': header(r, 'Accept')}
             for r in self._requests
         ]
 

@@ -219,7 +219,7 @@ impl KubeEmulator {
     }
 
     /// Every request the emulator received, oldest first, as `{method, path, query,
-    /// contentType}`.
+    /// contentType, accept}`.
     pub async fn requests(&self) -> Vec<Value> {
         match self.emulator_get("/__emulator/requests").await {
             Value::Array(requests) => requests,
