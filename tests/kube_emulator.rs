@@ -14,15 +14,13 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{
-    Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::wait::await_condition;
 use kube::runtime::watcher::{self, watcher};
-use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
 use lifeguard::api::{McpServerPolicy, PrincipalRevocation};
 use serde_json::{Value, json};
@@ -135,7 +133,10 @@ async fn a_policy_is_reflected_its_spec_bumps_generation_and_status_apply_does_n
     let created = policies.get("reports").await.unwrap();
     let meta = &created.metadata;
     assert_eq!(meta.generation, Some(1), "{meta:?}");
-    assert!(meta.uid.as_deref().is_some_and(|u| !u.is_empty()), "{meta:?}");
+    assert!(
+        meta.uid.as_deref().is_some_and(|u| !u.is_empty()),
+        "{meta:?}"
+    );
     assert!(meta.creation_timestamp.is_some(), "{meta:?}");
     let rv1 = created.resource_version().unwrap();
     saw(&seen, &format!("apply reports 1 {rv1}")).await;
@@ -295,7 +296,15 @@ async fn a_cluster_scoped_revocation_is_created_read_and_deleted() {
     let read = revocations.get("alice-left").await.unwrap();
     assert_eq!(read.spec.subject, "alice");
     assert_eq!(read.metadata.uid, created.metadata.uid);
-    assert_eq!(revocations.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        revocations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
 
     let duplicate = revocations
         .create(&PostParams::default(), &revocation)
@@ -323,7 +332,14 @@ async fn a_cluster_scoped_revocation_is_created_read_and_deleted() {
         other => panic!("expected a 404 Status: {other:?}"),
     }
     assert_eq!(revocations.get_opt("alice-left").await.unwrap(), None);
-    assert!(revocations.list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(
+        revocations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -344,20 +360,34 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
             .applied_objects()
             .boxed();
         while let Some(Ok(meta)) = events.next().await {
-            sink.lock().unwrap().push(format!("apply {}", meta.name_any()));
+            sink.lock()
+                .unwrap()
+                .push(format!("apply {}", meta.name_any()));
         }
     });
 
     let labels = [("app", "reports")];
-    let uid_a = k8s.create_pod("ns-a", "reports-1", &labels, "reports").await;
-    let uid_b = k8s.create_pod("ns-b", "reports-2", &labels, "reports").await;
+    let uid_a = k8s
+        .create_pod("ns-a", "reports-1", &labels, "reports")
+        .await;
+    let uid_b = k8s
+        .create_pod("ns-b", "reports-2", &labels, "reports")
+        .await;
     assert_ne!(uid_a, uid_b);
     let listed = all.list(&ListParams::default()).await.unwrap();
     let names: Vec<_> = listed.items.iter().map(|p| p.name_any()).collect();
     assert_eq!(names, ["reports-1", "reports-2"]);
-    assert_eq!(listed.items[0].metadata.uid.as_deref(), Some(uid_a.as_str()));
     assert_eq!(
-        listed.items[1].spec.as_ref().unwrap().service_account_name.as_deref(),
+        listed.items[0].metadata.uid.as_deref(),
+        Some(uid_a.as_str())
+    );
+    assert_eq!(
+        listed.items[1]
+            .spec
+            .as_ref()
+            .unwrap()
+            .service_account_name
+            .as_deref(),
         Some("reports")
     );
     let in_b: Api<Pod> = Api::namespaced(client.clone(), "ns-b");
@@ -373,9 +403,13 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
     saw(&metadata_seen, "apply reports-2").await;
 
     tokio::time::sleep(Duration::from_millis(1500)).await; // past the watch timeout
-    k8s.create_pod("ns-b", "reports-3", &labels, "reports").await;
+    k8s.create_pod("ns-b", "reports-3", &labels, "reports")
+        .await;
     k8s.delete_pod("ns-a", "reports-1").await;
-    let lines = saw_where(&seen, "delete reports-1", |l| l.starts_with("delete reports-1 ")).await;
+    let lines = saw_where(&seen, "delete reports-1", |l| {
+        l.starts_with("delete reports-1 ")
+    })
+    .await;
     let applies: Vec<_> = lines
         .iter()
         .filter(|l| l.starts_with("apply"))
@@ -384,14 +418,25 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
     let names: Vec<_> = applies.iter().map(|(name, _)| *name).collect();
     assert_eq!(
         names,
-        ["apply reports-1 1", "apply reports-2 1", "apply reports-3 1"],
+        [
+            "apply reports-1 1",
+            "apply reports-2 1",
+            "apply reports-3 1"
+        ],
         "every pod once, in order: {lines:?}"
     );
     let versions: Vec<u64> = applies.iter().map(|(_, rv)| rv.parse().unwrap()).collect();
-    assert!(versions.is_sorted() && versions[0] < versions[2], "{lines:?}");
+    assert!(
+        versions.is_sorted() && versions[0] < versions[2],
+        "{lines:?}"
+    );
     assert!(errors(&seen).is_empty(), "{:?}", errors(&seen));
     assert!(
-        !metadata_seen.lock().unwrap().iter().any(|l| l.contains("reports-1")),
+        !metadata_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("reports-1")),
         "the namespaced metadata watcher sees only ns-b: {:?}",
         metadata_seen.lock().unwrap()
     );
@@ -409,9 +454,10 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
         .collect();
     assert_eq!(metadata_requests.len(), 2, "{requests:?}");
     assert!(
-        metadata_requests
-            .iter()
-            .all(|r| r["accept"].as_str().unwrap().contains("as=PartialObjectMetadata")),
+        metadata_requests.iter().all(|r| r["accept"]
+            .as_str()
+            .unwrap()
+            .contains("as=PartialObjectMetadata")),
         "{metadata_requests:?}"
     );
     let listed: Value = reqwest::Client::new()
@@ -462,9 +508,18 @@ async fn a_lease_is_created_then_renewed_by_patch() {
         )
         .await
         .unwrap();
-    let spec = leases.get("lifeguard-operator").await.unwrap().spec.unwrap();
+    let spec = leases
+        .get("lifeguard-operator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("operator-1"));
-    assert_eq!(spec.lease_duration_seconds, Some(15), "merge keeps the rest");
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(15),
+        "merge keeps the rest"
+    );
     assert_eq!(
         spec.renew_time.map(|t| t.0.to_string()),
         Some("2026-01-01T00:00:10Z".to_owned())
@@ -481,7 +536,10 @@ async fn review(client: &kube::Client, token: &str, audiences: &[&str]) -> Value
         },
         ..Default::default()
     };
-    let answered = reviews.create(&PostParams::default(), &request).await.unwrap();
+    let answered = reviews
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
     serde_json::to_value(answered.status.expect("a review has a status")).unwrap()
 }
 
@@ -498,7 +556,10 @@ async fn token_reviews_answer_from_the_token_table_and_are_recorded() {
 
     let known = review(&client, "sidecar-token", &[audience]).await;
     assert_eq!(known["authenticated"], true, "{known}");
-    assert_eq!(known["user"]["username"], "system:serviceaccount:team-a:reports");
+    assert_eq!(
+        known["user"]["username"],
+        "system:serviceaccount:team-a:reports"
+    );
     assert_eq!(
         known["user"]["extra"]["authentication.kubernetes.io/pod-name"],
         json!(["reports-1"])
@@ -518,10 +579,23 @@ async fn token_reviews_answer_from_the_token_table_and_are_recorded() {
 
     let unknown = review(&client, "forged-token", &[audience]).await;
     assert_eq!(unknown["authenticated"], false, "{unknown}");
-    assert!(unknown["error"].as_str().is_some_and(|e| !e.is_empty()), "{unknown}");
-    assert!(unknown.get("user").is_none_or(|u| u.get("username").is_none()), "{unknown}");
+    assert!(
+        unknown["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{unknown}"
+    );
+    assert!(
+        unknown
+            .get("user")
+            .is_none_or(|u| u.get("username").is_none()),
+        "{unknown}"
+    );
 
-    let elsewhere = review(&client, "sidecar-token", &["https://kubernetes.default.svc"]).await;
+    let elsewhere = review(
+        &client,
+        "sidecar-token",
+        &["https://kubernetes.default.svc"],
+    )
+    .await;
     assert_eq!(elsewhere["authenticated"], false, "{elsewhere}");
 
     let reviews = k8s.token_reviews().await;
@@ -572,8 +646,15 @@ async fn events_are_published_and_a_repeat_patches_the_series() {
     let listed = events.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].reason.as_deref(), Some("Compiled"));
-    assert_eq!(listed[0].regarding.as_ref().unwrap().name.as_deref(), Some("reports"));
-    assert_eq!(listed[0].series.as_ref().map(|s| s.count), Some(2), "{listed:?}");
+    assert_eq!(
+        listed[0].regarding.as_ref().unwrap().name.as_deref(),
+        Some("reports")
+    );
+    assert_eq!(
+        listed[0].series.as_ref().map(|s| s.count),
+        Some(2),
+        "{listed:?}"
+    );
 
     // The core v1 Event API takes events too.
     let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client, "team-a");
@@ -591,7 +672,10 @@ async fn events_are_published_and_a_repeat_patches_the_series() {
         .await
         .unwrap();
     assert!(created.metadata.uid.is_some());
-    assert_eq!(core.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        core.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -673,7 +757,10 @@ async fn discovery_lists_the_lifeguard_kinds_and_the_version() {
     let k8s = KubeEmulator::start().await;
     let client = k8s.client().await;
     let version = client.apiserver_version().await.unwrap();
-    assert_eq!((version.major.as_str(), version.minor.as_str()), ("1", "33"));
+    assert_eq!(
+        (version.major.as_str(), version.minor.as_str()),
+        ("1", "33")
+    );
 
     for discovery in [
         kube::Discovery::new(client.clone()).run().await.unwrap(),
@@ -682,7 +769,9 @@ async fn discovery_lists_the_lifeguard_kinds_and_the_version() {
             .await
             .unwrap(),
     ] {
-        let group = discovery.get("lifeguard.dev").expect("lifeguard.dev discovered");
+        let group = discovery
+            .get("lifeguard.dev")
+            .expect("lifeguard.dev discovered");
         let kinds: Vec<_> = group
             .recommended_resources()
             .into_iter()
@@ -697,7 +786,9 @@ async fn discovery_lists_the_lifeguard_kinds_and_the_version() {
         }
         let (_, caps) = group.recommended_kind("McpServerPolicy").unwrap();
         assert!(
-            caps.subresources.iter().any(|(ar, _)| ar.plural == "status"),
+            caps.subresources
+                .iter()
+                .any(|(ar, _)| ar.plural == "status"),
             "{caps:?}"
         );
         assert!(discovery.has_group("coordination.k8s.io"));
@@ -780,7 +871,11 @@ async fn a_controller_reconciles_owned_objects_and_writes_status() {
             .await
         }
     };
-    assert!(observed(1).await.is_some(), "errors: {:?}", errors.lock().unwrap());
+    assert!(
+        observed(1).await.is_some(),
+        "errors: {:?}",
+        errors.lock().unwrap()
+    );
     let owned = Api::<NetworkPolicy>::namespaced(client.clone(), "team-a");
     let netpol = owned.get("reports-sidecars").await.unwrap();
     let owner = &netpol.metadata.owner_references.as_ref().unwrap()[0];
@@ -794,7 +889,11 @@ async fn a_controller_reconciles_owned_objects_and_writes_status() {
         )
         .await
         .unwrap();
-    assert!(observed(2).await.is_some(), "errors: {:?}", errors.lock().unwrap());
+    assert!(
+        observed(2).await.is_some(),
+        "errors: {:?}",
+        errors.lock().unwrap()
+    );
 
     let before = *context.reconciles.lock().unwrap();
     owned
@@ -807,7 +906,11 @@ async fn a_controller_reconciles_owned_objects_and_writes_status() {
     .await;
     assert!(recreated.is_some(), "the owned NetworkPolicy is recreated");
     assert!(*context.reconciles.lock().unwrap() > before);
-    assert!(errors.lock().unwrap().is_empty(), "{:?}", errors.lock().unwrap());
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
 }
 
 #[tokio::test]
@@ -829,12 +932,17 @@ async fn streaming_lists_and_waits_for_one_object_work() {
         leases.create(&PostParams::default(), &lease).await.unwrap();
     }
     let found = tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap();
-    assert_eq!(found.unwrap().unwrap().metadata.name.as_deref(), Some("second"));
+    assert_eq!(
+        found.unwrap().unwrap().metadata.name.as_deref(),
+        Some("second")
+    );
     saw_where(&seen, "apply second", |l| l.starts_with("apply second ")).await;
     assert!(errors(&seen).is_empty(), "{:?}", errors(&seen));
     let requests = k8s.requests().await;
     assert!(
-        requests.iter().any(|r| r["query"]["sendInitialEvents"] == "true"),
+        requests
+            .iter()
+            .any(|r| r["query"]["sendInitialEvents"] == "true"),
         "{requests:?}"
     );
     assert!(

@@ -277,16 +277,16 @@ impl KubeEmulator {
         for document in documents.into_iter().filter(|d| !d.is_null()) {
             let api_version = document["apiVersion"].as_str().expect("apiVersion");
             let kind = document["kind"].as_str().expect("kind");
-            let name = document["metadata"]["name"].as_str().expect("metadata.name");
+            let name = document["metadata"]["name"]
+                .as_str()
+                .expect("metadata.name");
             let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
             let gvk = GroupVersionKind::gvk(group, version, kind);
             let namespace = document["metadata"]["namespace"].as_str();
             // The emulator's discovery knows the built-in kinds and the installed CRDs; any
             // other kind is served generically, under the plural kube-rs guesses.
             let (resource, namespaced) = match kube::discovery::pinned_kind(&client, &gvk).await {
-                Ok((resource, capabilities)) => {
-                    (resource, capabilities.scope == Scope::Namespaced)
-                }
+                Ok((resource, capabilities)) => (resource, capabilities.scope == Scope::Namespaced),
                 Err(_) => (ApiResource::from_gvk(&gvk), namespace.is_some()),
             };
             let api: Api<DynamicObject> = if namespaced {
