@@ -440,19 +440,24 @@ async fn pods_are_listed_and_watched_across_namespaces_and_watches_resume() {
         "the namespaced metadata watcher sees only ns-b: {:?}",
         metadata_seen.lock().unwrap()
     );
-    let requests = k8s.requests().await;
-    let watches = requests
-        .iter()
-        .filter(|r| r["path"] == "/api/v1/pods" && r["query"]["watch"] == "true")
-        .count();
-    assert!(watches >= 2, "the watcher re-watched after the timeout");
-    // The metadata watcher's list and watch (the typed list above has no `limit`).
-    let metadata_requests: Vec<_> = requests
-        .iter()
-        .filter(|r| r["path"] == "/api/v1/namespaces/ns-b/pods")
-        .filter(|r| r["query"].get("limit").is_some() || r["query"]["watch"] == "true")
-        .collect();
-    assert_eq!(metadata_requests.len(), 2, "{requests:?}");
+    // The pod watcher re-watched after its one-second timeout; the metadata watcher listed and
+    // watched (the typed list above has no `limit`) asking for metadata only.
+    let pod_watches = |r: &&Value| r["path"] == "/api/v1/pods" && r["query"]["watch"] == "true";
+    let metadata_watcher = |r: &&Value| {
+        r["path"] == "/api/v1/namespaces/ns-b/pods"
+            && (r["query"].get("limit").is_some() || r["query"]["watch"] == "true")
+    };
+    let requests = support::eventually(WAIT, async || {
+        let requests = k8s.requests().await;
+        let rewatched = requests.iter().filter(pod_watches).count() >= 2;
+        let both = requests.iter().filter(metadata_watcher).count() == 2;
+        (rewatched && both).then_some(requests)
+    })
+    .await;
+    let Some(requests) = requests else {
+        panic!("no re-watch or metadata watch: {:?}", k8s.requests().await)
+    };
+    let metadata_requests: Vec<_> = requests.iter().filter(metadata_watcher).collect();
     assert!(
         metadata_requests.iter().all(|r| r["accept"]
             .as_str()

@@ -411,6 +411,9 @@ class ApiServer(kmock.KubernetesEmulator):
                 for type_, obj in initial:
                     yield event(type_, obj)
                 while (left := deadline - loop.time()) > 0:
+                    # An event that reaches the bus just as the timeout cancels the wait can be
+                    # lost to this stream, which ends right then; the client's next watch
+                    # replays it from the log. (So no closing bookmark: it would skip it.)
                     try:
                         change = await asyncio.wait_for(anext(live), left)
                     except TimeoutError:
