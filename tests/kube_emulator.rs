@@ -50,8 +50,8 @@ spec:
 /// What a watcher reported, in order: `apply NAME GENERATION RV` / `delete NAME RV`.
 type Seen = Arc<Mutex<Vec<String>>>;
 
-/// Runs a watcher over `api` in the background; returns what it reports after its initial
-/// listing.
+/// Runs a watcher over `api` in the background; returns what it reports (its initial listing
+/// only as `init-done`).
 fn record_watch<K>(api: Api<K>, config: watcher::Config) -> Seen
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
