@@ -15,7 +15,8 @@ if ! command -v openssl >/dev/null; then
   fi
 fi
 
-# Python protocol peers (FastMCP with the Tasks extension), pinned.
+# Python peers, pinned: FastMCP with the Tasks extension, and kmock under the Kubernetes API
+# emulator (tests/kube_emulator/).
 VENV=target/interop-venv
 REQUIREMENTS=tests/interop/requirements.txt
 if [ ! -x "$VENV/bin/python" ] || ! cmp -s "$REQUIREMENTS" "$VENV/.installed-requirements"; then

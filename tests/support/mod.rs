@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod kube;
 pub mod listen;
 pub mod process;
 pub mod python;
