@@ -135,6 +135,14 @@ impl Distributor {
             _ => (None, None),
         };
         let next = plan.next_change;
+        tracing::debug!(
+            version,
+            policies = policies.len(),
+            revocations = revocations.len(),
+            pods = pods.len(),
+            compiled = ?plan.policies.values().map(|p| p.compiled.as_ref().map(|c| (c.revocations.len(), c.hash.clone()))).collect::<Vec<_>>(),
+            "plan computed"
+        );
         self.publish.send_replace(Arc::new(Distribution {
             version,
             plan: plan.clone(),

@@ -239,10 +239,9 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         synced: AtomicBool::new(false),
         serving: AtomicBool::new(false),
     });
-    let admin = crate::runtime::admin::spawn(config.admin, health.clone(), shutdown.clone())
+    let _admin = crate::runtime::admin::spawn(config.admin, health.clone(), shutdown.clone())
         .await
         .context("starting the admin endpoint")?;
-    eprintln!("lifeguard operator: admin on http://{admin}");
 
     for driver in [
         policy_driver.boxed(),

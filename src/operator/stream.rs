@@ -144,8 +144,10 @@ struct StreamState {
 impl StreamState {
     /// The next line to write, or `None` to end the stream.
     async fn next_line(&mut self) -> Option<Bytes> {
+        let mut changed = self.sent.is_none();
         loop {
-            if self.sent.is_none() || self.distribution.has_changed().unwrap_or(false) {
+            if changed {
+                changed = false;
                 let current = self.distribution.borrow_and_update().clone();
                 let (line, sent) = snapshot_line(&current, &self.guard.pod, &self.guard.session);
                 if self.sent.as_ref() != Some(&sent) {
@@ -157,10 +159,11 @@ impl StreamState {
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
-                changed = self.distribution.changed() => {
-                    if changed.is_err() {
+                result = self.distribution.changed() => {
+                    if result.is_err() {
                         return None;
                     }
+                    changed = true;
                 }
                 _ = self.heartbeat.tick() => return Some(heartbeat_line()),
             }

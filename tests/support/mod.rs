@@ -5,6 +5,7 @@
 pub mod client;
 pub mod kube;
 pub mod listen;
+pub mod operator;
 pub mod process;
 pub mod python;
 pub mod rogue;

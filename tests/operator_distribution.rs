@@ -1,0 +1,308 @@
+//! The operator against the API emulator, with light sidecars (in-process clients of the
+//! distribution endpoint that authenticate and acknowledge like real ones): snapshots,
+//! authentication, status, revocation propagation and exception state.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::eventually;
+use support::kube::KubeEmulator;
+use support::operator::{LightSidecar, Operator, TestPod, policy_hash};
+
+const NS: &str = "team-a";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn policy(name: &str, app: &str, tools: &str) -> String {
+    format!(
+        r#"apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: {app}}}}}
+  resource: http://127.0.0.1/mcp
+  identity:
+    issuers:
+      - issuer: https://idp.test
+        jwksUri: http://127.0.0.1:9/jwks
+  tasks:
+    enabled: true
+    tools: [{tools}]
+"#
+    )
+}
+
+fn revocation(name: &str, subject: &str) -> String {
+    format!(
+        r#"apiVersion: lifeguard.dev/v1alpha1
+kind: PrincipalRevocation
+metadata: {{name: {name}}}
+spec:
+  issuer: https://idp.test
+  subject: {subject}
+  revokedBefore: "2030-01-01T00:00:00Z"
+  reason: sessionRevoked
+  source: {{kind: manual}}
+"#
+    )
+}
+
+async fn get(emulator: &KubeEmulator, path: &str) -> Option<Value> {
+    let r = reqwest::get(format!("{}{path}", emulator.url()))
+        .await
+        .ok()?;
+    if r.status() != 200 {
+        return None;
+    }
+    r.json().await.ok()
+}
+
+fn policy_path(name: &str) -> String {
+    format!("/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/mcpserverpolicies/{name}")
+}
+
+fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+async fn pods(emulator: &KubeEmulator, count: usize, app: &str) -> Vec<TestPod> {
+    let mut pods = Vec::new();
+    for i in 0..count {
+        pods.push(TestPod::create(emulator, NS, &format!("{app}-{i}"), &[("app", app)], app).await);
+    }
+    pods
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_get_their_policy_acknowledge_it_and_status_counts_them() {
+    let emulator = KubeEmulator::start().await;
+    let operator = Operator::start(&emulator, None).await;
+    let pods = pods(&emulator, 3, "reports").await;
+    let other = TestPod::create(&emulator, NS, "unrelated-0", &[("app", "unrelated")], "x").await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+
+    let sidecars: Vec<LightSidecar> = pods
+        .iter()
+        .map(|p| LightSidecar::connect(&operator, p, (NS, &p.name), 0))
+        .collect();
+    let unselected = LightSidecar::connect(&operator, &other, (NS, "unrelated-0"), 0);
+
+    // Every selected sidecar receives the compiled policy, for its own pod.
+    for (sidecar, pod) in sidecars.iter().zip(&pods) {
+        let snapshot = eventually(WAIT, async || {
+            sidecar.last().filter(|s| s["policy"].is_object())
+        })
+        .await
+        .unwrap_or_else(|| panic!("no snapshot:\n{}", operator.logs()));
+        assert_eq!(snapshot["pod"]["name"], pod.name.as_str());
+        assert_eq!(snapshot["pod"]["uid"], pod.uid.as_str());
+        assert_eq!(snapshot["policy"]["policy"]["name"], "reports");
+        assert_eq!(
+            snapshot["policy"]["tasks"]["tools"],
+            json!({"only": ["generate_report"]})
+        );
+    }
+    // A pod no policy selects gets a snapshot without a policy.
+    let empty = eventually(WAIT, async || unselected.last()).await.unwrap();
+    assert!(empty["policy"].is_null(), "{empty}");
+
+    // Status: matched pods and sidecars in sync, Ready, the hash the sidecars run.
+    let hash = policy_hash(&sidecars[0].last().unwrap()["policy"]);
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        (o["status"]["sidecarsInSync"] == 3).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("status never showed 3 in sync:\n{}", operator.logs()));
+    assert_eq!(object["status"]["matchedPods"], 3);
+    assert_eq!(object["status"]["policyHash"], hash.as_str());
+    let ready = condition(&object, "Ready").unwrap();
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("True"), Some("Programmed"))
+    );
+    assert_eq!(
+        ready["observedGeneration"],
+        object["metadata"]["generation"]
+    );
+
+    // A spec change reaches every sidecar as a new version, and status follows.
+    let first_version = sidecars[0].last().unwrap()["version"].as_u64().unwrap();
+    emulator
+        .apply_yaml(&policy(
+            "reports",
+            "reports",
+            "generate_report, bulk_update",
+        ))
+        .await;
+    for sidecar in &sidecars {
+        let snapshot = eventually(WAIT, async || {
+            sidecar.last().filter(|s| {
+                s["policy"]["tasks"]["tools"]["only"]
+                    .as_array()
+                    .is_some_and(|t| t.len() == 2)
+            })
+        })
+        .await
+        .expect("the changed policy reached the sidecar");
+        assert!(snapshot["version"].as_u64().unwrap() > first_version);
+    }
+    let new_hash = policy_hash(&sidecars[0].last().unwrap()["policy"]);
+    assert_ne!(new_hash, hash);
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        (o["status"]["policyHash"] == new_hash.as_str() && o["status"]["sidecarsInSync"] == 3)
+            .then_some(o)
+    })
+    .await
+    .expect("status follows the new hash");
+    assert_eq!(
+        object["status"]["observedGeneration"],
+        object["metadata"]["generation"]
+    );
+    assert_eq!(
+        operator
+            .metric("lifeguard_operator_sidecars_connected")
+            .await,
+        Some(4.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_presenting_another_pods_identity_or_no_valid_token_is_refused_and_not_counted() {
+    let emulator = KubeEmulator::start().await;
+    let operator = Operator::start(&emulator, None).await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+    let pods = pods(&emulator, 2, "reports").await;
+
+    // Pod 1's token, claiming to be pod 0.
+    let impostor = LightSidecar::connect(&operator, &pods[1], (NS, &pods[0].name), 0);
+    // A token the API server does not know.
+    let forged = TestPod {
+        token: "forged".into(),
+        ..TestPod::create(&emulator, NS, "reports-9", &[("app", "reports")], "reports").await
+    };
+    let forger = LightSidecar::connect(&operator, &forged, (NS, "reports-9"), 0);
+    let refused = eventually(WAIT, async || {
+        let a = impostor.seen.lock().unwrap().refusals.first().copied()?;
+        let b = forger.seen.lock().unwrap().refusals.first().copied()?;
+        Some((a, b))
+    })
+    .await
+    .expect("both refused");
+    assert_eq!(refused, (403, 401));
+    assert!(impostor.last().is_none() && forger.last().is_none());
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        o["status"]["matchedPods"].as_i64().map(|_| o)
+    })
+    .await
+    .unwrap();
+    assert_eq!(object["status"]["sidecarsInSync"], 0);
+    assert!(
+        operator
+            .metric("lifeguard_operator_sidecar_auth_refusals_total{reason=\"claim_mismatch\"}")
+            .await
+            >= Some(1.0)
+    );
+    assert!(
+        operator
+            .metric("lifeguard_operator_sidecar_auth_refusals_total{reason=\"not_authenticated\"}")
+            .await
+            >= Some(1.0)
+    );
+    // Every stream was reviewed with the lifeguard audience.
+    let reviews = emulator.token_reviews().await;
+    assert!(!reviews.is_empty());
+    assert!(
+        reviews
+            .iter()
+            .all(|r| r["spec"]["audiences"] == json!(["lifeguard"])),
+        "{reviews:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_reaches_every_trusting_sidecar_and_status_reports_completion() {
+    let emulator = KubeEmulator::start().await;
+    let operator = Operator::start(&emulator, None).await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+    let pods = pods(&emulator, 3, "reports").await;
+    let sidecars: Vec<LightSidecar> = pods
+        .iter()
+        .map(|p| LightSidecar::connect(&operator, p, (NS, &p.name), 2))
+        .collect();
+    for sidecar in &sidecars {
+        eventually(WAIT, async || {
+            sidecar.last().filter(|s| s["policy"].is_object())
+        })
+        .await
+        .expect("policy first");
+    }
+    emulator
+        .apply_yaml(&revocation("alice-revoked", "alice"))
+        .await;
+    for sidecar in &sidecars {
+        eventually(WAIT, async || {
+            sidecar.last().filter(|s| {
+                s["policy"]["revocations"]
+                    .as_array()
+                    .is_some_and(|r| r.len() == 1)
+            })
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "the revocation did not reach the sidecar: {:?}\n{}\n{}",
+                sidecar.last(),
+                operator.logs(),
+                emulator.logs()
+            )
+        });
+    }
+    let path = "/apis/lifeguard.dev/v1alpha1/principalrevocations/alice-revoked";
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, path).await?;
+        o["status"]["completedAt"].is_string().then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("never completed:\n{}", operator.logs()));
+    let status = &object["status"];
+    assert_eq!(status["targetSidecars"], 3);
+    assert_eq!(status["acknowledgedSidecars"], 3);
+    assert_eq!(status["tasksCancelled"], 6);
+    assert!(status["propagationMillis"].as_i64().unwrap() >= 0);
+    let propagated = condition(&object, "Propagated").unwrap();
+    assert_eq!(propagated["status"], "True");
+
+    // A sidecar that connects later gets the revocation in its first snapshot; the target
+    // stays what it was.
+    let late_pod = TestPod::create(
+        &emulator,
+        NS,
+        "reports-late",
+        &[("app", "reports")],
+        "reports",
+    )
+    .await;
+    let late = LightSidecar::connect(&operator, &late_pod, (NS, "reports-late"), 1);
+    let first = eventually(WAIT, async || late.last()).await.unwrap();
+    assert_eq!(first["policy"]["revocations"][0]["name"], "alice-revoked");
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, path).await?;
+        (o["status"]["tasksCancelled"] == 7).then_some(o)
+    })
+    .await
+    .expect("the late sidecar's count is added");
+    assert_eq!(object["status"]["targetSidecars"], 3);
+}
