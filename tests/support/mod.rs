@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod control_plane;
 pub mod listen;
 pub mod process;
 pub mod python;
@@ -11,7 +12,7 @@ pub mod rogue;
 use std::path::{Path, PathBuf};
 
 pub use client::McpClient;
-pub use process::{ExampleServer, Sidecar, SidecarOptions};
+pub use process::{ClusterOptions, ExampleServer, Sidecar, SidecarOptions};
 
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};
