@@ -205,7 +205,11 @@ async fn fails_closed_until_the_first_snapshot_then_enforces_each_new_one() {
     })
     .await;
     assert!(applied.is_some(), "{}", cluster.sidecar.logs());
-    let ack = cluster.fake.ack_of(v2).await.expect("second snapshot acked");
+    let ack = cluster
+        .fake
+        .ack_of(v2)
+        .await
+        .expect("second snapshot acked");
     assert_eq!(ack.policy_hash, Some(second.hash()));
     assert!(
         cluster
@@ -267,7 +271,9 @@ async fn a_revocation_cancels_the_owners_running_task_before_the_ack_counts_it()
 #[tokio::test]
 async fn a_refused_identity_enables_nothing_and_the_token_is_read_again_at_every_dial() {
     let cluster = start_refusing(&["token-1"]).await;
-    cluster.fake.push(Some(compiled(&cluster.fake, TASKS, "")), None);
+    cluster
+        .fake
+        .push(Some(compiled(&cluster.fake, TASKS, "")), None);
 
     // Refused (403), dialled again with the same backoff, never ready.
     let retried = support::eventually(WAIT, async || {
@@ -307,7 +313,10 @@ async fn a_refused_identity_enables_nothing_and_the_token_is_read_again_at_every
     let second = position(&|e| matches!(e, Event::Connected { bearer, .. } if bearer == "token-2"));
     let dropped = position(&|e| matches!(e, Event::Dropped));
     let third = position(&|e| matches!(e, Event::Connected { bearer, .. } if bearer == "token-3"));
-    assert!(refused < second && second < dropped && dropped < third, "{events:?}");
+    assert!(
+        refused < second && second < dropped && dropped < third,
+        "{events:?}"
+    );
 }
 
 #[tokio::test]
@@ -459,7 +468,9 @@ async fn a_pod_no_policy_selects_is_ready_and_refuses_every_request() {
         .call_tool(&token, "write_rows", json!({"count": 1}))
         .await;
     assert_eq!(refused.status, 503, "{refused:?}");
-    let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+    let message = refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         message.contains("no McpServerPolicy selects this pod"),
         "{refused:?}"
@@ -509,7 +520,12 @@ fn exactly_one_policy_source_and_approver_keys_only_with_a_file() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
-    let cluster = ["--control-plane", "https://127.0.0.1:9", "--token-file", "t"];
+    let cluster = [
+        "--control-plane",
+        "https://127.0.0.1:9",
+        "--token-file",
+        "t",
+    ];
     let (code, err) = run(&[&["--policy", "p.yaml"][..], &cluster[..]].concat());
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot be used with"), "{err}");

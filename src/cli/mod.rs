@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at startup: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Write the CustomResourceDefinitions derived from the Rust types.
     Crdgen(CrdgenArgs),

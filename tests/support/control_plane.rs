@@ -174,11 +174,7 @@ impl FakeControlPlane {
         let listener = tokio::net::TcpListener::bind(self.addr)
             .await
             .expect("rebind the fake control plane's port");
-        self.running = Some(serve(
-            listener,
-            self.tls.clone(),
-            router(self.app.clone()),
-        ));
+        self.running = Some(serve(listener, self.tls.clone(), router(self.app.clone())));
     }
 
     fn record(&self, event: Event) {
@@ -306,7 +302,11 @@ async fn stream(
     };
     let shared = &app.shared;
     if shared.refused.lock().unwrap().contains(&bearer) {
-        shared.events.lock().unwrap().push(Event::Refused { bearer });
+        shared
+            .events
+            .lock()
+            .unwrap()
+            .push(Event::Refused { bearer });
         return (StatusCode::FORBIDDEN, "pod identity mismatch").into_response();
     }
     shared.events.lock().unwrap().push(Event::Connected {
