@@ -55,17 +55,34 @@ struct Cluster {
 }
 
 /// A fake operator with nothing to send yet, the example server, and a cluster-mode sidecar
-/// presenting the token `token-1`.
+/// presenting the token `token-1` and trusting the fake's CA through `--control-plane-ca`.
 async fn start() -> Cluster {
-    start_refusing(&[]).await
+    start_with(&[], Trust::Flag).await
 }
 
-/// Like [`start`], with the fake refusing streams of the `refused` bearers from the outset.
-async fn start_refusing(refused: &[&str]) -> Cluster {
+/// How the sidecar is told to trust the fake's CA.
+enum Trust {
+    Flag,
+    SslCertFile,
+    Nothing,
+}
+
+/// Like [`start`], with the fake refusing streams of the `refused` bearers from the outset and
+/// the CA given as `trust` says.
+async fn start_with(refused: &[&str], trust: Trust) -> Cluster {
     let fake = FakeControlPlane::start().await;
     for bearer in refused {
         fake.refuse(bearer);
     }
+    let ca = fake.ca_path.clone();
+    let (ca, env) = match trust {
+        Trust::Flag => (Some(ca), vec![]),
+        Trust::SslCertFile => (
+            None,
+            vec![("SSL_CERT_FILE".to_owned(), ca.display().to_string())],
+        ),
+        Trust::Nothing => (None, vec![]),
+    };
     let server = ExampleServer::start();
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
@@ -74,11 +91,12 @@ async fn start_refusing(refused: &[&str]) -> Cluster {
         &server.url,
         ClusterOptions {
             control_plane: fake.url.clone(),
-            ca: fake.ca_path.clone(),
+            ca,
             token_file: token_file.clone(),
             pod_namespace: POD_NAMESPACE.into(),
             pod_name: POD_NAME.into(),
             args: vec![],
+            env,
         },
     );
     let client = McpClient::new(&sidecar.url);
@@ -270,7 +288,7 @@ async fn a_revocation_cancels_the_owners_running_task_before_the_ack_counts_it()
 
 #[tokio::test]
 async fn a_refused_identity_enables_nothing_and_the_token_is_read_again_at_every_dial() {
-    let cluster = start_refusing(&["token-1"]).await;
+    let cluster = start_with(&["token-1"], Trust::Flag).await;
     cluster
         .fake
         .push(Some(compiled(&cluster.fake, TASKS, "")), None);
@@ -500,6 +518,32 @@ async fn a_pod_no_policy_selects_is_ready_and_refuses_every_request() {
         .await;
     assert_eq!(refused.status, 503, "{refused:?}");
     assert!(cluster.fake.ack_of(v3).await.is_some());
+}
+
+#[tokio::test]
+async fn the_control_plane_must_present_a_trusted_certificate() {
+    // Trusted through SSL_CERT_FILE (added to the system roots): connects, and the issuer's
+    // JWKS (signed by the same CA) loads too.
+    let trusted = start_with(&[], Trust::SslCertFile).await;
+    trusted
+        .fake
+        .push(Some(compiled(&trusted.fake, TASKS, "")), None);
+    trusted.ready_saying("control plane connected").await;
+
+    // Not trusted at all: the handshake fails, nothing is enabled.
+    let untrusted = start_with(&[], Trust::Nothing).await;
+    untrusted
+        .fake
+        .push(Some(compiled(&untrusted.fake, TASKS, "")), None);
+    let complained = support::eventually(WAIT, async || {
+        let logs = untrusted.sidecar.logs();
+        (logs.contains("no connection to the control plane") && logs.contains("certificate"))
+            .then_some(())
+    })
+    .await;
+    assert!(complained.is_some(), "{}", untrusted.sidecar.logs());
+    assert!(untrusted.fake.bearers().is_empty());
+    assert_eq!(untrusted.sidecar.ready().await.0, 503);
 }
 
 #[test]

@@ -157,6 +157,7 @@ impl PolicySourceConfig {
                     pod_namespace,
                     pod_name,
                     snapshot_path,
+                    silence_timeout: control_plane::SILENCE_TIMEOUT,
                 };
                 let metrics = ControlPlaneMetrics::register(&mut metrics.registry);
                 Box::new(

@@ -280,10 +280,17 @@ pub struct Sidecar {
     pub audit_path: PathBuf,
     pub upstream: String,
     pub output: Arc<Mutex<Vec<String>>>,
+    /// How it was started, kept for restarts.
+    launch: Launch,
+}
+
+/// A sidecar's command line beyond the standard arguments, and its environment.
+#[derive(Clone, Debug, Default)]
+struct Launch {
     /// Where the policy comes from: `--policy FILE`, or the cluster-mode flags.
     source_args: Vec<String>,
-    /// Arguments beyond the standard ones, kept for restarts.
     extra_args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// Options of a test sidecar in cluster mode (`--control-plane`).
@@ -291,14 +298,16 @@ pub struct Sidecar {
 pub struct ClusterOptions {
     /// `https://127.0.0.1:PORT` of the (fake) control plane.
     pub control_plane: String,
-    /// `--control-plane-ca`.
-    pub ca: PathBuf,
+    /// `--control-plane-ca`, if any.
+    pub ca: Option<PathBuf>,
     /// `--token-file`.
     pub token_file: PathBuf,
     pub pod_namespace: String,
     pub pod_name: String,
     /// More command-line arguments.
     pub args: Vec<String>,
+    /// Environment variables of the sidecar (e.g. `SSL_CERT_FILE`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Sidecar {
@@ -325,16 +334,23 @@ impl Sidecar {
             extra_args.push(keys.display().to_string());
         }
         extra_args.extend(options.args.iter().cloned());
-        let source_args = policy_args(&policy_path);
-        let sidecar = Self::spawn(dir, policy_path, upstream, source_args, extra_args);
+        let launch = Launch {
+            source_args: policy_args(&policy_path),
+            extra_args,
+            ..Launch::default()
+        };
+        let sidecar = Self::spawn(dir, policy_path, upstream, launch);
         sidecar.wait_ready().await;
         sidecar
     }
 
     /// Starts (or restarts) a sidecar on an existing directory: same ledger, policy and audit.
     pub async fn start_in(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str) -> Self {
-        let source_args = policy_args(&policy_path);
-        let sidecar = Self::spawn(dir, policy_path, upstream, source_args, Vec::new());
+        let launch = Launch {
+            source_args: policy_args(&policy_path),
+            ..Launch::default()
+        };
+        let sidecar = Self::spawn(dir, policy_path, upstream, launch);
         sidecar.wait_ready().await;
         sidecar
     }
@@ -344,34 +360,34 @@ impl Sidecar {
     pub fn start_cluster(upstream: &str, options: ClusterOptions) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let policy_path = dir.path().join("no-policy-file-in-cluster-mode");
-        let source_args = vec![
-            "--control-plane".to_owned(),
-            options.control_plane,
-            "--control-plane-ca".to_owned(),
-            options.ca.display().to_string(),
+        let mut source_args = vec!["--control-plane".to_owned(), options.control_plane];
+        if let Some(ca) = &options.ca {
+            source_args.push("--control-plane-ca".to_owned());
+            source_args.push(ca.display().to_string());
+        }
+        source_args.extend([
             "--token-file".to_owned(),
             options.token_file.display().to_string(),
             "--pod-namespace".to_owned(),
             options.pod_namespace,
             "--pod-name".to_owned(),
             options.pod_name,
-        ];
-        Self::spawn(dir, policy_path, upstream, source_args, options.args)
+        ]);
+        let launch = Launch {
+            source_args,
+            extra_args: options.args,
+            env: options.env,
+        };
+        Self::spawn(dir, policy_path, upstream, launch)
     }
 
-    fn spawn(
-        dir: Arc<TempDir>,
-        policy_path: PathBuf,
-        upstream: &str,
-        source_args: Vec<String>,
-        extra_args: Vec<String>,
-    ) -> Self {
+    fn spawn(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str, launch: Launch) -> Self {
         let ledger_path = dir.path().join("ledger.db");
         let audit_path = dir.path().join("audit.jsonl");
         let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
         command
             .arg("sidecar")
-            .args(&source_args)
+            .args(&launch.source_args)
             .args([
                 "--upstream",
                 upstream,
@@ -384,7 +400,8 @@ impl Sidecar {
             .arg(&ledger_path)
             .arg("--audit-file")
             .arg(&audit_path)
-            .args(&extra_args)
+            .args(&launch.extra_args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info");
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "sidecar", &output);
@@ -399,8 +416,7 @@ impl Sidecar {
             audit_path,
             upstream: upstream.to_owned(),
             output,
-            source_args,
-            extra_args,
+            launch,
         }
     }
 
@@ -474,9 +490,8 @@ impl Sidecar {
         let dir = self.dir.clone();
         let policy = self.policy_path.clone();
         let upstream = self.upstream.clone();
-        let source_args = std::mem::take(&mut self.source_args);
-        let extra_args = std::mem::take(&mut self.extra_args);
-        Self::spawn(dir, policy, &upstream, source_args, extra_args)
+        let launch = std::mem::take(&mut self.launch);
+        Self::spawn(dir, policy, &upstream, launch)
     }
 
     /// `GET /ready` of the admin port: status and body.

@@ -12,6 +12,8 @@
 mod apply;
 mod backoff;
 mod framing;
+#[cfg(test)]
+mod source_tests;
 mod stream;
 
 use std::path::PathBuf;
@@ -24,7 +26,8 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use crate::distribution::{SILENCE_TIMEOUT, Snapshot, StreamMessage};
+pub use crate::distribution::SILENCE_TIMEOUT;
+use crate::distribution::{Snapshot, StreamMessage};
 use crate::identity::store::KeyRegistry;
 use crate::telemetry::metrics::ControlPlaneMetrics;
 
@@ -50,6 +53,9 @@ pub struct ControlPlaneConfig {
     pub pod_name: String,
     /// Where the last snapshot in force is kept.
     pub snapshot_path: PathBuf,
+    /// Silence after which the stream is dropped and dialled again
+    /// ([`SILENCE_TIMEOUT`] outside tests).
+    pub silence_timeout: Duration,
 }
 
 /// The distribution stream as a [`PolicySource`].
@@ -163,13 +169,20 @@ struct Runner {
 impl Runner {
     async fn run(&mut self, shutdown: CancellationToken) {
         self.report();
-        self.load_persisted().await;
+        let mut persisted = self.load_persisted().await;
         let mut backoff = Backoff::default();
         let mut last_failure = String::new();
         let mut attempts: u64 = 0;
         loop {
             if attempts > 0 {
                 self.source.metrics.reconnects.inc();
+                // A persisted snapshot whose keys were unreachable at startup is tried again
+                // while nothing newer is in force.
+                if let Some(snapshot) = persisted.take()
+                    && self.in_force.is_none()
+                {
+                    persisted = self.put_persisted_in_force(snapshot).await;
+                }
             }
             attempts += 1;
             match self.connection(&shutdown, &mut backoff).await {
@@ -197,27 +210,42 @@ impl Runner {
         }
     }
 
-    /// Puts the snapshot an earlier run left in force, before the first dial.
-    async fn load_persisted(&mut self) {
-        let path = self.store.path().display().to_string();
+    /// Puts the snapshot an earlier run left in force, before the first dial. Returns it when
+    /// it failed for a reason that may pass (its issuers' keys were unreachable).
+    async fn load_persisted(&mut self) -> Option<Snapshot> {
         match self.store.load().await {
             Ok(None) => {
-                tracing::info!(file = %path, "no persisted snapshot; refusing every request until the control plane sends one")
+                tracing::info!(file = %self.store.path().display(), "no persisted snapshot; refusing every request until the control plane sends one");
+                None
             }
-            Ok(Some(snapshot)) => match self.put_in_force(&snapshot).await {
-                Ok(()) => {
-                    self.in_force = Some(InForce {
-                        version: snapshot.version,
-                        persisted: true,
-                    });
-                    self.report();
-                    tracing::info!(file = %path, version = snapshot.version, "enforcing the persisted snapshot until the control plane answers");
-                }
-                Err(error) => {
-                    tracing::error!(file = %path, %error, "the persisted snapshot cannot be put in force; ignoring it");
-                }
-            },
-            Err(error) => tracing::error!(%error, "ignoring the persisted snapshot"),
+            Ok(Some(snapshot)) => self.put_persisted_in_force(snapshot).await,
+            Err(error) => {
+                tracing::error!(%error, "ignoring the persisted snapshot");
+                None
+            }
+        }
+    }
+
+    async fn put_persisted_in_force(&mut self, snapshot: Snapshot) -> Option<Snapshot> {
+        let path = self.store.path().display().to_string();
+        match self.put_in_force(&snapshot).await {
+            Ok(()) => {
+                self.in_force = Some(InForce {
+                    version: snapshot.version,
+                    persisted: true,
+                });
+                self.report();
+                tracing::info!(file = %path, version = snapshot.version, "enforcing the persisted snapshot until the control plane answers");
+                None
+            }
+            Err(error) if error.is_transient() => {
+                tracing::error!(file = %path, %error, "the persisted snapshot cannot be put in force yet; trying again at the next dial");
+                Some(snapshot)
+            }
+            Err(error) => {
+                tracing::error!(file = %path, %error, "the persisted snapshot cannot be put in force; ignoring it");
+                None
+            }
         }
     }
 
@@ -263,17 +291,18 @@ impl Runner {
         let mut owed: Option<OwedAck> = None;
         let mut ack_retry_at: Option<Instant> = None;
         let mut retry: Option<(Box<Snapshot>, Instant)> = None;
-        let mut silent_after = Instant::now() + SILENCE_TIMEOUT;
+        let silence = self.source.config.silence_timeout;
+        let mut silent_after = Instant::now() + silence;
         loop {
             let retry_at = retry.as_ref().map(|(_, at)| *at);
             tokio::select! {
                 _ = shutdown.cancelled() => return End::Shutdown,
                 _ = sleep_until(silent_after) => {
-                    return End::Lost(format!("nothing heard for {SILENCE_TIMEOUT:?}"));
+                    return End::Lost(format!("nothing heard for {silence:?}"));
                 }
                 message = stream.next_message() => match message {
                     Ok(Some(message)) => {
-                        silent_after = Instant::now() + SILENCE_TIMEOUT;
+                        silent_after = Instant::now() + silence;
                         if let StreamMessage::Snapshot(snapshot) = message {
                             backoff.reset();
                             retry = None;
