@@ -20,6 +20,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at startup: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Write the CustomResourceDefinitions derived from the Rust types.
     Crdgen(CrdgenArgs),
@@ -40,11 +42,30 @@ pub enum Command {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("policy_source").required(true).args(["policy", "control_plane"])))]
 pub struct SidecarArgs {
     /// Standalone mode: a multi-document YAML file with one McpServerPolicy and any
     /// CapabilityExceptions and PrincipalRevocations. Reloaded when it changes.
     #[arg(long, value_name = "FILE")]
-    pub policy: PathBuf,
+    pub policy: Option<PathBuf>,
+    /// Cluster mode: the operator's distribution endpoint, https://HOST:PORT. The sidecar
+    /// enforces the snapshots it streams (the last one is kept beside the ledger).
+    #[arg(long, value_name = "URL", requires = "token_file")]
+    pub control_plane: Option<url::Url>,
+    /// PEM bundle trusted for the control plane (and issuers' JWKS) besides the system roots
+    /// and $SSL_CERT_FILE.
+    #[arg(long, value_name = "FILE", requires = "control_plane")]
+    pub control_plane_ca: Option<PathBuf>,
+    /// The projected ServiceAccount token (audience `lifeguard`) presented to the control
+    /// plane; re-read at every connection.
+    #[arg(long, value_name = "FILE", requires = "control_plane")]
+    pub token_file: Option<PathBuf>,
+    /// This pod's namespace (cluster mode), usually from the downward API.
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// This pod's name (cluster mode), usually from the downward API.
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    pub pod_name: Option<String>,
     /// MCP endpoint of the protected server, e.g. http://127.0.0.1:3000/mcp.
     #[arg(long, value_name = "URL")]
     pub upstream: http::Uri,
@@ -70,9 +91,10 @@ pub struct SidecarArgs {
     /// Log format (logs go to stderr).
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
-    /// JWKS of the approvers of CapabilityExceptions (optionally with `revokedKeys` and
-    /// `revokedApprovals` lists). Without it, no exception is valid.
-    #[arg(long, value_name = "FILE")]
+    /// Standalone mode: JWKS of the approvers of CapabilityExceptions (optionally with
+    /// `revokedKeys` and `revokedApprovals` lists). Without it, no exception is valid. In
+    /// cluster mode the approver keys come with each snapshot.
+    #[arg(long, value_name = "FILE", conflicts_with = "control_plane")]
     pub approver_keys: Option<PathBuf>,
     /// Threads serving requests. Default: one per CPU the container may use.
     #[arg(long, value_name = "N")]

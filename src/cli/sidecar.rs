@@ -1,6 +1,6 @@
 //! `lifeguard sidecar`.
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use lifeguard::runtime::http::ServerLimits;
 use lifeguard::sidecar::{PolicySourceConfig, SidecarConfig};
 
@@ -9,10 +9,7 @@ use super::SidecarArgs;
 pub fn run(args: &SidecarArgs) -> Result<()> {
     lifeguard::telemetry::init_logging(args.log_format);
     let config = SidecarConfig {
-        policy: PolicySourceConfig::File {
-            path: args.policy.clone(),
-            approver_keys: args.approver_keys.clone(),
-        },
+        policy: policy_source(args)?,
         upstream: args.upstream.clone(),
         listen: args.listen,
         ledger: args.ledger.clone(),
@@ -26,6 +23,34 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
     runtime.block_on(async move {
         let shutdown = lifeguard::runtime::shutdown_on_signals();
         lifeguard::sidecar::run(config, shutdown).await
+    })
+}
+
+/// Standalone (`--policy`) or cluster (`--control-plane`) mode; clap has checked that exactly
+/// one is given.
+fn policy_source(args: &SidecarArgs) -> Result<PolicySourceConfig> {
+    if let Some(path) = &args.policy {
+        return Ok(PolicySourceConfig::File {
+            path: path.clone(),
+            approver_keys: args.approver_keys.clone(),
+        });
+    }
+    let (Some(url), Some(token_file)) = (&args.control_plane, &args.token_file) else {
+        bail!("give --policy FILE (standalone) or --control-plane URL --token-file FILE (cluster)");
+    };
+    let Some(pod_namespace) = args.pod_namespace.clone().filter(|n| !n.is_empty()) else {
+        bail!("--control-plane needs this pod's namespace: --pod-namespace or $POD_NAMESPACE");
+    };
+    let Some(pod_name) = args.pod_name.clone().filter(|n| !n.is_empty()) else {
+        bail!("--control-plane needs this pod's name: --pod-name or $POD_NAME");
+    };
+    Ok(PolicySourceConfig::ControlPlane {
+        url: url.clone(),
+        ca_file: args.control_plane_ca.clone(),
+        token_file: token_file.clone(),
+        pod_namespace,
+        pod_name,
+        snapshot_path: lifeguard::sidecar::snapshot_path_beside(&args.ledger),
     })
 }
 

@@ -205,8 +205,31 @@ impl IssuerKeys {
 }
 
 impl KeyRegistry {
+    /// A registry whose fetches trust reqwest's default roots (the platform verifier).
     pub fn new(shutdown: CancellationToken) -> Self {
-        let http = key_fetch_client();
+        Self::with_client(shutdown, Self::client_builder())
+    }
+
+    /// A registry whose fetches use `tls` (the process's outbound TLS configuration, which
+    /// decides which roots are trusted).
+    pub fn with_tls(shutdown: CancellationToken, tls: rustls::ClientConfig) -> Self {
+        Self::with_client(
+            shutdown,
+            Self::client_builder().tls_backend_preconfigured(tls),
+        )
+    }
+
+    fn client_builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .user_agent(concat!("lifeguard/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+    }
+
+    fn with_client(shutdown: CancellationToken, builder: reqwest::ClientBuilder) -> Self {
+        let http = builder.build().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot build the JWKS client; using the defaults");
+            reqwest::Client::default()
+        });
         Self {
             by_source: Mutex::new(HashMap::new()),
             http,

@@ -147,7 +147,6 @@ impl StreamState {
         let mut changed = self.sent.is_none();
         loop {
             if changed {
-                changed = false;
                 let current = self.distribution.borrow_and_update().clone();
                 let (line, sent) = snapshot_line(&current, &self.guard.pod, &self.guard.session);
                 if self.sent.as_ref() != Some(&sent) {

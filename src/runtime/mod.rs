@@ -1,12 +1,14 @@
 //! Server plumbing every long-running subcommand shares (sidecar today; operator and webhook
 //! next): the Tokio runtime, shutdown on signals, the hardened HTTP server ([`http`]:
 //! connection caps, header-read, idle and body-read timeouts, graceful shutdown) and the admin
-//! endpoint (`/live`, `/ready`, `/metrics`). Nothing here knows what the server does.
+//! endpoint (`/live`, `/ready`, `/metrics`) and the outbound TLS configuration ([`tls`]).
+//! Nothing here knows what the server does.
 
 pub mod admin;
 pub mod http;
 pub mod signals;
 pub mod tls;
+pub mod tls_client;
 
 pub use admin::{Health, Readiness};
 pub use signals::shutdown_on_signals;

@@ -39,6 +39,28 @@ impl ActivePolicy {
         }
     }
 
+    /// Verifies every exception once at load and logs its state. Exceptions that do not verify
+    /// stay in the policy (the gate verifies again at every use and refuses them with the
+    /// precise reason, and a NotYetValid one becomes usable at `notBefore` without a reload).
+    pub fn report_exceptions(&self) {
+        let empty = ApproverTrust::default();
+        let trust = self.trust.as_ref().unwrap_or(&empty);
+        let now = jiff::Timestamp::now();
+        for exception in &self.effective.exceptions {
+            let v = crate::exception::verify(
+                &exception.spec,
+                &exception.exception.namespace,
+                trust,
+                now,
+            );
+            if v.state == crate::api::ExceptionState::Active {
+                tracing::info!(exception = %exception.exception, approver = ?v.approver, expires_at = %exception.spec.expires_at.0, "capability exception active");
+            } else {
+                tracing::warn!(exception = %exception.exception, state = ?v.state, reason = v.reason, "capability exception not in force");
+            }
+        }
+    }
+
     /// The policy's `minPollInterval` in milliseconds (0 without a tasks section).
     pub fn min_poll_ms(&self) -> i64 {
         self.tasks.as_ref().map_or(0, |t| t.min_poll_ms)

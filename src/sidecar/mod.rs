@@ -15,8 +15,11 @@
 //!   `decisions::confirmation_terms` → answer). Relay names no task code.
 //!
 //! Background jobs: [`sweeper`] (deadlines, retention) and [`revocation`] (applying new
-//! revocations). Policy arrives through a `watch` channel fed by a [`policy_source`] (the
-//! policy file in standalone mode).
+//! revocations). Policy arrives through a `watch` channel fed by a [`policy_source`]: the
+//! policy file in standalone mode ([`policy_file`]), the operator's distribution stream in a
+//! cluster ([`control_plane`], which keeps the last snapshot with [`snapshot_store`]). The
+//! revocation applier reports on a second `watch` (defined in `policy_source`) when a policy's
+//! revocations are all applied, which is when the control plane source acknowledges it.
 //!
 //! # Layers (a module imports only from layers below it; a test checks there is no cycle)
 //!
@@ -26,8 +29,10 @@
 //! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
 //! | background | `sweeper`, `revocation` |
 //! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state` |
-//! | shared state | `state`, `context`, `denials`, `policy_source`, `policy_file` |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry` |
+//! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
+//! | shared state | `state`, `context`, `denials` |
+//! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store` |
 
 mod active_policy;
 mod bounded_body;
@@ -35,6 +40,7 @@ mod cancellation;
 mod capability;
 mod capability_screen;
 mod context;
+mod control_plane;
 mod decisions;
 mod denials;
 mod error;
@@ -47,6 +53,7 @@ mod relay;
 mod respond;
 mod revocation;
 mod server_tasks;
+mod snapshot_store;
 mod state;
 mod stream_registry;
 mod sweeper;
@@ -72,10 +79,11 @@ use crate::identity::store::KeyRegistry;
 use crate::ledger::LedgerLocation;
 use crate::runtime::http::{ConnectionMetrics, ServerLimits};
 use crate::runtime::{Health, Readiness};
-use crate::telemetry::metrics::SidecarMetrics;
+use crate::telemetry::metrics::{ControlPlaneMetrics, SidecarMetrics};
 
+use control_plane::{ControlPlaneConfig, ControlPlaneSource};
 use policy_file::FilePolicySource;
-use policy_source::{PolicyPublisher, PolicySource};
+use policy_source::{PolicyChannels, PolicyPublisher, PolicySource};
 use state::{AppState, PolicyWatch};
 use upstream::Upstream;
 
@@ -89,17 +97,75 @@ pub enum PolicySourceConfig {
         /// JWKS of the approvers whose signatures make CapabilityExceptions valid.
         approver_keys: Option<PathBuf>,
     },
+    /// Cluster mode: snapshots streamed by the operator (`lifeguard operator`).
+    ControlPlane {
+        /// `https://HOST:PORT` of the operator's distribution endpoint.
+        url: url::Url,
+        /// A PEM bundle trusted for it (and for issuers' JWKS) besides the system roots.
+        ca_file: Option<PathBuf>,
+        /// The projected ServiceAccount token presented as the bearer, re-read at every dial.
+        token_file: PathBuf,
+        pod_namespace: String,
+        pod_name: String,
+        /// Where the last snapshot in force is kept (see [`snapshot_path_beside`]).
+        snapshot_path: PathBuf,
+    },
+}
+
+/// Where cluster mode keeps the last snapshot for a ledger at `ledger`: beside its file.
+pub fn snapshot_path_beside(ledger: &LedgerLocation) -> PathBuf {
+    match ledger {
+        LedgerLocation::Sqlite(path) => snapshot_store::path_beside(path),
+    }
 }
 
 impl PolicySourceConfig {
-    /// The source this configuration names.
-    fn into_source(self, registry: Arc<KeyRegistry>) -> Box<dyn PolicySource> {
+    /// CA files outbound TLS trusts besides the system roots and `SSL_CERT_FILE`.
+    fn ca_files(&self) -> Vec<PathBuf> {
         match self {
+            Self::File { .. } => Vec::new(),
+            Self::ControlPlane { ca_file, .. } => ca_file.iter().cloned().collect(),
+        }
+    }
+
+    /// The source this configuration names; cluster mode registers its metrics in `metrics`.
+    fn into_source(
+        self,
+        registry: Arc<KeyRegistry>,
+        tls: rustls::ClientConfig,
+        metrics: &mut SidecarMetrics,
+    ) -> Result<Box<dyn PolicySource>> {
+        Ok(match self {
             Self::File {
                 path,
                 approver_keys,
             } => Box::new(FilePolicySource::new(path, approver_keys, registry)),
-        }
+            Self::ControlPlane {
+                url,
+                ca_file: _,
+                token_file,
+                pod_namespace,
+                pod_name,
+                snapshot_path,
+            } => {
+                if url.scheme() != "https" {
+                    anyhow::bail!("--control-plane must be an https:// URL, got {url}");
+                }
+                let config = ControlPlaneConfig {
+                    url,
+                    token_file,
+                    pod_namespace,
+                    pod_name,
+                    snapshot_path,
+                    silence_timeout: control_plane::SILENCE_TIMEOUT,
+                };
+                let metrics = ControlPlaneMetrics::register(&mut metrics.registry);
+                Box::new(
+                    ControlPlaneSource::new(config, tls, registry, metrics)
+                        .context("building the control plane client")?,
+                )
+            }
+        })
     }
 }
 
@@ -165,8 +231,20 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         "Audit events dropped because the writer's queue was full or stopped",
         audit.health().dropped.clone(),
     );
+    let tls = crate::runtime::tls_client::client_config(&config.policy.ca_files())
+        .context("setting up outbound TLS")?;
+    let registry = Arc::new(KeyRegistry::with_tls(shutdown.clone(), tls.clone()));
+    let source = config
+        .policy
+        .clone()
+        .into_source(registry, tls, &mut metrics)?;
     let metrics = Arc::new(metrics);
-    let (publisher, policy) = PolicyPublisher::channel(metrics.clone());
+    let PolicyChannels {
+        publisher,
+        policy,
+        status,
+        progress,
+    } = PolicyPublisher::channel(metrics.clone());
     if config.audit_file.is_none() {
         // Without --audit-file, the policy's audit.sink decides where the trail goes.
         tokio::spawn(follow_audit_sink(
@@ -175,8 +253,6 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             shutdown.clone(),
         ));
     }
-    let registry = Arc::new(KeyRegistry::new(shutdown.clone()));
-    let source = config.policy.clone().into_source(registry);
     tokio::spawn(source.run(publisher, shutdown.clone()));
     let upstream = Upstream::new(
         config.upstream.clone(),
@@ -185,6 +261,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     );
     let app = Arc::new(AppState {
         policy,
+        source: status,
         ledger,
         upstream,
         audit,
@@ -205,6 +282,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     tokio::spawn(revocation::apply_revocations(
         app.clone(),
         app.policy.clone(),
+        progress,
         shutdown.clone(),
     ));
 
@@ -240,17 +318,28 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
 }
 
 impl Health for AppState {
-    /// Ready once a policy is in force (the ledger is opened before the server starts), and
-    /// not while the audit trail fails under `audit.onFailure: failClosed`.
+    /// Ready once a policy is in force (the ledger is opened before the server starts), or
+    /// once the source holds a configuration that deliberately enables nothing; not while the
+    /// audit trail fails under `audit.onFailure: failClosed`. The source's connection state
+    /// (cluster mode) follows after a `;`.
     fn readiness(&self) -> Readiness {
-        match self.policy() {
-            Some(policy) if self.audit_blocks(&policy) => Readiness::NotReady(
-                "audit trail cannot be written (audit.onFailure: failClosed)".into(),
-            ),
-            Some(policy) => {
-                Readiness::Ready(format!("ready: policy {} {}", policy.name, policy.hash))
-            }
-            None => Readiness::NotReady("no policy loaded".into()),
+        let status = self.source.borrow().clone();
+        let connection = status
+            .connection
+            .map(|c| format!("; {c}"))
+            .unwrap_or_default();
+        match (self.policy(), status.standby) {
+            (Some(policy), _) if self.audit_blocks(&policy) => Readiness::NotReady(format!(
+                "audit trail cannot be written (audit.onFailure: failClosed){connection}"
+            )),
+            (Some(policy), _) => Readiness::Ready(format!(
+                "ready: policy {} {}{connection}",
+                policy.name, policy.hash
+            )),
+            (None, Some(reason)) => Readiness::Ready(format!(
+                "ready: {reason}; every MCP request is refused{connection}"
+            )),
+            (None, None) => Readiness::NotReady(format!("no policy loaded{connection}")),
         }
     }
 

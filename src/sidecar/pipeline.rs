@@ -50,10 +50,14 @@ pub async fn handle_mcp(
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
         // Fail closed: without a policy there is nothing to enforce, so nothing passes.
+        let message = match app.standby() {
+            Some(reason) => format!("Nothing is enabled here: {reason}"),
+            None => "No policy is loaded yet".to_owned(),
+        };
         return respond::rpc_error(
             StatusCode::SERVICE_UNAVAILABLE,
             &Value::Null,
-            &ErrorObject::new(codes::INTERNAL_ERROR, "No policy is loaded yet"),
+            &ErrorObject::new(codes::INTERNAL_ERROR, message),
         );
     };
 

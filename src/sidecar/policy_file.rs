@@ -91,26 +91,9 @@ pub async fn load_policy_file(
             })?)
         }
     };
-    report_exceptions(&effective, trust.as_ref());
-    Ok(ActivePolicy::new(effective, keys, trust))
-}
-
-/// Verifies every exception once at load and logs its state. Exceptions that do not verify stay
-/// in the policy (the gate verifies again at every use and refuses them with the precise reason,
-/// and a NotYetValid one becomes usable at `notBefore` without a reload).
-fn report_exceptions(effective: &crate::policy::EffectivePolicy, trust: Option<&ApproverTrust>) {
-    let empty = ApproverTrust::default();
-    let trust = trust.unwrap_or(&empty);
-    let now = jiff::Timestamp::now();
-    for exception in &effective.exceptions {
-        let v =
-            crate::exception::verify(&exception.spec, &exception.exception.namespace, trust, now);
-        if v.state == crate::api::ExceptionState::Active {
-            tracing::info!(exception = %exception.exception, approver = ?v.approver, expires_at = %exception.spec.expires_at.0, "capability exception active");
-        } else {
-            tracing::warn!(exception = %exception.exception, state = ?v.state, reason = v.reason, "capability exception not in force");
-        }
-    }
+    let policy = ActivePolicy::new(effective, keys, trust);
+    policy.report_exceptions();
+    Ok(policy)
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {

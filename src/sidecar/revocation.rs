@@ -1,10 +1,11 @@
 //! Revocations: which tasks and streams a revocation covers, and applying each new revocation
 //! as soon as a policy carrying it is in force.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::json;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, Decision};
@@ -17,6 +18,7 @@ use super::active_policy::ActivePolicy;
 use super::cancellation::{self, Requested};
 use super::context::new_correlation_id;
 use super::decisions::revocation;
+use super::policy_source::{RevocationCounts, RevocationProgress};
 use super::server_tasks::cancel_at_server;
 use super::state::{AppState, PolicyWatch};
 use super::stream_registry::CloseReason;
@@ -62,37 +64,65 @@ fn revocation_key(rule: &RevocationRule) -> String {
     )
 }
 
+/// How soon a revocation whose application failed (the ledger could not list the principal's
+/// tasks) is tried again.
+const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Applies every new revocation as soon as a policy carrying it is in force: cancels the tasks
 /// the revoked tokens started (all the principal's tasks for account-level reasons), asks the
 /// server to stop them, closes the streams those tokens opened, and writes one
 /// `revocation.applied` event with counts. Tokens are refused by the request pipeline from the
 /// same moment.
+///
+/// Once every revocation of a policy version has been applied, `progress` says so (with the
+/// counts of each revocation's first application in this process), so a source can
+/// acknowledge the version. A revocation whose application failed is tried again.
 pub async fn apply_revocations(
     app: Arc<AppState>,
     mut policy: PolicyWatch,
+    progress: watch::Sender<RevocationProgress>,
     shutdown: CancellationToken,
 ) {
-    let mut applied: HashSet<String> = HashSet::new();
+    let mut applied: HashMap<String, RevocationCounts> = HashMap::new();
     loop {
         let current = policy.borrow_and_update().clone();
+        let mut incomplete = false;
         if let Some(current) = current {
+            let mut counts = Vec::with_capacity(current.effective.revocations.len());
             for rule in &current.effective.revocations {
                 let key = revocation_key(rule);
-                if applied.contains(&key) {
-                    continue;
+                if !applied.contains_key(&key) {
+                    match apply_one(&app, &current, rule).await {
+                        Some(done) => {
+                            applied.insert(key.clone(), done);
+                        }
+                        None => incomplete = true,
+                    }
                 }
-                apply_one(&app, &current, rule).await;
-                applied.insert(key);
+                counts.extend(applied.get(&key).cloned());
+            }
+            if !incomplete {
+                progress.send_replace(RevocationProgress {
+                    policy_hash: Some(current.hash.clone()),
+                    revocations: counts,
+                });
             }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             changed = policy.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(RETRY_INTERVAL), if incomplete => {}
         }
     }
 }
 
-async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule) {
+/// Applies one revocation; `None` when the principal's tasks could not be listed (nothing was
+/// counted, and the caller tries again).
+async fn apply_one(
+    app: &AppState,
+    policy: &ActivePolicy,
+    rule: &RevocationRule,
+) -> Option<RevocationCounts> {
     let correlation = new_correlation_id();
     let started = std::time::Instant::now();
     let filter = PrincipalFilter {
@@ -104,11 +134,11 @@ async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule)
     let active = match app.ledger.active_for(&filter).await {
         Ok(a) => a,
         Err(e) => {
-            tracing::error!(error = %e, "listing a revoked principal's tasks failed");
-            return;
+            tracing::error!(error = %e, revocation = %rule.name, "listing a revoked principal's tasks failed; retrying");
+            return None;
         }
     };
-    let mut cancelled = 0usize;
+    let mut cancelled = 0u64;
     for record in active.iter().filter(|r| revokes_task(rule, r)) {
         if cancel_for_revocation(app, policy, &correlation, record, rule).await {
             cancelled += 1;
@@ -136,6 +166,11 @@ async fn apply_one(app: &AppState, policy: &ActivePolicy, rule: &RevocationRule)
         .detail("streamsClosed", streams_closed)
         .detail("elapsedMs", started.elapsed().as_millis() as u64),
     );
+    Some(RevocationCounts {
+        name: rule.name.clone(),
+        tasks_cancelled: cancelled,
+        streams_closed: u64::try_from(streams_closed).unwrap_or(u64::MAX),
+    })
 }
 
 /// Cancels one task of a revoked principal; returns whether this call asked for it (the task

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::AuditFailureMode;
@@ -15,16 +14,17 @@ use crate::telemetry::metrics::SidecarMetrics;
 
 use super::active_policy::ActivePolicy;
 use super::capability::CapabilityGate;
+pub use super::policy_source::PolicyWatch;
+use super::policy_source::StatusWatch;
 use super::stream_registry::StreamRegistry;
 use super::upstream::Upstream;
-
-/// The channel the policy in force travels on: `None` until a policy is loaded.
-pub type PolicyWatch = watch::Receiver<Option<Arc<ActivePolicy>>>;
 
 /// Shared state of the sidecar.
 pub struct AppState {
     /// `None` until a policy is loaded: then the sidecar refuses everything (fail closed).
     pub policy: PolicyWatch,
+    /// What the policy source says about itself (standby reason, connection).
+    pub source: StatusWatch,
     pub ledger: Arc<dyn TaskLedger>,
     pub upstream: Upstream,
     pub audit: AuditLog,
@@ -54,6 +54,11 @@ impl AppState {
     /// The policy in force now.
     pub fn policy(&self) -> Option<Arc<ActivePolicy>> {
         self.policy.borrow().clone()
+    }
+
+    /// Why nothing is enabled on purpose, when the source holds such a configuration.
+    pub fn standby(&self) -> Option<String> {
+        self.source.borrow().standby.clone()
     }
 
     /// Whether the audit trail's failure stops what must be audited (new tasks, capability

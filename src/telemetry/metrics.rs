@@ -174,3 +174,38 @@ impl SidecarMetrics {
         out
     }
 }
+
+/// Metrics of a sidecar fed by the control plane (cluster mode only; a standalone sidecar does
+/// not export them).
+#[derive(Clone, Default)]
+pub struct ControlPlaneMetrics {
+    /// `lifeguard_control_plane_connected`: 1 while the distribution stream is open.
+    pub connected: Gauge,
+    /// `lifeguard_control_plane_reconnects_total`: dials after the first.
+    pub reconnects: Counter,
+    /// `lifeguard_policy_snapshot_version`: version of the snapshot in force (0: none).
+    pub snapshot_version: Gauge,
+}
+
+impl ControlPlaneMetrics {
+    /// New metrics, registered in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "control_plane_connected",
+            "1 while the policy distribution stream from the operator is open",
+            metrics.connected.clone(),
+        );
+        registry.register(
+            "control_plane_reconnects",
+            "Connections to the operator's distribution stream after the first",
+            metrics.reconnects.clone(),
+        );
+        registry.register(
+            "policy_snapshot_version",
+            "Version of the policy snapshot in force (0 until one is)",
+            metrics.snapshot_version.clone(),
+        );
+        metrics
+    }
+}

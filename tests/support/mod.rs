@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod control_plane;
 pub mod kube;
 pub mod listen;
 pub mod operator;
@@ -13,7 +14,7 @@ pub mod rogue;
 use std::path::{Path, PathBuf};
 
 pub use client::McpClient;
-pub use process::{ExampleServer, Sidecar, SidecarOptions};
+pub use process::{ClusterOptions, ExampleServer, Sidecar, SidecarOptions};
 
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};

@@ -280,8 +280,34 @@ pub struct Sidecar {
     pub audit_path: PathBuf,
     pub upstream: String,
     pub output: Arc<Mutex<Vec<String>>>,
-    /// Arguments beyond the standard ones, kept for restarts.
+    /// How it was started, kept for restarts.
+    launch: Launch,
+}
+
+/// A sidecar's command line beyond the standard arguments, and its environment.
+#[derive(Clone, Debug, Default)]
+struct Launch {
+    /// Where the policy comes from: `--policy FILE`, or the cluster-mode flags.
+    source_args: Vec<String>,
     extra_args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// Options of a test sidecar in cluster mode (`--control-plane`).
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// `https://127.0.0.1:PORT` of the (fake) control plane.
+    pub control_plane: String,
+    /// `--control-plane-ca`, if any.
+    pub ca: Option<PathBuf>,
+    /// `--token-file`.
+    pub token_file: PathBuf,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    /// More command-line arguments.
+    pub args: Vec<String>,
+    /// Environment variables of the sidecar (e.g. `SSL_CERT_FILE`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Sidecar {
@@ -308,27 +334,60 @@ impl Sidecar {
             extra_args.push(keys.display().to_string());
         }
         extra_args.extend(options.args.iter().cloned());
-        Self::start_with(dir, policy_path, upstream, extra_args).await
+        let launch = Launch {
+            source_args: policy_args(&policy_path),
+            extra_args,
+            ..Launch::default()
+        };
+        let sidecar = Self::spawn(dir, policy_path, upstream, launch);
+        sidecar.wait_ready().await;
+        sidecar
     }
 
     /// Starts (or restarts) a sidecar on an existing directory: same ledger, policy and audit.
     pub async fn start_in(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str) -> Self {
-        Self::start_with(dir, policy_path, upstream, Vec::new()).await
+        let launch = Launch {
+            source_args: policy_args(&policy_path),
+            ..Launch::default()
+        };
+        let sidecar = Self::spawn(dir, policy_path, upstream, launch);
+        sidecar.wait_ready().await;
+        sidecar
     }
 
-    async fn start_with(
-        dir: Arc<TempDir>,
-        policy_path: PathBuf,
-        upstream: &str,
-        extra_args: Vec<String>,
-    ) -> Self {
+    /// Starts a sidecar in cluster mode on a fresh directory. Returns once it listens: it is not
+    /// ready before its first snapshot, so this does not wait for that.
+    pub fn start_cluster(upstream: &str, options: ClusterOptions) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let policy_path = dir.path().join("no-policy-file-in-cluster-mode");
+        let mut source_args = vec!["--control-plane".to_owned(), options.control_plane];
+        if let Some(ca) = &options.ca {
+            source_args.push("--control-plane-ca".to_owned());
+            source_args.push(ca.display().to_string());
+        }
+        source_args.extend([
+            "--token-file".to_owned(),
+            options.token_file.display().to_string(),
+            "--pod-namespace".to_owned(),
+            options.pod_namespace,
+            "--pod-name".to_owned(),
+            options.pod_name,
+        ]);
+        let launch = Launch {
+            source_args,
+            extra_args: options.args,
+            env: options.env,
+        };
+        Self::spawn(dir, policy_path, upstream, launch)
+    }
+
+    fn spawn(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str, launch: Launch) -> Self {
         let ledger_path = dir.path().join("ledger.db");
         let audit_path = dir.path().join("audit.jsonl");
         let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
         command
             .arg("sidecar")
-            .arg("--policy")
-            .arg(&policy_path)
+            .args(&launch.source_args)
             .args([
                 "--upstream",
                 upstream,
@@ -341,12 +400,13 @@ impl Sidecar {
             .arg(&ledger_path)
             .arg("--audit-file")
             .arg(&audit_path)
-            .args(&extra_args)
+            .args(&launch.extra_args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info");
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "sidecar", &output);
         let admin = wait_for_line(&rx, "admin on ", "sidecar", &output);
-        let sidecar = Self {
+        Self {
             child: Some(child),
             dir,
             url,
@@ -356,10 +416,8 @@ impl Sidecar {
             audit_path,
             upstream: upstream.to_owned(),
             output,
-            extra_args,
-        };
-        sidecar.wait_ready().await;
-        sidecar
+            launch,
+        }
     }
 
     pub async fn wait_ready(&self) {
@@ -417,19 +475,42 @@ impl Sidecar {
         }
     }
 
-    /// Kills this sidecar hard and starts a new one on the same ledger and policy.
-    pub async fn restart_after_kill(mut self) -> Self {
+    /// Kills this sidecar hard and starts a new one on the same ledger and policy source,
+    /// waiting until it is ready.
+    pub async fn restart_after_kill(self) -> Self {
+        let sidecar = self.respawn_after_kill();
+        sidecar.wait_ready().await;
+        sidecar
+    }
+
+    /// Kills this sidecar hard and starts a new one on the same ledger and policy source;
+    /// returns once it listens.
+    pub fn respawn_after_kill(mut self) -> Self {
         self.kill_hard();
         let dir = self.dir.clone();
         let policy = self.policy_path.clone();
         let upstream = self.upstream.clone();
-        let extra_args = std::mem::take(&mut self.extra_args);
-        Self::start_with(dir, policy, &upstream, extra_args).await
+        let launch = std::mem::take(&mut self.launch);
+        Self::spawn(dir, policy, &upstream, launch)
+    }
+
+    /// `GET /ready` of the admin port: status and body.
+    pub async fn ready(&self) -> (u16, String) {
+        let response = reqwest::get(format!("{}/ready", self.admin))
+            .await
+            .expect("GET /ready");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
     }
 
     pub fn policy_file(&self) -> &Path {
         &self.policy_path
     }
+}
+
+/// `--policy FILE`.
+fn policy_args(policy_path: &Path) -> Vec<String> {
+    vec!["--policy".to_owned(), policy_path.display().to_string()]
 }
 
 impl Drop for Sidecar {

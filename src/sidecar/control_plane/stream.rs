@@ -1,0 +1,226 @@
+//! The HTTP side of the distribution protocol: opening the stream, reading its messages,
+//! posting acks.
+
+use std::path::Path;
+use std::time::Duration;
+
+use http::StatusCode;
+use http::header::{ACCEPT, CONTENT_TYPE};
+use url::Url;
+
+use crate::distribution::{
+    ACK_PATH, Ack, MAX_MESSAGE_BYTES, STREAM_CONTENT_TYPE, STREAM_PATH, StreamMessage,
+};
+
+use super::framing::{FrameError, LineFramer, decode_line};
+
+/// Longest wait for the stream's response headers (the TCP and TLS handshakes included).
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for an ack's answer.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of an error answer kept for the log.
+const ERROR_BODY_BYTES: usize = 2048;
+
+/// Why the stream could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot read the token file {path}: {reason}")]
+    Token { path: String, reason: String },
+    #[error("cannot reach the control plane: {0}")]
+    Unreachable(String),
+    #[error("the control plane did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error(
+        "the control plane REFUSED this sidecar ({status}): {body}. Check that the token file \
+         holds this pod's projected ServiceAccount token with audience `lifeguard` and that \
+         --pod-namespace/--pod-name name this pod"
+    )]
+    Refused { status: StatusCode, body: String },
+    #[error("the control plane answered {status}: {body}")]
+    Status { status: StatusCode, body: String },
+}
+
+/// Why reading the stream stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("reading the stream failed: {0}")]
+    Body(String),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+/// The bearer the sidecar presents: the token file's content, trimmed, read afresh at every
+/// connection (the kubelet rotates projected tokens in place).
+pub async fn read_token(path: &Path) -> Result<String, OpenError> {
+    let fail = |reason: String| OpenError::Token {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(fail("it is empty".into()));
+    }
+    Ok(token.to_owned())
+}
+
+/// `STREAM_PATH?podNamespace=NS&podName=NAME` on the control plane at `base`.
+pub fn stream_url(base: &Url, pod_namespace: &str, pod_name: &str) -> Url {
+    let mut url = base.clone();
+    url.set_path(STREAM_PATH);
+    url.set_query(None);
+    url.query_pairs_mut()
+        .append_pair("podNamespace", pod_namespace)
+        .append_pair("podName", pod_name);
+    url
+}
+
+/// `ACK_PATH` on the control plane at `base`.
+pub fn ack_url(base: &Url) -> Url {
+    let mut url = base.clone();
+    url.set_path(ACK_PATH);
+    url.set_query(None);
+    url
+}
+
+/// One open distribution stream.
+pub struct Stream {
+    response: reqwest::Response,
+    framer: LineFramer,
+}
+
+impl Stream {
+    /// Opens the stream with `token` as the bearer.
+    pub async fn open(http: &reqwest::Client, url: Url, token: &str) -> Result<Self, OpenError> {
+        let request = http
+            .get(url)
+            .bearer_auth(token)
+            .header(ACCEPT, STREAM_CONTENT_TYPE)
+            .send();
+        let response = tokio::time::timeout(OPEN_TIMEOUT, request)
+            .await
+            .map_err(|_| OpenError::Timeout(OPEN_TIMEOUT))?
+            .map_err(|e| OpenError::Unreachable(error_chain(&e)))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = error_body(response).await;
+            return Err(match status {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                    OpenError::Refused { status, body }
+                }
+                _ => OpenError::Status { status, body },
+            });
+        }
+        tracing::debug!(version = ?response.version(), "distribution stream open");
+        Ok(Self {
+            response,
+            framer: LineFramer::new(MAX_MESSAGE_BYTES),
+        })
+    }
+
+    /// The HTTP version the stream runs on.
+    pub fn version(&self) -> http::Version {
+        self.response.version()
+    }
+
+    /// The next message; `Ok(None)` when the control plane ended the stream. Cancel safe: bytes
+    /// already read stay in the framer.
+    pub async fn next_message(&mut self) -> Result<Option<StreamMessage>, ReadError> {
+        loop {
+            while let Some(line) = self.framer.next_line()? {
+                if let Some(message) = decode_line(&line)? {
+                    return Ok(Some(message));
+                }
+            }
+            match self.response.chunk().await {
+                Ok(Some(bytes)) => self.framer.push(&bytes),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(ReadError::Body(error_chain(&e))),
+            }
+        }
+    }
+}
+
+/// Posts `ack` with `token` as the bearer.
+pub async fn post_ack(
+    http: &reqwest::Client,
+    url: Url,
+    token: &str,
+    ack: &Ack,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(ack).map_err(|e| e.to_string())?;
+    let response = http
+        .post(url)
+        .bearer_auth(token)
+        .header(CONTENT_TYPE, "application/json")
+        .body(body)
+        .timeout(ACK_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let status = response.status();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("{status}: {}", error_body(response).await))
+    }
+}
+
+/// The start of an error answer's body, as text.
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(ERROR_BODY_BYTES);
+    String::from_utf8_lossy(&body).trim().to_owned()
+}
+
+/// An error with its causes (reqwest's own text rarely says what failed underneath).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_carry_the_pod_and_replace_any_path() {
+        let base = Url::parse("https://lifeguard-operator.lifeguard.svc:8443/ignored?x=1").unwrap();
+        assert_eq!(
+            stream_url(&base, "team-a", "reports-0").as_str(),
+            "https://lifeguard-operator.lifeguard.svc:8443/distribution/v1/stream?podNamespace=team-a&podName=reports-0"
+        );
+        assert_eq!(
+            ack_url(&base).as_str(),
+            "https://lifeguard-operator.lifeguard.svc:8443/distribution/v1/ack"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_token_is_trimmed_and_must_not_be_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  abc.def.ghi\n").unwrap();
+        assert_eq!(read_token(&path).await.unwrap(), "abc.def.ghi");
+        std::fs::write(&path, "\n").unwrap();
+        assert!(matches!(
+            read_token(&path).await,
+            Err(OpenError::Token { .. })
+        ));
+        assert!(read_token(&dir.path().join("missing")).await.is_err());
+    }
+}
