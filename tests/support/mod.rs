@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod cluster;
 pub mod control_plane;
 pub mod kube;
 pub mod listen;

@@ -188,12 +188,13 @@ impl Operator {
         }
     }
 
-    /// Starts a new process on the same port, certificate and configuration.
-    pub async fn restart(mut self) -> Self {
+    /// Starts a new process (after killing this one if it runs) on the same port,
+    /// certificate and configuration.
+    pub async fn restart(&mut self) {
         self.kill_hard();
         let (dir, ca, listen) = (self.dir.clone(), self.ca.clone(), self.listen);
         let (kubeconfig, config) = (self.kubeconfig.clone(), self.config.clone());
-        Self::launch(dir, ca, listen, kubeconfig, config).await
+        *self = Self::launch(dir, ca, listen, kubeconfig, config).await;
     }
 }
 
