@@ -199,9 +199,9 @@ async fn a_pushed_security_event_becomes_a_revocation_that_cancels_tasks_and_ref
     let cluster = Cluster::start(2, Some(&operator_config(None))).await;
     cluster
         .emulator
-        .apply_yaml(&format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{name: idp-push, namespace: lifeguard-system}}\nstringData: {{token: push-secret}}\n"
-        ))
+        .apply_yaml(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: idp-push, namespace: lifeguard-system}\nstringData: {token: push-secret}\n",
+        )
         .await;
     cluster
         .emulator
