@@ -306,3 +306,161 @@ async fn a_revocation_reaches_every_trusting_sidecar_and_status_reports_completi
     .expect("the late sidecar's count is added");
     assert_eq!(object["status"]["targetSidecars"], 3);
 }
+
+fn signed_exception(
+    name: &str,
+    policy: &str,
+    not_before: jiff::Timestamp,
+    expires: jiff::Timestamp,
+) -> String {
+    let mut exception: lifeguard::api::CapabilityException = serde_json::from_value(json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
+            "purpose": "summaries",
+            "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
+            "notBefore": not_before.to_string(), "expiresAt": expires.to_string(),
+            "approvalId": "CHG-1", "signature": "placeholder"
+        }
+    }))
+    .unwrap();
+    let key = std::fs::read(support::fixture("keys/issuer-ed25519.pem")).unwrap();
+    exception.spec.signature =
+        lifeguard::exception::sign(&exception.spec, NS, &key, "test-ed-1").unwrap();
+    serde_json::to_string(&exception).unwrap()
+}
+
+fn exception_path(name: &str) -> String {
+    format!("/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/capabilityexceptions/{name}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exceptions_are_verified_against_the_approver_secret_and_expire_at_their_instant() {
+    let emulator = KubeEmulator::start().await;
+    let config = "approverKeys: {secretName: lifeguard-approvers, key: approvers.jwks.json}\n";
+    let operator = Operator::start(&emulator, Some(config)).await;
+    let mut policy_yaml = policy("reports", "reports", "generate_report");
+    policy_yaml.push_str("  capabilities: {sampling: exception}\n");
+    emulator.apply_yaml(&policy_yaml).await;
+    let now = jiff::Timestamp::now();
+    let soon = now + jiff::SignedDuration::from_secs(5);
+    emulator
+        .apply_yaml(&signed_exception(
+            "summaries",
+            "reports",
+            now - jiff::SignedDuration::from_secs(60),
+            soon,
+        ))
+        .await;
+    emulator
+        .apply_yaml(&signed_exception(
+            "orphan",
+            "no-such-policy",
+            now - jiff::SignedDuration::from_secs(60),
+            soon,
+        ))
+        .await;
+
+    // No approver Secret yet: nothing can be verified.
+    let state = |o: &Value| {
+        (
+            o["status"]["state"].as_str().map(str::to_owned),
+            condition(o, "Ready").and_then(|c| c["reason"].as_str().map(str::to_owned)),
+        )
+    };
+    let o = eventually(WAIT, async || {
+        let o = get(&emulator, &exception_path("summaries")).await?;
+        o["status"]["state"].is_string().then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no status:\n{}", operator.logs()));
+    assert_eq!(
+        state(&o),
+        (Some("Invalid".into()), Some("NoTrustedKeys".into()))
+    );
+
+    // The Secret appears: the exception verifies and is Active; the orphan names its problem.
+    let jwks = std::fs::read_to_string(support::fixture("keys/issuer-jwks.json")).unwrap();
+    emulator
+        .apply_yaml(
+            &serde_json::to_string(&json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "lifeguard-approvers", "namespace": "lifeguard-system"},
+                "stringData": {"approvers.jwks.json": jwks}
+            }))
+            .unwrap(),
+        )
+        .await;
+    let active = eventually(WAIT, async || {
+        let o = get(&emulator, &exception_path("summaries")).await?;
+        (o["status"]["state"] == "Active").then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("never Active:\n{}", operator.logs()));
+    assert_eq!(active["status"]["approver"], "test-ed-1");
+    let verified = condition(&active, "SignatureVerified").unwrap();
+    assert_eq!(verified["status"], "True");
+    let orphan = eventually(WAIT, async || {
+        let o = get(&emulator, &exception_path("orphan")).await?;
+        (state(&o).1.as_deref() == Some("PolicyNotFound")).then_some(o)
+    })
+    .await;
+    assert!(orphan.is_some());
+
+    // Nobody touches it again: at `expiresAt` it flips to Expired by itself.
+    let expired = eventually(Duration::from_secs(15), async || {
+        let o = get(&emulator, &exception_path("summaries")).await?;
+        (o["status"]["state"] == "Expired").then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("never Expired:\n{}", operator.logs()));
+    let ready = condition(&expired, "Ready").unwrap();
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("Expired"))
+    );
+    let flipped: jiff::Timestamp = ready["lastTransitionTime"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        flipped >= soon,
+        "flipped at {flipped}, before expiresAt {soon}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_holds_the_lease_and_a_restarted_replica_takes_it_over() {
+    let emulator = KubeEmulator::start().await;
+    let mut operator = Operator::start(&emulator, None).await;
+    let lease_path =
+        "/apis/coordination.k8s.io/v1/namespaces/lifeguard-system/leases/lifeguard-operator";
+    let first = eventually(WAIT, async || {
+        let l = get(&emulator, lease_path).await?;
+        l["spec"]["holderIdentity"].as_str().map(str::to_owned)
+    })
+    .await
+    .expect("a Lease with a holder");
+    let lease = get(&emulator, lease_path).await.unwrap();
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 15);
+    assert_eq!(
+        operator.metric("lifeguard_operator_leader").await,
+        Some(1.0)
+    );
+    operator.restart().await;
+    let second = eventually(Duration::from_secs(40), async || {
+        let l = get(&emulator, lease_path).await?;
+        let holder = l["spec"]["holderIdentity"].as_str()?.to_owned();
+        (holder != first).then_some(holder)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the restarted replica never led:\n{}", operator.logs()));
+    assert!(!second.is_empty());
+    let leading = eventually(WAIT, async || {
+        (operator.metric("lifeguard_operator_leader").await == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(leading.is_some());
+}
