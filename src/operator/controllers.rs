@@ -26,6 +26,7 @@ use crate::policy::ObjectKey;
 use super::config::BypassPrevention;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
+use super::plan::window_condition;
 use super::propagation::PropagationTracker;
 use super::sessions::Sessions;
 use super::status::{PolicySidecars, exception_status, policy_status, revocation_status};
@@ -246,11 +247,7 @@ pub(crate) async fn reconcile_exception_at(
         } else {
             ExceptionState::Active
         };
-        plan.reason = match plan.state {
-            ExceptionState::NotYetValid => crate::api::conditions::reasons::NOT_YET_VALID,
-            ExceptionState::Expired => crate::api::conditions::reasons::EXPIRED,
-            _ => crate::api::conditions::reasons::ACTIVE,
-        };
+        (plan.reason, plan.message) = window_condition(plan.state, &exception.spec);
     }
     let previous = exception.status.clone().unwrap_or_default();
     let desired = exception_status(&plan, &previous, now);
