@@ -182,31 +182,32 @@ pub fn pod_store(pods: &[Pod]) -> Store<Pod> {
     store
 }
 
-/// Sessions in which each of `pods` is connected (session `s-POD`) and acknowledged `hash`
-/// and `revocations` (name, tasks cancelled, streams closed).
-pub fn sessions(pods: &[&str], hash: Option<&str>, revocations: &[(&str, u64, u64)]) -> Sessions {
-    let (sessions, _events) = Sessions::new();
-    for pod in pods {
-        let session = format!("s-{pod}");
-        sessions.connect(identity(pod), session.clone());
-        let ack = Ack {
-            session,
-            version: 1,
-            policy_hash: hash.map(str::to_owned),
-            revocations: revocations
-                .iter()
-                .map(|(name, tasks, streams)| RevocationApplied {
-                    name: (*name).to_owned(),
-                    tasks_cancelled: *tasks,
-                    streams_closed: *streams,
-                })
-                .collect(),
-        };
-        sessions
-            .acknowledge(&identity(pod), &ack)
-            .unwrap_or_else(|e| panic!("test ack of {pod}: {e}"));
-    }
+/// Connects `pod` (session `s-POD`) and records its acknowledgement of `hash` and of
+/// `revocations` (name, tasks cancelled, streams closed).
+pub fn acknowledged(
+    sessions: &Sessions,
+    pod: &str,
+    hash: Option<&str>,
+    revocations: &[(&str, u64, u64)],
+) {
+    let session = format!("s-{pod}");
+    sessions.connect(identity(pod), session.clone());
+    let ack = Ack {
+        session,
+        version: 1,
+        policy_hash: hash.map(str::to_owned),
+        revocations: revocations
+            .iter()
+            .map(|(name, tasks, streams)| RevocationApplied {
+                name: (*name).to_owned(),
+                tasks_cancelled: *tasks,
+                streams_closed: *streams,
+            })
+            .collect(),
+    };
     sessions
+        .acknowledge(&identity(pod), &ack)
+        .unwrap_or_else(|e| panic!("test ack of {pod}: {e}"));
 }
 
 /// What a reconcile [`Context`] is made of, apart from the client.

@@ -10,7 +10,9 @@ use crate::api::McpServerPolicy;
 use crate::operator::controllers::reconcile_policy_at;
 
 use super::api_server::{Exchange, SSA_QUERY, mock_client};
-use super::fixtures::{Cluster, NS, Setup, at, event, events_url, key, pod, policy, sessions};
+use super::fixtures::{
+    Cluster, NS, Setup, acknowledged, at, event, events_url, key, pod, policy,
+};
 
 const NOW: &str = "2026-12-05T00:00:00Z";
 const EARLIER: &str = "2026-12-04T00:00:00Z";
@@ -80,8 +82,8 @@ struct Fixture {
 }
 
 /// Policy `reports` selecting pod `reports-0`, whose sidecar acknowledged the current hash
-/// when `acknowledged`.
-fn fixture(leading: bool, acknowledged: bool) -> Fixture {
+/// when `in_sync`.
+fn fixture(leading: bool, in_sync: bool) -> Fixture {
     let policy = policy("reports");
     let cluster = Cluster {
         policies: vec![policy.clone()],
@@ -95,8 +97,8 @@ fn fixture(leading: bool, acknowledged: bool) -> Fixture {
         .map(|c| c.hash.clone())
         .unwrap_or_else(|| panic!("the test policy does not compile"));
     let mut setup = Setup::new(plan, leading);
-    if acknowledged {
-        setup.sessions = sessions(&["reports-0"], Some(&hash), &[]);
+    if in_sync {
+        acknowledged(&setup.sessions, "reports-0", Some(&hash), &[]);
     }
     Fixture {
         policy,
