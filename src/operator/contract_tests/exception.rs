@@ -219,6 +219,7 @@ const ALL: [Scenario; 6] = [
 #[tokio::test]
 async fn each_outcome_is_written_with_its_reason_and_requeued_at_the_next_flip() {
     for scenario in ALL {
+        eprintln!("scenario {scenario:?}");
         let (object, cluster) = scenario.objects();
         let setup = Setup::new(cluster.plan(at(NOW)), true);
         let script = writes(&object, scenario, scenario.status(NOW));
@@ -230,6 +231,7 @@ async fn each_outcome_is_written_with_its_reason_and_requeued_at_the_next_flip()
 #[tokio::test]
 async fn a_status_that_is_already_right_is_not_written() {
     for scenario in ALL {
+        eprintln!("scenario {scenario:?}");
         let (object, cluster) = scenario.objects();
         let setup = Setup::new(cluster.plan(at(NOW)), true);
         let current = with_status(&object, &scenario.status("2026-12-04T00:00:00Z"));
@@ -241,6 +243,7 @@ async fn a_status_that_is_already_right_is_not_written() {
 #[tokio::test]
 async fn a_follower_writes_nothing_but_still_requeues_at_the_flip() {
     for scenario in ALL {
+        eprintln!("scenario {scenario:?}");
         let (object, cluster) = scenario.objects();
         let setup = Setup::new(cluster.plan(at(NOW)), false);
         let action = reconcile(object, setup, NOW, vec![]).await;
