@@ -96,7 +96,7 @@ fn fixture(leading: bool, in_sync: bool) -> Fixture {
         .as_ref()
         .map(|c| c.hash.clone())
         .unwrap_or_else(|| panic!("the test policy does not compile"));
-    let mut setup = Setup::new(plan, leading);
+    let setup = Setup::new(plan, leading);
     if in_sync {
         acknowledged(&setup.sessions, "reports-0", Some(&hash), &[]);
     }
