@@ -204,10 +204,7 @@ async fn an_empty_token_is_refused_without_asking() {
 #[tokio::test]
 async fn acknowledgements_reuse_a_fresh_review_but_streams_do_not() {
     let (client, server) = mock_client();
-    let served = server.serve(vec![
-        review_with(good_review()),
-        review_with(good_review()),
-    ]);
+    let served = server.serve(vec![review_with(good_review()), review_with(good_review())]);
     let authenticator = SidecarAuthenticator::new(client, pod_store(&[pod("reports-0")]));
     let stream = authenticator.authenticate(TOKEN).await;
     let ack = authenticator.authenticate_cached(TOKEN).await;

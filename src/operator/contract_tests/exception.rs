@@ -22,7 +22,9 @@ const NOW: &str = "2026-12-05T00:00:00Z";
 const AFTER_FLIP: Duration = Duration::from_millis(5);
 
 fn status_url() -> String {
-    format!("/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/capabilityexceptions/ex/status{SSA_QUERY}")
+    format!(
+        "/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/capabilityexceptions/ex/status{SSA_QUERY}"
+    )
 }
 
 fn regarding() -> Value {

@@ -94,7 +94,9 @@ impl Scenario {
                     patch(our_spec("2026-12-01T00:00:00.000000Z", 2)).ok(current),
                 ]
             }
-            Self::HeldByOther => vec![read.ok(lease("operator-1_1", "2026-12-01T00:00:10.000000Z"))],
+            Self::HeldByOther => {
+                vec![read.ok(lease("operator-1_1", "2026-12-01T00:00:10.000000Z"))]
+            }
             Self::Expired => {
                 let current = lease("operator-1_1", "2026-12-01T00:00:04.000000Z");
                 vec![read.ok(current.clone()), takeover().ok(current)]

@@ -10,15 +10,15 @@ use crate::api::McpServerPolicy;
 use crate::operator::controllers::reconcile_policy_at;
 
 use super::api_server::{Exchange, SSA_QUERY, mock_client};
-use super::fixtures::{
-    Cluster, NS, Setup, acknowledged, at, event, events_url, key, pod, policy,
-};
+use super::fixtures::{Cluster, NS, Setup, acknowledged, at, event, events_url, key, pod, policy};
 
 const NOW: &str = "2026-12-05T00:00:00Z";
 const EARLIER: &str = "2026-12-04T00:00:00Z";
 
 fn status_url(name: &str) -> String {
-    format!("/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/mcpserverpolicies/{name}/status{SSA_QUERY}")
+    format!(
+        "/apis/lifeguard.dev/v1alpha1/namespaces/{NS}/mcpserverpolicies/{name}/status{SSA_QUERY}"
+    )
 }
 
 /// One condition as written for generation 3.

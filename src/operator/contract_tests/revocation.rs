@@ -203,7 +203,10 @@ fn forgotten(ctx: &Context) {
         .unwrap_or_else(|p| p.into_inner())
         .progress("rev", &pods, &pods, 0, 0, at(NOW));
     assert_eq!(progress, None, "the tracker forgot the revocation");
-    assert!(ctx.sessions.reported("rev").is_empty(), "the sessions forgot it");
+    assert!(
+        ctx.sessions.reported("rev").is_empty(),
+        "the sessions forgot it"
+    );
 }
 
 #[tokio::test]
@@ -236,6 +239,12 @@ async fn an_expired_revocation_already_gone_is_fine() {
 #[tokio::test]
 async fn a_follower_does_not_delete_an_expired_revocation() {
     let object = revocation("rev", Some("2026-12-04T00:00:00Z"));
-    let action = reconcile(object, setup(false, &[("reports-0", 2, 1)]), vec![], forgotten).await;
+    let action = reconcile(
+        object,
+        setup(false, &[("reports-0", 2, 1)]),
+        vec![],
+        forgotten,
+    )
+    .await;
     assert_eq!(action, Ok(Action::await_change()));
 }
