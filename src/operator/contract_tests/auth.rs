@@ -111,10 +111,9 @@ impl Scenario {
             )),
             Self::NoAudiences => {
                 let mut status = good_review();
-                status
-                    .as_object_mut()
-                    .map(|s| s.remove("audiences"))
-                    .unwrap_or_default();
+                if let Some(fields) = status.as_object_mut() {
+                    fields.remove("audiences");
+                }
                 refused(status)
             }
             Self::NotServiceAccount => {

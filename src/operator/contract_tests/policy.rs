@@ -7,7 +7,9 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::api::McpServerPolicy;
+use crate::operator::config::{BYPASS_PREVENTION_ANNOTATION, BypassPrevention, NetworkPolicyMode};
 use crate::operator::controllers::reconcile_policy_at;
+use crate::operator::network_policy;
 
 use super::api_server::{Exchange, SSA_QUERY, mock_client};
 use super::fixtures::{Cluster, NS, Setup, acknowledged, at, event, events_url, key, pod, policy};
@@ -223,4 +225,46 @@ async fn a_refused_status_write_fails_the_reconcile_without_an_event() {
     )
     .await;
     assert!(result.is_err(), "{result:?}");
+}
+
+#[tokio::test]
+async fn the_leader_reconciles_an_opted_in_network_policy_after_the_status() {
+    let mut f = fixture(true, true);
+    f.setup.bypass = BypassPrevention {
+        network_policy: NetworkPolicyMode::OptIn,
+        ..Default::default()
+    };
+    let mut current = with_status(&f.policy, &status(&f.hash, 1, EARLIER));
+    current.metadata.annotations = Some(
+        [(
+            BYPASS_PREVENTION_ANNOTATION.to_owned(),
+            "enabled".to_owned(),
+        )]
+        .into(),
+    );
+    // The status is right, so the only request is the NetworkPolicy's apply (its body is
+    // covered in the network_policy contract).
+    let url = format!(
+        "/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/lifeguard-reports{SSA_QUERY}"
+    );
+    let body = serde_json::to_value(network_policy::desired(&current, &f.setup.bypass))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let action = reconcile(
+        current,
+        f.setup,
+        vec![Exchange::apply(url, body.clone()).ok(body)],
+    )
+    .await;
+    assert_eq!(action, Ok(Action::await_change()));
+}
+
+#[tokio::test]
+async fn a_follower_leaves_the_network_policy_alone() {
+    let mut f = fixture(false, true);
+    f.setup.bypass = BypassPrevention {
+        network_policy: NetworkPolicyMode::All,
+        ..Default::default()
+    };
+    let action = reconcile(f.policy, f.setup, vec![]).await;
+    assert_eq!(action, Ok(Action::await_change()));
 }
