@@ -26,6 +26,7 @@ use crate::policy::ObjectKey;
 use super::config::BypassPrevention;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
+use super::plan::window_condition;
 use super::propagation::PropagationTracker;
 use super::sessions::Sessions;
 use super::status::{PolicySidecars, exception_status, policy_status, revocation_status};
@@ -144,6 +145,15 @@ pub async fn reconcile_policy(
     policy: Arc<McpServerPolicy>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
+    reconcile_policy_at(policy, ctx, Timestamp::now()).await
+}
+
+/// [`reconcile_policy`] at the instant `now` (condition transition times).
+pub(crate) async fn reconcile_policy_at(
+    policy: Arc<McpServerPolicy>,
+    ctx: Arc<Context>,
+    now: Timestamp,
+) -> Result<Action, ReconcileError> {
     ctx.metrics.reconciled("McpServerPolicy", "ok");
     if !leading(&ctx) {
         return Ok(Action::await_change());
@@ -175,7 +185,7 @@ pub async fn reconcile_policy(
             in_sync: i32::try_from(in_sync).unwrap_or(i32::MAX),
         },
         &previous,
-        Timestamp::now(),
+        now,
     );
     if policy.status.as_ref() != Some(&desired) {
         let api: Api<McpServerPolicy> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -197,8 +207,16 @@ pub async fn reconcile_exception(
     exception: Arc<CapabilityException>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
+    reconcile_exception_at(exception, ctx, Timestamp::now()).await
+}
+
+/// [`reconcile_exception`] at the instant `now`.
+pub(crate) async fn reconcile_exception_at(
+    exception: Arc<CapabilityException>,
+    ctx: Arc<Context>,
+    now: Timestamp,
+) -> Result<Action, ReconcileError> {
     ctx.metrics.reconciled("CapabilityException", "ok");
-    let now = Timestamp::now();
     // The flip instant is requeued whether or not we lead, so a new leader is not late.
     let next_flip = [exception.spec.not_before.0, exception.spec.expires_at.0]
         .into_iter()
@@ -229,11 +247,7 @@ pub async fn reconcile_exception(
         } else {
             ExceptionState::Active
         };
-        plan.reason = match plan.state {
-            ExceptionState::NotYetValid => crate::api::conditions::reasons::NOT_YET_VALID,
-            ExceptionState::Expired => crate::api::conditions::reasons::EXPIRED,
-            _ => crate::api::conditions::reasons::ACTIVE,
-        };
+        (plan.reason, plan.message) = window_condition(plan.state, &exception.spec);
     }
     let previous = exception.status.clone().unwrap_or_default();
     let desired = exception_status(&plan, &previous, now);
@@ -263,8 +277,16 @@ pub async fn reconcile_revocation(
     revocation: Arc<PrincipalRevocation>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
+    reconcile_revocation_at(revocation, ctx, Timestamp::now()).await
+}
+
+/// [`reconcile_revocation`] at the instant `now`.
+pub(crate) async fn reconcile_revocation_at(
+    revocation: Arc<PrincipalRevocation>,
+    ctx: Arc<Context>,
+    now: Timestamp,
+) -> Result<Action, ReconcileError> {
     ctx.metrics.reconciled("PrincipalRevocation", "ok");
-    let now = Timestamp::now();
     let name = revocation.name_any();
     if let Some(expires) = &revocation.spec.expires_at
         && expires.0 <= now

@@ -74,7 +74,15 @@ fn lease_spec(me: &str, now: Timestamp, acquire: Option<Timestamp>, transitions:
 
 /// One round: read, decide, write. Returns whether we hold the Lease afterwards.
 pub async fn round(api: &Api<Lease>, me: &str) -> Result<bool, kube::Error> {
-    let now = Timestamp::now();
+    round_at(api, me, Timestamp::now()).await
+}
+
+/// [`round`] at the instant `now`.
+pub(crate) async fn round_at(
+    api: &Api<Lease>,
+    me: &str,
+    now: Timestamp,
+) -> Result<bool, kube::Error> {
     let current = api.get_opt(LEASE_NAME).await?;
     match decide(current.as_ref(), me, now) {
         LeaseDecision::Create => {

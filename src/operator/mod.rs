@@ -14,6 +14,8 @@
 
 pub mod auth;
 pub mod config;
+#[cfg(test)]
+mod contract_tests;
 pub mod controllers;
 pub mod distributor;
 pub mod lease;

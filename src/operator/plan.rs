@@ -12,7 +12,10 @@ use kube::core::{Selector, SelectorExt};
 use serde_json::value::RawValue;
 
 use crate::api::conditions::reasons;
-use crate::api::{CapabilityException, ExceptionState, McpServerPolicy, PrincipalRevocation};
+use crate::api::{
+    CapabilityException, CapabilityExceptionSpec, ExceptionState, McpServerPolicy,
+    PrincipalRevocation,
+};
 use crate::exception::{ApproverTrust, verify};
 use crate::policy::compile::{namespace_of, targets};
 use crate::policy::{
@@ -141,6 +144,29 @@ fn selects(policy: &McpServerPolicy, pod: &Pod) -> bool {
     selector.matches(pod.metadata.labels.as_ref().unwrap_or(&empty))
 }
 
+/// Condition reason and message of an exception whose signature verified, in `state` (its
+/// place in the validity window).
+pub fn window_condition(
+    state: ExceptionState,
+    spec: &CapabilityExceptionSpec,
+) -> (&'static str, String) {
+    match state {
+        ExceptionState::NotYetValid => (
+            reasons::NOT_YET_VALID,
+            format!("valid from {}", spec.not_before.0),
+        ),
+        ExceptionState::Expired => (
+            reasons::EXPIRED,
+            format!("expired at {}", spec.expires_at.0),
+        ),
+        // `Invalid` does not arise for a verified signature.
+        ExceptionState::Active | ExceptionState::Invalid => (
+            reasons::ACTIVE,
+            format!("in force until {}", spec.expires_at.0),
+        ),
+    }
+}
+
 fn exception_plan(
     exception: &CapabilityException,
     policy_exists: bool,
@@ -192,18 +218,6 @@ fn exception_plan(
         .iter()
         .find_map(|c| c.result.as_ref().err().map(|e| format!("{}: {e}", c.check)));
     let (reason, message) = match (v.state, v.reason) {
-        (ExceptionState::Active, _) => (
-            reasons::ACTIVE,
-            format!("in force until {}", exception.spec.expires_at.0),
-        ),
-        (ExceptionState::NotYetValid, _) => (
-            reasons::NOT_YET_VALID,
-            format!("valid from {}", exception.spec.not_before.0),
-        ),
-        (ExceptionState::Expired, _) => (
-            reasons::EXPIRED,
-            format!("expired at {}", exception.spec.expires_at.0),
-        ),
         (ExceptionState::Invalid, code) => (
             match code {
                 "unknown_key" => reasons::UNKNOWN_KEY,
@@ -214,6 +228,7 @@ fn exception_plan(
             },
             failed_check.unwrap_or_else(|| "the signature does not verify".into()),
         ),
+        (state, _) => window_condition(state, &exception.spec),
     };
     ExceptionPlan {
         generation,

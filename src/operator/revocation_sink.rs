@@ -9,7 +9,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::{PrincipalRevocation, RevocationReason};
 
-use super::ssf::events::SOURCE_LABEL;
+use super::ssf::events::{SOURCE_LABEL, SOURCE_LABEL_VALUE};
 use super::ssf::{
     RevocationAction, RevocationSink, SecretError, SecretKeyRef, SecretReader, SinkError,
     VerifiedSet,
@@ -62,7 +62,8 @@ impl RevocationSink for KubeRevocationSink {
                             && r.metadata
                                 .labels
                                 .as_ref()
-                                .is_some_and(|l| l.contains_key(SOURCE_LABEL))
+                                .and_then(|l| l.get(SOURCE_LABEL))
+                                .is_some_and(|v| v == SOURCE_LABEL_VALUE)
                     }) {
                         let name = r.metadata.name.clone().unwrap_or_default();
                         match api.delete(&name, &DeleteParams::default()).await {
