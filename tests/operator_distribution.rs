@@ -465,3 +465,69 @@ async fn the_operator_holds_the_lease_and_a_restarted_replica_takes_it_over() {
     .await;
     assert!(leading.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_the_leader_counts_the_sidecars_of_both() {
+    let emulator = KubeEmulator::start().await;
+    let first = Operator::start(&emulator, None).await;
+    let second = Operator::start(&emulator, None).await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+    let pods = pods(&emulator, 4, "reports").await;
+    // Half the sidecars dial each replica.
+    let sidecars: Vec<LightSidecar> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let replica = if i % 2 == 0 { &first } else { &second };
+            LightSidecar::connect(replica, p, (NS, &p.name), 1)
+        })
+        .collect();
+    for sidecar in &sidecars {
+        eventually(WAIT, async || {
+            sidecar.last().filter(|s| s["policy"].is_object())
+        })
+        .await
+        .expect("every sidecar got the policy from its replica");
+    }
+    eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        (o["status"]["sidecarsInSync"] == 4).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the leader never counted all four:\n{}\n---\n{}",
+            first.logs(),
+            second.logs()
+        )
+    });
+    // Each replica keeps its table in a ConfigMap of its own.
+    let tables = get(&emulator, "/api/v1/namespaces/lifeguard-system/configmaps")
+        .await
+        .unwrap();
+    let names: Vec<&str> = tables["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .filter(|n| n.starts_with("lifeguard-acks-"))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    // A revocation propagates through both replicas; the leader reports all four.
+    emulator
+        .apply_yaml(&revocation("alice-revoked", "alice"))
+        .await;
+    let path = "/apis/lifeguard.dev/v1alpha1/principalrevocations/alice-revoked";
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, path).await?;
+        o["status"]["completedAt"].is_string().then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("never completed:\n{}\n---\n{}", first.logs(), second.logs()));
+    assert_eq!(object["status"]["targetSidecars"], 4);
+    assert_eq!(object["status"]["acknowledgedSidecars"], 4);
+    assert_eq!(object["status"]["tasksCancelled"], 4);
+}

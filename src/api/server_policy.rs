@@ -475,7 +475,8 @@ pub struct McpServerPolicyStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Compiled` and `SidecarsInSync`, each with its own `observedGeneration`.
+    /// `Ready`, `Compiled`, `SidecarsInSync` and `Conflict` (another, older policy selects some
+    /// of the same pods), each with its own `observedGeneration`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -23,6 +23,7 @@ use crate::api::{
 };
 use crate::policy::ObjectKey;
 
+use super::ack_table::ClusterAcks;
 use super::config::BypassPrevention;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
@@ -40,12 +41,16 @@ pub struct Context {
     pub client: Client,
     pub distribution: watch::Receiver<Arc<Distribution>>,
     pub sessions: Arc<Sessions>,
+    /// Every replica's sidecars (this one's live, the others' from their ack tables).
+    pub acks: Arc<ClusterAcks>,
     pub tracker: Arc<Mutex<PropagationTracker>>,
     pub leading: watch::Receiver<bool>,
     pub pods: Store<Pod>,
     pub metrics: Arc<OperatorMetrics>,
     pub recorder: Recorder,
     pub bypass: BypassPrevention,
+    /// What each policy's NetworkPolicy was last reconciled to (see `network_policy`).
+    pub network_policies: Mutex<std::collections::HashMap<ObjectKey, String>>,
 }
 
 /// A failed reconcile (retried with a short delay).
@@ -171,10 +176,11 @@ pub(crate) async fn reconcile_policy_at(
         .filter(|(_, p)| **p == key)
         .map(|(pod, _)| pod)
         .collect();
+    let view = ctx.acks.view();
     let in_sync = plan.compiled.as_ref().map_or(0, |c| {
         assigned
             .iter()
-            .filter(|pod| ctx.sessions.in_sync(pod, &c.hash))
+            .filter(|pod| view.in_sync(pod, &c.hash))
             .count()
     });
     let previous = policy.status.clone().unwrap_or_default();
@@ -198,7 +204,20 @@ pub(crate) async fn reconcile_policy_at(
         )
         .await;
     }
-    network_policy::reconcile(&ctx.client, &policy, &ctx.bypass).await?;
+    // Applied only when what this policy needs changed since the last successful write (every
+    // plan publish reconciles every policy; the API server need not hear about it each time).
+    let wanted = network_policy::fingerprint(&policy, &ctx.bypass);
+    let done = ctx
+        .network_policies
+        .lock()
+        .map(|m| m.get(&key) == Some(&wanted))
+        .unwrap_or(false);
+    if !done {
+        network_policy::reconcile(&ctx.client, &policy, &ctx.bypass).await?;
+        if let Ok(mut m) = ctx.network_policies.lock() {
+            m.insert(key, wanted);
+        }
+    }
     Ok(Action::await_change())
 }
 
@@ -309,14 +328,15 @@ pub(crate) async fn reconcile_revocation_at(
                 + Duration::from_millis(5),
         )
     });
-    let reported: HashSet<ObjectKey> = ctx.sessions.reported(&name).into_iter().collect();
+    let view = ctx.acks.view();
+    let reported: HashSet<ObjectKey> = view.reported(&name).into_iter().collect();
     let pods: HashSet<ObjectKey> = ctx
         .pods
         .state()
         .iter()
         .map(|p| key_of(&p.metadata))
         .collect();
-    let totals = ctx.sessions.totals(&name);
+    let totals = view.totals(&name);
     let progress = lock(&ctx.tracker).progress(
         &name,
         &reported,

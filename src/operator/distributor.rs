@@ -19,11 +19,11 @@ use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::exception::ApproverTrust;
 use crate::policy::ObjectKey;
 
+use super::ack_table::{ClusterAcks, SidecarView};
 use super::config::SecretKeyRef;
 use super::metrics::OperatorMetrics;
 use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
 use super::propagation::{FirstSight, PropagationTracker};
-use super::sessions::Sessions;
 use super::stream::Distribution;
 
 /// Changes that arrive within this window are planned together.
@@ -80,9 +80,13 @@ pub fn approver_keys(
     }
 }
 
-/// Connected pods whose snapshot carries `revocation`.
-pub fn revocation_targets(plan: &Plan, sessions: &Sessions, revocation: &str) -> BTreeSet<PodKey> {
-    sessions
+/// Connected pods (on any replica) whose snapshot carries `revocation`.
+pub fn revocation_targets(
+    plan: &Plan,
+    sidecars: &SidecarView,
+    revocation: &str,
+) -> BTreeSet<PodKey> {
+    sidecars
         .connected()
         .into_iter()
         .filter(|pod| {
@@ -101,7 +105,7 @@ pub struct Distributor {
     pub changes: Arc<Notify>,
     pub publish: watch::Sender<Arc<Distribution>>,
     pub tracker: Arc<Mutex<PropagationTracker>>,
-    pub sessions: Arc<Sessions>,
+    pub acks: Arc<ClusterAcks>,
     pub metrics: Arc<OperatorMetrics>,
 }
 
@@ -156,6 +160,7 @@ impl Distributor {
 
         // Revocations seen for the first time get their target now, against the plan just
         // published (pods connecting from here on receive them in their first snapshot).
+        let sidecars = self.acks.view();
         let mut tracker = match self.tracker.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -175,10 +180,10 @@ impl Distributor {
                 }),
             };
             tracker.observe(&name, &first, now, || {
-                revocation_targets(&plan, &self.sessions, &name)
+                revocation_targets(&plan, &sidecars, &name)
             });
         }
-        tracker.fix_deferred_targets(now, |name| revocation_targets(&plan, &self.sessions, name));
+        tracker.fix_deferred_targets(now, |name| revocation_targets(&plan, &sidecars, name));
         let grace = tracker.waiting_for_grace();
         [next, grace].into_iter().flatten().min()
     }

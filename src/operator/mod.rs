@@ -12,6 +12,8 @@
 //! Security events enter through [`ssf`] and become PrincipalRevocations ([`revocation_sink`]),
 //! which flow back in through the watch like any other object.
 
+pub mod ack_sync;
+pub mod ack_table;
 pub mod auth;
 pub mod config;
 #[cfg(test)]

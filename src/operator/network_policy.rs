@@ -68,6 +68,18 @@ pub fn desired(policy: &McpServerPolicy, config: &BypassPrevention) -> NetworkPo
     }
 }
 
+/// Identifies what `policy` needs (the desired object, or its absence), so a reconcile can
+/// skip the API server when nothing changed.
+pub fn fingerprint(policy: &McpServerPolicy, config: &BypassPrevention) -> String {
+    if config.network_policy == NetworkPolicyMode::Disabled {
+        return "disabled".into();
+    }
+    if !wanted(policy, config) {
+        return format!("absent:{}", policy.metadata.uid.as_deref().unwrap_or(""));
+    }
+    serde_json::to_string(&desired(policy, config)).unwrap_or_default()
+}
+
 /// Creates, updates or removes the NetworkPolicy of `policy`.
 pub async fn reconcile(
     client: &kube::Client,

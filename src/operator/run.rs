@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use futures_util::{FutureExt, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -29,6 +29,7 @@ use crate::distribution::{ACK_PATH, STREAM_PATH};
 use crate::runtime::tls::{ReloadingCertificate, serve_tls};
 use crate::runtime::{Health, Readiness};
 
+use super::ack_table::ClusterAcks;
 use super::auth::SidecarAuthenticator;
 use super::config::OperatorFileConfig;
 use super::controllers::{self, Context};
@@ -296,6 +297,8 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         approver_keys: None,
         approver_keys_hash: None,
     }));
+    let replica = replica_identity();
+    let acks = Arc::new(ClusterAcks::new(sessions.clone(), replica.clone()));
     let distributor = Distributor {
         caches: caches.clone(),
         approver_keys: file.approver_keys.clone(),
@@ -303,7 +306,7 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         changes: changes.clone(),
         publish,
         tracker: tracker.clone(),
-        sessions: sessions.clone(),
+        acks: acks.clone(),
         metrics: metrics.clone(),
     };
     tokio::spawn(distributor.run(shutdown.clone()));
@@ -322,8 +325,26 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         });
         tokio::spawn(super::lease::run(
             api,
-            replica_identity(),
+            replica.clone(),
             leading_tx,
+            shutdown.clone(),
+        ));
+    }
+
+    // Acknowledgements shared between replicas.
+    let (remote_tx, remote_changed) = watch::channel(0u64);
+    {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        tokio::spawn(super::ack_sync::publish(
+            api.clone(),
+            acks.clone(),
+            shutdown.clone(),
+        ));
+        tokio::spawn(super::ack_sync::follow(
+            api,
+            acks.clone(),
+            remote_tx,
+            leading.clone(),
             shutdown.clone(),
         ));
     }
@@ -333,6 +354,7 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         client: client.clone(),
         distribution: distribution.clone(),
         sessions: sessions.clone(),
+        acks,
         tracker,
         leading: leading.clone(),
         pods,
@@ -341,15 +363,19 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
             client.clone(),
             Reporter {
                 controller: "lifeguard-operator".into(),
-                instance: Some(replica_identity()),
+                instance: Some(replica.clone()),
             },
         ),
         bypass: file.bypass_prevention.clone(),
+        network_policies: Default::default(),
     });
     let everything = || {
         futures_util::stream::select(
-            controllers::changes(distribution.clone()),
-            controllers::changes(leading.clone()),
+            futures_util::stream::select(
+                controllers::changes(distribution.clone()),
+                controllers::changes(leading.clone()),
+            ),
+            controllers::changes(remote_changed.clone()),
         )
     };
     let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));

@@ -5,12 +5,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::mpsc;
+use jiff::Timestamp;
+use tokio::sync::{Notify, mpsc};
 
 use crate::distribution::{Ack, PodIdentity, RevocationApplied};
 use crate::policy::ObjectKey;
 
+use super::ack_table::{AckTable, PodAck};
 use super::plan::PodKey;
 
 /// What a pod's sidecar last acknowledged.
@@ -26,6 +29,9 @@ pub struct SidecarSession {
     pub session: String,
     pub pod: PodIdentity,
     pub connected: bool,
+    /// When this connection was authenticated (the latest connection of a pod wins across
+    /// operator replicas).
+    pub connected_at: Timestamp,
     /// Acknowledged through `session` (an older connection's acks are not counted).
     pub acknowledged: Option<Acknowledged>,
 }
@@ -57,6 +63,10 @@ pub enum AckRefused {
 /// The registry, with channels that tell the status reconcilers which objects to look at again.
 pub struct Sessions {
     inner: Mutex<Inner>,
+    /// Bumped by every change (a cache key for views built from the registry).
+    version: AtomicU64,
+    /// Woken by every change (the ack table publisher waits on it).
+    pub changed: Notify,
     pods_changed: mpsc::UnboundedSender<PodKey>,
     revocations_acknowledged: mpsc::UnboundedSender<String>,
 }
@@ -83,11 +93,55 @@ impl Sessions {
         (
             Self {
                 inner: Mutex::new(Inner::default()),
+                version: AtomicU64::new(0),
+                changed: Notify::new(),
                 pods_changed: pods_tx,
                 revocations_acknowledged: rev_tx,
             },
             SessionEvents { pods, revocations },
         )
+    }
+
+    fn touched(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+    }
+
+    /// Changes so far.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// This replica's table: every pod's latest connection and what it reported.
+    pub fn table(&self, replica: &str, now: Timestamp) -> AckTable {
+        let inner = self.lock();
+        let mut pods: BTreeMap<String, PodAck> = BTreeMap::new();
+        for (key, s) in &inner.sidecars {
+            pods.insert(
+                key.to_string(),
+                PodAck {
+                    connected_at: s.connected_at,
+                    connected: s.connected,
+                    policy_hash: s.acknowledged.as_ref().and_then(|a| a.policy_hash.clone()),
+                    revocations: BTreeMap::new(),
+                },
+            );
+        }
+        for (name, by_pod) in &inner.revocations {
+            for (key, applied) in by_pod {
+                if let Some(entry) = pods.get_mut(&key.to_string()) {
+                    entry.revocations.insert(
+                        name.clone(),
+                        [applied.tasks_cancelled, applied.streams_closed],
+                    );
+                }
+            }
+        }
+        AckTable {
+            replica: replica.to_owned(),
+            updated_at: now,
+            pods,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -107,9 +161,11 @@ impl Sessions {
                 session,
                 pod,
                 connected: true,
+                connected_at: Timestamp::now(),
                 acknowledged: None,
             },
         );
+        self.touched();
         let _ = self.pods_changed.send(key);
     }
 
@@ -122,6 +178,7 @@ impl Sessions {
         {
             entry.connected = false;
             drop(inner);
+            self.touched();
             let _ = self.pods_changed.send(key);
         }
     }
@@ -154,6 +211,7 @@ impl Sessions {
                 .insert(key.clone(), applied.clone());
         }
         drop(inner);
+        self.touched();
         let _ = self.pods_changed.send(key);
         for applied in &ack.revocations {
             let _ = self.revocations_acknowledged.send(applied.name.clone());
@@ -206,6 +264,7 @@ impl Sessions {
     /// Forgets a revocation (after it was deleted).
     pub fn forget_revocation(&self, revocation: &str) {
         self.lock().revocations.remove(revocation);
+        self.touched();
     }
 
     /// Number of pods with an open connection.

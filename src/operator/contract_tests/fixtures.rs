@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::distribution::{Ack, PodIdentity, RevocationApplied};
 use crate::exception::{ApproverTrust, sign};
+use crate::operator::ack_table::ClusterAcks;
 use crate::operator::config::BypassPrevention;
 use crate::operator::controllers::Context;
 use crate::operator::metrics::OperatorMetrics;
@@ -243,6 +244,7 @@ impl Setup {
             approver_keys_hash: None,
         }));
         let (_, leading) = watch::channel(self.leading);
+        let sessions = Arc::new(self.sessions);
         Arc::new(Context {
             recorder: Recorder::new(
                 client.clone(),
@@ -253,12 +255,14 @@ impl Setup {
             ),
             client,
             distribution,
-            sessions: Arc::new(self.sessions),
+            acks: Arc::new(ClusterAcks::new(sessions.clone(), REPLICA.into())),
+            sessions,
             tracker: Arc::new(Mutex::new(self.tracker)),
             leading,
             pods: pod_store(&self.pods),
             metrics: Arc::new(OperatorMetrics::new()),
             bypass: self.bypass,
+            network_policies: Default::default(),
         })
     }
 }
