@@ -85,6 +85,26 @@ async fn wait_cancelled(cluster: &Cluster, index: usize, task: &str) {
     );
 }
 
+/// Waits until no sidecar runs `slow_compute` as a task any more (the policy lost it).
+async fn every_sidecar_stops_running_slow_compute_as_a_task(cluster: &Cluster) {
+    for member in &cluster.members {
+        let refused = eventually(WAIT, async || {
+            let r = member
+                .client
+                .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.01}))
+                .await;
+            (r.status == 200 && r.result()["resultType"] != "task").then_some(())
+        })
+        .await;
+        assert!(
+            refused.is_some(),
+            "{} still runs slow_compute as a task:\n{}",
+            member.pod.name,
+            member.sidecar.logs()
+        );
+    }
+}
+
 fn session_revoked_set(jti: &str, subject: &str) -> Value {
     let now = jiff::Timestamp::now().as_second();
     json!({
@@ -127,21 +147,7 @@ async fn policy_spec_changes_and_revocations_reach_ten_sidecars_and_status_says_
         .emulator
         .apply_yaml(&policy(&cluster.jwks.url, "write_rows"))
         .await;
-    for member in &cluster.members {
-        let refused = eventually(WAIT, async || {
-            let r = member
-                .client
-                .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.01}))
-                .await;
-            (r.status == 200 && r.result()["resultType"] != "task").then_some(())
-        })
-        .await;
-        assert!(
-            refused.is_some(),
-            "{} still runs slow_compute as a task",
-            member.pod.name
-        );
-    }
+    every_sidecar_stops_running_slow_compute_as_a_task(&cluster).await;
     let object = cluster
         .wait_for(&policy_path(), "in sync with the new spec", |o| {
             o["status"]["sidecarsInSync"] == 10
@@ -492,22 +498,7 @@ async fn sidecars_keep_enforcing_while_the_operator_is_killed_and_resync_when_it
         .apply_yaml(&policy(&cluster.jwks.url, "write_rows"))
         .await;
     cluster.operator.restart().await;
-    for member in &cluster.members {
-        let refused = eventually(WAIT, async || {
-            let r = member
-                .client
-                .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.01}))
-                .await;
-            (r.status == 200 && r.result()["resultType"] != "task").then_some(())
-        })
-        .await;
-        assert!(
-            refused.is_some(),
-            "{} did not resync:\n{}",
-            member.pod.name,
-            member.sidecar.logs()
-        );
-    }
+    every_sidecar_stops_running_slow_compute_as_a_task(&cluster).await;
     cluster
         .wait_for(&policy_path(), "in sync after the restart", |o| {
             o["status"]["sidecarsInSync"] == 2

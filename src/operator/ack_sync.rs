@@ -17,8 +17,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::ack_table::{AckTable, ClusterAcks, STALE_AFTER};
-use super::controllers::FIELD_MANAGER;
+use super::FIELD_MANAGER;
+use super::ack_table::{AckTable, STALE_AFTER};
+use super::cluster_acks::ClusterAcks;
 
 /// Label that marks the ConfigMaps holding ack tables.
 pub const TABLE_LABEL: &str = "lifeguard.dev/ack-table";

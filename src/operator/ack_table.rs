@@ -10,7 +10,6 @@
 //! [`STALE_AFTER`] are ignored: their sidecars reconnect elsewhere within seconds.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -19,7 +18,13 @@ use serde::{Deserialize, Serialize};
 use crate::policy::ObjectKey;
 
 use super::plan::PodKey;
-use super::sessions::{RevocationTotals, Sessions};
+
+/// Totals of one revocation over the pods that reported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RevocationTotals {
+    pub tasks_cancelled: u64,
+    pub streams_closed: u64,
+}
 
 /// A replica's table older than this is not counted.
 pub const STALE_AFTER: Duration = Duration::from_secs(90);
@@ -138,75 +143,6 @@ impl SidecarView {
     }
 }
 
-struct Cached {
-    key: (u64, u64),
-    view: Arc<SidecarView>,
-}
-
-/// The local registry plus the other replicas' latest tables, with the merged view cached
-/// until either changes.
-pub struct ClusterAcks {
-    pub local: Arc<Sessions>,
-    pub replica: String,
-    remote: Mutex<(u64, BTreeMap<String, AckTable>)>,
-    cached: Mutex<Option<Cached>>,
-}
-
-impl ClusterAcks {
-    pub fn new(local: Arc<Sessions>, replica: String) -> Self {
-        Self {
-            local,
-            replica,
-            remote: Mutex::new((0, BTreeMap::new())),
-            cached: Mutex::new(None),
-        }
-    }
-
-    /// Replaces the other replicas' tables (this replica's own published copy is ignored:
-    /// the live registry is fresher).
-    pub fn set_remote(&self, tables: Vec<AckTable>) {
-        let mut remote = match self.remote.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        remote.0 += 1;
-        remote.1 = tables
-            .into_iter()
-            .filter(|t| t.replica != self.replica)
-            .map(|t| (t.replica.clone(), t))
-            .collect();
-    }
-
-    /// The merged view now.
-    pub fn view(&self) -> Arc<SidecarView> {
-        let remote = match self.remote.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let key = (self.local.version(), remote.0);
-        let mut cached = match self.cached.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(c) = cached.as_ref()
-            && c.key == key
-        {
-            return c.view.clone();
-        }
-        let now = Timestamp::now();
-        let local = self.local.table(&self.replica, now);
-        let view = Arc::new(SidecarView::merge(
-            std::iter::once(&local).chain(remote.1.values()),
-            now,
-        ));
-        *cached = Some(Cached {
-            key,
-            view: view.clone(),
-        });
-        view
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,36 +226,5 @@ mod tests {
         let view = SidecarView::merge([&dead], at(NOW));
         assert!(view.connected().is_empty());
         assert_eq!(view.totals("rev").tasks_cancelled, 0);
-    }
-
-    #[test]
-    fn the_local_registry_and_remote_tables_merge_and_the_own_copy_is_ignored() {
-        let (sessions, _events) = Sessions::new();
-        let sessions = Arc::new(sessions);
-        let acks = ClusterAcks::new(sessions.clone(), "me".into());
-        sessions.connect(
-            crate::distribution::PodIdentity {
-                namespace: "team-a".into(),
-                name: "local".into(),
-                uid: "u".into(),
-                service_account: "sa".into(),
-            },
-            "s".into(),
-        );
-        let now = Timestamp::now().to_string();
-        acks.set_remote(vec![
-            table(
-                "other",
-                &now,
-                &[("team-a/remote", ack(&now, true, "h", &[]))],
-            ),
-            // Our own published copy, stale: must not resurrect anything.
-            table("me", &now, &[("team-a/ghost", ack(&now, true, "h", &[]))]),
-        ]);
-        let mut connected = acks.view().connected();
-        connected.sort();
-        assert_eq!(connected, vec![pod("local"), pod("remote")]);
-        // Cached until something changes.
-        assert!(Arc::ptr_eq(&acks.view(), &acks.view()));
     }
 }

@@ -23,7 +23,7 @@ use crate::api::{
 };
 use crate::policy::ObjectKey;
 
-use super::ack_table::ClusterAcks;
+use super::cluster_acks::ClusterAcks;
 use super::config::BypassPrevention;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
@@ -33,8 +33,7 @@ use super::sessions::Sessions;
 use super::status::{PolicySidecars, exception_status, policy_status, revocation_status};
 use super::stream::Distribution;
 
-/// The one field manager of every status write.
-pub const FIELD_MANAGER: &str = "lifeguard-operator";
+pub use super::FIELD_MANAGER;
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -377,10 +376,7 @@ pub(crate) async fn reconcile_revocation_at(
 }
 
 fn lock(tracker: &Mutex<PropagationTracker>) -> std::sync::MutexGuard<'_, PropagationTracker> {
-    match tracker.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    super::locked(&tracker)
 }
 
 /// A stream that yields once per change of `receiver`.

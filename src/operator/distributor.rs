@@ -19,7 +19,8 @@ use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::exception::ApproverTrust;
 use crate::policy::ObjectKey;
 
-use super::ack_table::{ClusterAcks, SidecarView};
+use super::ack_table::SidecarView;
+use super::cluster_acks::ClusterAcks;
 use super::config::SecretKeyRef;
 use super::metrics::OperatorMetrics;
 use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
@@ -161,10 +162,7 @@ impl Distributor {
         // Revocations seen for the first time get their target now, against the plan just
         // published (pods connecting from here on receive them in their first snapshot).
         let sidecars = self.acks.view();
-        let mut tracker = match self.tracker.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut tracker = super::locked(&self.tracker);
         for revocation in &revocations {
             let name = revocation.metadata.name.clone().unwrap_or_default();
             let status = revocation.status.as_ref();

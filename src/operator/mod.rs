@@ -15,6 +15,7 @@
 pub mod ack_sync;
 pub mod ack_table;
 pub mod auth;
+pub mod cluster_acks;
 pub mod config;
 #[cfg(test)]
 mod contract_tests;
@@ -33,3 +34,15 @@ pub mod status;
 pub mod stream;
 
 pub use run::{OperatorConfig, run};
+
+/// The one field manager of every write the operator makes (status, child objects, ack tables).
+pub const FIELD_MANAGER: &str = "lifeguard-operator";
+
+/// Locks `mutex`, also after a panic elsewhere poisoned it: every structure the operator keeps
+/// behind a mutex is updated by single inserts and replacements, so it stays consistent.
+pub(crate) fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

@@ -103,7 +103,7 @@ pub async fn reconcile(
         });
         api.patch(
             &name,
-            &PatchParams::apply(super::controllers::FIELD_MANAGER).force(),
+            &PatchParams::apply(super::FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await?;

@@ -29,8 +29,8 @@ use crate::distribution::{ACK_PATH, STREAM_PATH};
 use crate::runtime::tls::{ReloadingCertificate, serve_tls};
 use crate::runtime::{Health, Readiness};
 
-use super::ack_table::ClusterAcks;
 use super::auth::SidecarAuthenticator;
+use super::cluster_acks::ClusterAcks;
 use super::config::OperatorFileConfig;
 use super::controllers::{self, Context};
 use super::distributor::{Caches, Distributor};

@@ -13,6 +13,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::distribution::{Ack, PodIdentity, RevocationApplied};
 use crate::policy::ObjectKey;
 
+pub use super::ack_table::RevocationTotals;
 use super::ack_table::{AckTable, PodAck};
 use super::plan::PodKey;
 
@@ -34,13 +35,6 @@ pub struct SidecarSession {
     pub connected_at: Timestamp,
     /// Acknowledged through `session` (an older connection's acks are not counted).
     pub acknowledged: Option<Acknowledged>,
-}
-
-/// Totals of one revocation over the pods that reported it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RevocationTotals {
-    pub tasks_cancelled: u64,
-    pub streams_closed: u64,
 }
 
 #[derive(Default)]
@@ -146,10 +140,7 @@ impl Sessions {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // The data stays consistent across a panic elsewhere: every write is a single insert.
-        match self.inner.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        super::locked(&self.inner)
     }
 
     /// Records a new authenticated connection; it replaces any earlier one of the same pod.

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::distribution::{Ack, PodIdentity, RevocationApplied};
 use crate::exception::{ApproverTrust, sign};
-use crate::operator::ack_table::ClusterAcks;
+use crate::operator::cluster_acks::ClusterAcks;
 use crate::operator::config::BypassPrevention;
 use crate::operator::controllers::Context;
 use crate::operator::metrics::OperatorMetrics;
