@@ -376,7 +376,7 @@ pub(crate) async fn reconcile_revocation_at(
 }
 
 fn lock(tracker: &Mutex<PropagationTracker>) -> std::sync::MutexGuard<'_, PropagationTracker> {
-    super::locked(&tracker)
+    super::locked(tracker)
 }
 
 /// A stream that yields once per change of `receiver`.
