@@ -156,6 +156,31 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configuration_parses() {
+        let c = OperatorFileConfig::parse(
+            "examples/operator/operator.yaml",
+            include_str!("../../examples/operator/operator.yaml"),
+        )
+        .unwrap();
+        assert_eq!(c.security_events.unwrap().transmitters.len(), 2);
+        assert_eq!(c.bypass_prevention.network_policy, NetworkPolicyMode::OptIn);
+    }
+
+    #[test]
+    fn a_poll_field_on_a_push_transmitter_is_refused_with_its_path() {
+        let err = OperatorFileConfig::parse(
+            "c.yaml",
+            "securityEvents:\n  audience: https://a\n  transmitters:\n    - {issuer: https://i, jwksUri: https://i/jwks, delivery: push, pollInterval: 5s}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("transmitters[0]") && err.contains("pollInterval"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_documented_keys_parse() {
         let c = OperatorFileConfig::parse(
             "c.yaml",
