@@ -1,8 +1,10 @@
-//! Sharing acknowledgements between operator replicas through the API server: each replica
+//! Sharing acknowledgements between operator replicas through the API server: each follower
 //! keeps its [`AckTable`] in a ConfigMap of its own (`lifeguard-acks-<hash of its identity>`,
-//! labelled `lifeguard.dev/ack-table=true`, in the operator's namespace), rewritten within
-//! ~100 ms of a change and at least every [`REFRESH`]; every replica watches the others' and
-//! feeds them to [`ClusterAcks`]. The leader removes tables whose replica stopped writing.
+//! labelled `lifeguard.dev/ack-table=true`, in the operator's namespace), rewritten at most
+//! once per [`COALESCE`] while its sidecars change and at least every [`REFRESH`]; every
+//! replica watches the others' and feeds them to [`ClusterAcks`]. The leader reads its own
+//! sidecars from memory and publishes nothing (so a single replica writes no ConfigMap at
+//! all), and removes tables whose replica stopped writing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,8 +31,10 @@ pub const TABLE_KEY: &str = "table.json";
 pub const NAME_PREFIX: &str = "lifeguard-acks-";
 /// A replica rewrites its table at least this often, so others can tell it is alive.
 pub const REFRESH: Duration = Duration::from_secs(30);
-/// Changes that arrive within this window are written together.
-const COALESCE: Duration = Duration::from_millis(100);
+/// Changes that arrive within this window are written together: a follower rewrites its
+/// table at most this often (status may lag a follower's sidecars by about this much;
+/// propagation to sidecars does not wait for it).
+pub const COALESCE: Duration = Duration::from_secs(1);
 /// The leader deletes tables not rewritten for this long.
 const FORGET_AFTER: Duration = Duration::from_secs(300);
 
@@ -68,19 +72,34 @@ pub fn configmap_for(table: &AckTable) -> serde_json::Value {
     })
 }
 
-/// Writes this replica's table whenever its sidecars change, until `shutdown`; then deletes
-/// it (best effort) so the others stop counting this replica at once.
-pub async fn publish(api: Api<ConfigMap>, acks: Arc<ClusterAcks>, shutdown: CancellationToken) {
+/// Writes this replica's table whenever its sidecars change while it follows, until
+/// `shutdown`; then deletes it (best effort) so the others stop counting this replica at once.
+pub async fn publish(
+    api: Api<ConfigMap>,
+    acks: Arc<ClusterAcks>,
+    leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
     let name = configmap_name(&acks.replica);
     let mut last: Option<AckTable> = None;
     let mut last_write = Instant::now();
+    let mut leading_changes = leading.clone();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = acks.local.changed.notified() => {}
+            _ = leading_changes.changed() => {}
             _ = tokio::time::sleep(REFRESH) => {}
         }
         tokio::time::sleep(COALESCE).await;
+        if *leading.borrow() {
+            // The leader counts its own sidecars from memory. A table it published while it
+            // followed is ignored by itself and read by nobody else; remove it.
+            if last.take().is_some() {
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            }
+            continue;
+        }
         let table = acks.local.table(&acks.replica, Timestamp::now());
         let unchanged = last.as_ref().is_some_and(|l| l.pods == table.pods);
         if unchanged && last_write.elapsed() < REFRESH {

@@ -338,6 +338,7 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         tokio::spawn(super::ack_sync::publish(
             api.clone(),
             acks.clone(),
+            leading.clone(),
             shutdown.clone(),
         ));
         tokio::spawn(super::ack_sync::follow(
