@@ -213,6 +213,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict, init=False)
     # Kinds of resources nothing declared, as their first created object named it.
     _seen_kinds: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
+    # Every request received, oldest first (GET /__emulator/requests).
+    _all_requests: list[kmock.Request] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         # kmock's emulator registers its handlers as fallbacks (`self._serve_list` and the
@@ -230,6 +232,13 @@ class ApiServer(kmock.KubernetesEmulator):
     # --- plumbing -------------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock routes a request by walking its whole request log once per route, so every
+        # request would cost more than the one before (hundreds of milliseconds after a few
+        # thousand). No route here looks at earlier requests: the log kmock walks holds only the
+        # request being routed (kmock appended it just before calling this), and the full log is
+        # kept here instead.
+        self._all_requests.append(request)
+        self._requests[:] = [request]
         # Skip the stock emulator's write interceptor: the handlers below change the store.
         return await kmock.RawHandler._handle(self, request)
 
@@ -751,7 +760,7 @@ class ApiServer(kmock.KubernetesEmulator):
             {'method': str(r.method.value if hasattr(r.method, 'value') else r.method),
              'path': r.url.path, 'query': dict(r.params),
              'contentType': header(r, 'Content-Type'), 'accept': header(r, 'Accept')}
-            for r in self._requests
+            for r in self._all_requests
         ]
 
     # --- discovery ------------------------------------------------------------------------------
