@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use lifeguard::distribution::{
     ACK_PATH, Ack, RevocationApplied, SILENCE_TIMEOUT, STREAM_PATH, StreamQuery,
 };
@@ -94,6 +94,26 @@ pub struct Reached {
     /// The last acknowledgement sent (every sidecar had the snapshot in force by then).
     pub last_sent: Instant,
 }
+
+/// Not every sidecar acknowledged in time.
+#[derive(Clone, Debug)]
+pub struct Shortfall {
+    pub acknowledged: usize,
+    pub of: usize,
+    pub want: String,
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} sidecars acknowledged {}",
+            self.acknowledged, self.of, self.want
+        )
+    }
+}
+
+impl std::error::Error for Shortfall {}
 
 /// Counters over the whole run.
 #[derive(Clone, Copy, Debug, Default)]
@@ -213,27 +233,29 @@ impl Fleet {
 
     /// Waits until every sidecar satisfied goal `id`, or `timeout`; the goal is dropped
     /// either way. On timeout, says how many got there.
-    pub async fn wait(&self, id: u64, timeout: Duration) -> Result<Reached> {
+    pub async fn wait(&self, id: u64, timeout: Duration) -> Result<Reached, Shortfall> {
         let deadline = Instant::now() + timeout;
         loop {
             {
                 let mut state = lock(&self.state);
                 let Some(pos) = state.goals.iter().position(|g| g.id == id) else {
-                    bail!("no such goal {id}");
+                    return Err(Shortfall {
+                        acknowledged: 0,
+                        of: self.size,
+                        want: format!("goal {id}"),
+                    });
                 };
-                let goal = &state.goals[pos];
-                let done = goal.remaining == 0;
+                let done = state.goals[pos].remaining == 0;
                 if done || Instant::now() > deadline {
                     let goal = state.goals.swap_remove(pos);
                     let times: Vec<(Instant, Instant)> =
                         goal.at.iter().flatten().copied().collect();
                     if !done {
-                        bail!(
-                            "{} of {} sidecars acknowledged {:?} within {timeout:?}",
-                            times.len(),
-                            self.size,
-                            goal.want
-                        );
+                        return Err(Shortfall {
+                            acknowledged: times.len(),
+                            of: self.size,
+                            want: format!("{:?}", goal.want),
+                        });
                     }
                     let now = Instant::now();
                     let accepted = times.iter().map(|t| t.1);

@@ -47,8 +47,9 @@ pub struct Args {
     /// Pause after the operator went idle, before the next measurement (ms).
     #[arg(long, default_value_t = 200)]
     rest_ms: u64,
-    /// Longest wait for any one propagation or status (s).
-    #[arg(long, default_value_t = 60)]
+    /// Longest wait for any one propagation or status (s); a slower propagation is reported
+    /// as a timed-out run counted as this long.
+    #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
     /// Make the decoy policies trust another issuer than `bench` (by default they trust the
     /// same one, so every revocation changes every policy's snapshot, as in a cluster whose

@@ -16,7 +16,7 @@ use crate::cluster::{
     Api, ISSUER, Operator, POLL_INTERVALS, REVOCATIONS, SSF_AUDIENCE, TRANSMITTER,
     bench_policy_path,
 };
-use crate::fleet::{Fleet, Reached, Want};
+use crate::fleet::{Fleet, Reached, Shortfall, Want};
 use crate::procs::{Cpu, Memory, Ticks};
 
 const SESSION_REVOKED: &str = "https://schemas.openid.net/secevent/caep/event-type/session-revoked";
@@ -91,8 +91,10 @@ pub struct Record {
     /// The triggering request's round trip (create, push answered 202, patch).
     pub request: Duration,
     pub to_first_ack: Duration,
-    /// The measurement.
+    /// The measurement (the timeout when not every sidecar got there in time).
     pub to_last_ack: Duration,
+    /// Not every sidecar acknowledged within the timeout: how many did.
+    pub timed_out: Option<usize>,
     /// To the last acknowledgement *sent*: every sidecar had the change in force.
     pub to_last_sent: Duration,
     /// `status.propagationMillis` of the revocation, as the operator recorded it.
@@ -108,6 +110,10 @@ pub struct Record {
     /// Operator counters over the cycle.
     pub operator: Counters,
 }
+
+/// When a measurement started, its request's round trip, how the sidecars answered, and
+/// the revocation it created (if any).
+type Started = (Instant, Duration, Result<Reached, Shortfall>, Option<String>);
 
 /// What the runs need.
 pub struct Bench<'a> {
@@ -180,6 +186,23 @@ impl Bench<'_> {
         Ok(start.elapsed())
     }
 
+    /// Waits until every sidecar's last acknowledgement names one policy hash other than
+    /// `old` (after a timed-out spec change).
+    async fn converged_away_from(&self, old: Option<String>) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(now) = self.fleet.common_hash()
+                && now != old
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the sidecars did not converge on the changed policy");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Polls `path` every 50 ms until `done` holds for it; the time since `since`.
     async fn status_until(
         &self,
@@ -203,12 +226,30 @@ impl Bench<'_> {
     pub async fn measure(&mut self, kind: Kind, run: usize) -> Result<Record> {
         let counters = Counters::scrape(self.operator).await;
         let ticks = self.ticks();
+        let before = self.fleet.common_hash();
         let (start, request, reached, revocation) = match kind {
             Kind::Revocation => self.create_revocation(run).await?,
             Kind::SecurityEvent => self.push_event(run).await?,
             Kind::SpecChange => self.change_spec().await?,
         };
         let at_last_ack = self.ticks();
+        let (reached, timed_out) = match reached {
+            Ok(r) => (r, None),
+            Err(shortfall) => {
+                eprintln!("  {kind:?} run {run} timed out: {shortfall}");
+                let at = start + self.timeout;
+                let r = Reached {
+                    first: at,
+                    last: at,
+                    last_sent: at,
+                };
+                (r, Some(shortfall.acknowledged))
+            }
+        };
+        if timed_out.is_some() && revocation.is_none() {
+            // Let the spec change finish before anything else is measured.
+            self.converged_away_from(before.flatten()).await?;
+        }
         let (propagation_millis, status_seen) = match &revocation {
             Some(name) => {
                 let path = format!("{REVOCATIONS}/{name}");
@@ -253,6 +294,7 @@ impl Bench<'_> {
             request,
             to_first_ack: reached.first.duration_since(start),
             to_last_ack: reached.last.duration_since(start),
+            timed_out,
             to_last_sent: reached.last_sent.duration_since(start),
             propagation_millis,
             status_seen,
@@ -266,7 +308,7 @@ impl Bench<'_> {
     async fn create_revocation(
         &mut self,
         run: usize,
-    ) -> Result<(Instant, Duration, Reached, Option<String>)> {
+    ) -> Result<Started> {
         let name = format!("bench-rev-{}-{run:03}", self.tag);
         let body = json!({
             "apiVersion": "lifeguard.dev/v1alpha1", "kind": "PrincipalRevocation",
@@ -281,11 +323,11 @@ impl Bench<'_> {
         let start = Instant::now();
         self.api.post(REVOCATIONS, &body).await?;
         let request = start.elapsed();
-        let reached = self.fleet.wait(goal, self.timeout).await?;
+        let reached = self.fleet.wait(goal, self.timeout).await;
         Ok((start, request, reached, Some(name)))
     }
 
-    async fn push_event(&mut self, run: usize) -> Result<(Instant, Duration, Reached, Option<String>)> {
+    async fn push_event(&mut self, run: usize) -> Result<Started> {
         let jti = format!("bench-{}-{run:03}", self.tag);
         let now = jiff::Timestamp::now().as_second();
         let claims = json!({
@@ -314,11 +356,11 @@ impl Bench<'_> {
             let body = answer.text().await.unwrap_or_default();
             bail!("/ssf/push answered {status}, not 202: {body}");
         }
-        let reached = self.fleet.wait(goal, self.timeout).await?;
+        let reached = self.fleet.wait(goal, self.timeout).await;
         Ok((start, request, reached, Some(name)))
     }
 
-    async fn change_spec(&mut self) -> Result<(Instant, Duration, Reached, Option<String>)> {
+    async fn change_spec(&mut self) -> Result<Started> {
         let Some(current) = self.fleet.common_hash() else {
             bail!("the sidecars do not all run the same policy before the spec change");
         };
@@ -328,7 +370,7 @@ impl Bench<'_> {
         let start = Instant::now();
         self.api.merge_patch(&bench_policy_path(), &patch).await?;
         let request = start.elapsed();
-        let reached = self.fleet.wait(goal, self.timeout).await?;
+        let reached = self.fleet.wait(goal, self.timeout).await;
         Ok((start, request, reached, None))
     }
 }

@@ -136,6 +136,8 @@ pub struct Setup {
     pub runs: usize,
     pub connect_parallel: usize,
     pub decoys_same_issuer: bool,
+    /// Longest wait for one propagation: slower ones are counted as this long.
+    pub timeout: Duration,
     pub objects_created: Duration,
     pub operator_ready: Duration,
     pub policy_status_written: Duration,
@@ -264,9 +266,10 @@ impl Results {
         );
         let _ = writeln!(
             o,
-            "{:<40} {:>3} {:>8} {:>8} {:>8} {:>8} | {:>7} {:>8} {:>9} {:>8} {:>9} | {:>6}",
+            "{:<40} {:>3} {:>3} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>8} {:>9} {:>8} {:>9} | {:>6}",
             "measurement",
             "n",
+            "t/o",
             "p50",
             "p90",
             "p99",
@@ -289,15 +292,26 @@ impl Results {
                     .map(|v| Duration::from_millis(v.max(0) as u64))
             });
             let runs = self.of_kind(kind);
+            let timed_out = runs.iter().filter(|r| r.timed_out.is_some()).count();
+            // A timed-out run counts as the timeout: a percentile that lands on one is a lower
+            // bound.
+            let bound = |d: Duration| {
+                if timed_out > 0 && d >= s.timeout {
+                    format!(">{}", f1(d))
+                } else {
+                    f1(d)
+                }
+            };
             let _ = writeln!(
                 o,
-                "{:<40} {:>3} {:>8} {:>8} {:>8} {:>8} | {:>7} {:>8} {:>9} {:>8} {:>9} | {:>6.2}",
+                "{:<40} {:>3} {:>3} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>8} {:>9} {:>8} {:>9} | {:>6.2}",
                 kind.label(),
                 last.n,
-                f1(last.p50),
-                f1(last.p90),
-                f1(last.p99),
-                f1(last.max),
+                timed_out,
+                bound(last.p50),
+                bound(last.p90),
+                bound(last.p99),
+                bound(last.max),
                 f1(request.p50),
                 f1(first.p50),
                 f1(sent.p50),
@@ -312,7 +326,8 @@ impl Results {
         }
         let _ = writeln!(
             o,
-            "  (p50…max: to the last sidecar's acknowledgement accepted by the operator; request, 1st ack, \
+            "  (p50…max: to the last sidecar's acknowledgement accepted by the operator; t/o: runs \
+             where not every sidecar acknowledged within the timeout, counted as the timeout (>); request, 1st ack, \
              last sent (every sidecar had it in force), status (bench saw status report completion, \
              polled every 50 ms after the last ack): p50s; prop.ms: the revocation's \
              status.propagationMillis p50/p99; op cpu: operator CPU seconds from the request to the \
@@ -369,7 +384,7 @@ impl Results {
              this bench and everything else)\n"
         );
 
-        let _ = writeln!(o, "memory of the operator (/proc/PID/status)");
+        let _ = writeln!(o, "memory (/proc/PID/status)");
         for (state, mem) in &self.memory {
             let _ = writeln!(
                 o,
@@ -383,7 +398,7 @@ impl Results {
         let _ = writeln!(
             o,
             "  {:<56} VmRSS {:>10}\n",
-            "peak during the runs (sampled every 50 ms)",
+            "operator peak during the runs (sampled every 50 ms)",
             mib(self.peak_rss_kib)
         );
 
@@ -436,6 +451,7 @@ impl Results {
                 "runs": runs.iter().map(|r| json!({
                     "run": r.run, "request_ms": ms(r.request), "to_first_ack_ms": ms(r.to_first_ack),
                     "to_last_ack_ms": ms(r.to_last_ack), "to_last_ack_sent_ms": ms(r.to_last_sent),
+                    "timed_out_with_acknowledged": r.timed_out,
                     "status_propagation_millis": r.propagation_millis,
                     "status_seen_ms": r.status_seen.map(ms),
                     "cpu_to_last_ack": r.cpu_to_last_ack.to_json(),
@@ -460,6 +476,7 @@ impl Results {
             "config": {
                 "sidecars": s.sidecars, "policies": s.policies, "runs": s.runs,
                 "connect_parallel": s.connect_parallel, "decoys_same_issuer": s.decoys_same_issuer,
+                "timeout_ms": ms(s.timeout),
             },
             "noise": {
                 "load_average_before": self.noise.load_before,

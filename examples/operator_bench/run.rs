@@ -139,7 +139,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     };
     bench.quiesce().await?;
     let mut memory = vec![(
-        format!("after start: {} policies, no sidecar", plan.policies),
+        format!("operator after start: {} policies, no sidecar", plan.policies),
         operator.proc.memory(),
     )];
 
@@ -184,13 +184,14 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     let at_rest = operator.proc.memory();
     memory.push((
         format!(
-            "at rest: {} sidecars connected, {} policies",
+            "operator at rest: {} sidecars connected, {} policies",
             plan.sidecars, plan.policies
         ),
         at_rest,
     ));
 
     eprintln!("measuring: {} runs of each measurement", plan.runs);
+    let memory_guard_mib = (machine.mem_total_kib as f64 / 1024.0 / 3.0).max(2048.0);
     let sampler = RssSampler::start(operator.proc.pid);
     let runs_start = Ticks::take(operator.proc.pid, emulator.proc.pid);
     let runs_started = Instant::now();
@@ -219,6 +220,18 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         }
         eprintln!("{line}  (revocation, SET, spec change → last ack)");
         operator.proc.check_alive()?;
+        emulator.proc.check_alive()?;
+        // The emulator keeps every version of every object: a long run of status writes can
+        // outgrow the machine.
+        let emulator_mib = emulator.proc.memory().rss_mib();
+        if emulator_mib > memory_guard_mib {
+            errors.record(format!(
+                "the API emulator holds {emulator_mib:.0} MiB (every object version it ever \
+                 stored): stopping after run {} to spare the machine",
+                run + 1
+            ));
+            break;
+        }
     }
     let runs_cpu = runs_start.until(
         &Ticks::take(operator.proc.pid, emulator.proc.pid),
@@ -226,7 +239,11 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     );
     let runs_secs = runs_started.elapsed().as_secs_f64();
     let peak_rss_kib = sampler.finish().await;
-    memory.push(("at the end".into(), operator.proc.memory()));
+    memory.push(("operator at the end".into(), operator.proc.memory()));
+    memory.push((
+        "API emulator (Python) at the end".into(),
+        emulator.proc.memory(),
+    ));
     for task in &tasks {
         task.abort();
     }
@@ -242,6 +259,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         runs: plan.runs,
         connect_parallel: plan.connect_parallel,
         decoys_same_issuer: plan.decoys_same_issuer,
+        timeout: plan.timeout,
         objects_created,
         operator_ready,
         policy_status_written,
