@@ -256,7 +256,10 @@ impl Operator {
                 return Ok(operator);
             }
             if Instant::now() > deadline {
-                bail!("the operator never became ready:\n{}", operator.proc.logs(40));
+                bail!(
+                    "the operator never became ready:\n{}",
+                    operator.proc.logs(40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -290,7 +293,11 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
             } else {
                 rest
             };
-            rest.strip_prefix(' ')?.split_whitespace().next()?.parse::<f64>().ok()
+            rest.strip_prefix(' ')?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
         })
         .sum()
 }
@@ -383,8 +390,11 @@ pub async fn populate(
     futures_util::stream::iter(1..policies)
         .map(|i| async move {
             let name = format!("decoy-{i:05}");
-            api.post(POLICIES, &policy(&name, &format!("decoy-{i:05}"), decoy_issuer, "1s"))
-                .await
+            api.post(
+                POLICIES,
+                &policy(&name, &format!("decoy-{i:05}"), decoy_issuer, "1s"),
+            )
+            .await
         })
         .buffered(PARALLEL)
         .try_collect::<Vec<_>>()

@@ -123,6 +123,8 @@ pub struct Counters {
     pub ack_failures: u64,
     pub stream_failures: u64,
     pub refusals: u64,
+    /// Largest serialized policy a snapshot carried (bytes).
+    pub largest_policy: u64,
 }
 
 #[derive(Default)]
@@ -179,6 +181,11 @@ impl Fleet {
                 .map(|r| r.name.clone())
                 .collect(),
         });
+        {
+            let mut state = lock(&self.state);
+            let size = raw.len() as u64;
+            state.counters.largest_policy = state.counters.largest_policy.max(size);
+        }
         let mut memo = lock(&self.memo);
         if memo.len() > 64 {
             memo.clear();
@@ -485,14 +492,7 @@ impl Sidecar {
         let at = Instant::now();
         match answer {
             Ok(r) if r.status().is_success() => {
-                self.fleet.acked(
-                    self.index,
-                    Acked {
-                        sent,
-                        at,
-                        policy,
-                    },
-                );
+                self.fleet.acked(self.index, Acked { sent, at, policy });
                 true
             }
             Ok(r) => {

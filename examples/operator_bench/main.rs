@@ -181,7 +181,24 @@ async fn main_async(args: Args) -> Result<u64> {
         plan.runs,
         work.display()
     );
-    let results = match run::run(&plan, &repo, &work, &lifeguard).await {
+    // Interrupted, the run is dropped: its processes (emulator, operator) are killed with it.
+    let interrupted = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = run::run(&plan, &repo, &work, &lifeguard) => outcome,
+        _ = interrupted => Err(anyhow::anyhow!("interrupted")),
+    };
+    let results = match outcome {
         Ok(r) => r,
         Err(e) => {
             eprintln!("operator_bench: logs kept in {}", work.display());

@@ -113,7 +113,12 @@ pub struct Record {
 
 /// When a measurement started, its request's round trip, how the sidecars answered, and
 /// the revocation it created (if any).
-type Started = (Instant, Duration, Result<Reached, Shortfall>, Option<String>);
+type Started = (
+    Instant,
+    Duration,
+    Result<Reached, Shortfall>,
+    Option<String>,
+);
 
 /// What the runs need.
 pub struct Bench<'a> {
@@ -305,10 +310,7 @@ impl Bench<'_> {
         })
     }
 
-    async fn create_revocation(
-        &mut self,
-        run: usize,
-    ) -> Result<Started> {
+    async fn create_revocation(&mut self, run: usize) -> Result<Started> {
         let name = format!("bench-rev-{}-{run:03}", self.tag);
         let body = json!({
             "apiVersion": "lifeguard.dev/v1alpha1", "kind": "PrincipalRevocation",
@@ -365,7 +367,8 @@ impl Bench<'_> {
             bail!("the sidecars do not all run the same policy before the spec change");
         };
         self.poll_index = (self.poll_index + 1) % POLL_INTERVALS.len();
-        let patch = json!({"spec": {"tasks": {"minPollInterval": POLL_INTERVALS[self.poll_index]}}});
+        let patch =
+            json!({"spec": {"tasks": {"minPollInterval": POLL_INTERVALS[self.poll_index]}}});
         let goal = self.fleet.expect(Want::HashOtherThan(current));
         let start = Instant::now();
         self.api.merge_patch(&bench_policy_path(), &patch).await?;

@@ -79,7 +79,11 @@ impl Proc {
 
     /// Fails if the process has exited.
     pub fn check_alive(&self) -> Result<()> {
-        let status = self.child.lock().unwrap_or_else(|e| e.into_inner()).try_wait();
+        let status = self
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_wait();
         match status {
             Ok(None) => Ok(()),
             Ok(Some(status)) => bail!("{} exited ({status}):\n{}", self.name, self.logs(40)),

@@ -224,7 +224,11 @@ impl Results {
              {} light sidecars, one HTTPS connection each; API: the kmock emulator",
             s.sidecars,
             s.policies.saturating_sub(1),
-            if s.decoys_same_issuer { "same" } else { "another" },
+            if s.decoys_same_issuer {
+                "same"
+            } else {
+                "another"
+            },
             s.sidecars
         );
         let _ = writeln!(
@@ -315,7 +319,11 @@ impl Results {
                 f1(request.p50),
                 f1(first.p50),
                 f1(sent.p50),
-                if status.n > 0 { f1(status.p50) } else { "-".into() },
+                if status.n > 0 {
+                    f1(status.p50)
+                } else {
+                    "-".into()
+                },
                 if millis.n > 0 {
                     format!("{:.0}/{:.0}", ms(millis.p50), ms(millis.p99))
                 } else {
@@ -405,9 +413,14 @@ impl Results {
         let f = &self.fleet;
         let _ = writeln!(
             o,
-            "sidecars: {} snapshots read, {} acks accepted, {} acks refused or failed, {} stream \
-             failures/reconnects, {} stream refusals\n",
-            f.snapshots, f.acks, f.ack_failures, f.stream_failures, f.refusals
+            "sidecars: {} snapshots read (the policy in them: {:.1} KiB of JSON), {} acks accepted, {} \
+             acks refused or failed, {} stream failures/reconnects, {} stream refusals\n",
+            f.snapshots,
+            f.largest_policy as f64 / 1024.0,
+            f.acks,
+            f.ack_failures,
+            f.stream_failures,
+            f.refusals
         );
 
         let _ = writeln!(o, "anchors (what the alternatives take)");
@@ -498,6 +511,7 @@ impl Results {
             "sidecars": {
                 "snapshots": f.snapshots, "acks": f.acks, "ack_failures": f.ack_failures,
                 "stream_failures": f.stream_failures, "refusals": f.refusals,
+                "largest_policy_bytes": f.largest_policy,
             },
             "targets": self.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
             "errors": {"count": self.errors.count, "examples": self.errors.examples},

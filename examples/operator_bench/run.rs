@@ -120,7 +120,8 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
 
     let fleet = Fleet::new(plan.sidecars);
     let key_path = repo.join("tests/fixtures/keys/issuer-b-ed25519.pem");
-    let key = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
+    let key =
+        std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
     let tls = ca.client_config()?;
     let mut bench = Bench {
         api: &emulator.api,
@@ -139,7 +140,10 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     };
     bench.quiesce().await?;
     let mut memory = vec![(
-        format!("operator after start: {} policies, no sidecar", plan.policies),
+        format!(
+            "operator after start: {} policies, no sidecar",
+            plan.policies
+        ),
         operator.proc.memory(),
     )];
 
