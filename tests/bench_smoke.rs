@@ -1,6 +1,7 @@
-//! The performance benchmark (`examples/sidecar_bench`, docs/performance.md) in smoke mode:
-//! every phase runs, tiny, against the binaries of this build profile. It fails only when a
-//! request fails or a process does not start — never on timing, which is the full run's job.
+//! The performance benchmarks (`examples/sidecar_bench`, `examples/operator_bench`,
+//! docs/performance.md) in smoke mode: every phase runs, tiny, against the binaries of this
+//! build profile. They fail only when a request fails or a process does not start — never on
+//! timing, which is the full run's job.
 
 mod support;
 
@@ -70,4 +71,63 @@ fn benchmark_smoke_run_has_no_errors() {
         assert!(l["expected"].as_u64().unwrap_or(0) > 0, "{lane}: {l}");
         assert_eq!(l["delivered"], l["expected"], "{lane}: {l}");
     }
+}
+
+/// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
+/// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
+/// tests).
+#[test]
+fn operator_benchmark_smoke_run_has_no_errors() {
+    let bench = example_binary("operator_bench");
+    let mut command = Command::new(&bench);
+    command
+        .arg("--smoke")
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"));
+    let output = run_to_completion(command, "the operator benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "operator smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "PrincipalRevocation created → last ack",
+        "SET received (push) → last ack",
+        "policy spec change → last ack",
+        "operator work per cycle",
+        "operator at rest",
+        "noise:",
+        "anchors",
+        "targets",
+        "no errors",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/operator-results-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(5));
+    for measurement in [
+        "revocation_created",
+        "security_event_pushed",
+        "policy_spec_changed",
+    ] {
+        let m = &json["measurements"][measurement];
+        assert_eq!(m["to_last_ack"]["n"], 3, "{measurement}: {m}");
+        for run in m["runs"].as_array().expect("runs") {
+            assert!(run["timed_out_with_acknowledged"].is_null(), "{run}");
+        }
+    }
+    assert_eq!(json["sidecars"]["ack_failures"], 0);
 }

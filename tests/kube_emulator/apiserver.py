@@ -13,8 +13,9 @@ reflector, `Controller` and status writer rely on:
   `uid`, `creationTimestamp` and `generation` (bumped when anything but `metadata` and
   `status` changes);
 - lists with `kind: <Kind>List`, `apiVersion` and `metadata.resourceVersion`; watches that
-  resume after the `resourceVersion` they are given (every event is kept), honour
-  `timeoutSeconds` and `sendInitialEvents`, and see no event for a write that changed nothing;
+  resume after the `resourceVersion` they are given (the last `LOG_KEPT` events are kept; an
+  older one gets `410 Gone`, as from a real API server), honour `timeoutSeconds` and
+  `sendInitialEvents`, and see no event for a write that changed nothing;
 - create (409 `AlreadyExists`), get (404 `NotFound`), delete (finalizers honoured), JSON merge,
   JSON and strategic-merge patches (the last one treated as a merge patch), and server-side
   apply that creates absent objects and forgets fields its manager stopped applying;
@@ -29,6 +30,7 @@ What it does not do is listed in README.md next to this file.
 
 import asyncio
 import base64
+import collections
 import copy
 import datetime
 import json
@@ -67,6 +69,13 @@ SERVER_VERSION = {
 # the emulator implements: see README.md).
 RESOURCE_VERBS = ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch']
 SUBRESOURCE_VERBS = ['get', 'patch', 'update']
+
+# Changes kept for watches that resume from a resourceVersion. A watch from before them gets a
+# 410 Gone (Expired) ERROR event, as from a real API server's watch cache, and the client lists
+# again; only the latest version of each object is kept.
+LOG_KEPT = 50_000
+# Requests GET /__emulator/requests remembers (the newest).
+REQUESTS_KEPT = 100_000
 
 TOKEN_REVIEWS = kmock.resource('authentication.k8s.io', 'v1', 'tokenreviews')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
@@ -209,10 +218,16 @@ class ApiServer(kmock.KubernetesEmulator):
 
     _rv: int = attrs.field(default=100, init=False)
     _log: list[Change] = attrs.field(factory=list, init=False)
+    # The resourceVersion of the newest change dropped from the log (a watch must resume later).
+    _log_floor: int = attrs.field(default=0, init=False)
     # (resource, namespace, name, field manager, subresource) -> the fields last applied.
     _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict, init=False)
     # Kinds of resources nothing declared, as their first created object named it.
     _seen_kinds: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
+    # The last REQUESTS_KEPT requests received, oldest first, as GET /__emulator/requests shows
+    # them.
+    _request_summaries: collections.deque[dict[str, Any]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=REQUESTS_KEPT), init=False)
 
     def __attrs_post_init__(self) -> None:
         # kmock's emulator registers its handlers as fallbacks (`self._serve_list` and the
@@ -230,8 +245,21 @@ class ApiServer(kmock.KubernetesEmulator):
     # --- plumbing -------------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        # Skip the stock emulator's write interceptor: the handlers below change the store.
-        return await kmock.RawHandler._handle(self, request)
+        # kmock routes a request by walking its whole request log once per route, and keeps
+        # every request (body included) in that log and in the log of the route that served it:
+        # every request would cost more time than the one before (hundreds of milliseconds
+        # after a few thousand) and memory would grow with the traffic. No route here looks at
+        # earlier requests, so the log kmock walks holds only the request being routed (kmock
+        # appended it just before calling this), the routes' logs are emptied, and a summary of
+        # the latest requests is kept here instead.
+        self._request_summaries.append(self._summary(request))
+        self._requests[:] = [request]
+        try:
+            # Skip the stock emulator's write interceptor: the handlers below change the store.
+            return await kmock.RawHandler._handle(self, request)
+        finally:
+            for payload in self._payloads:
+                payload._requests.clear()
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if not isinstance(exc, kmock.KubernetesError):
@@ -291,9 +319,13 @@ class ApiServer(kmock.KubernetesEmulator):
             self.objects[key].history.append(obj)
         else:
             self.objects[key] = obj
+        del self.objects[key].history[:-1]  # only the latest version is read
         change = Change(rv=int(obj['metadata']['resourceVersion']), resource=kind.resource,
                         namespace=key[1], type=event, object=obj)
         self._log.append(change)
+        if len(self._log) >= 2 * LOG_KEPT:
+            self._log_floor = self._log[-LOG_KEPT - 1].rv
+            del self._log[:-LOG_KEPT]
         await self._buses[kind.resource].put(change)
         if kind.resource == CRDS and event != 'DELETED':
             self.register_crd(obj)
@@ -385,6 +417,9 @@ class ApiServer(kmock.KubernetesEmulator):
 
         bus = self._buses[kind.resource]
         async with self._lock:
+            if since not in ('', '0') and params.get('sendInitialEvents') != 'true' \
+                    and int(since) < self._log_floor:
+                return self._expired_watch(since)
             if since in ('', '0') or params.get('sendInitialEvents') == 'true':
                 initial = [('ADDED', obj) for _, obj in self._live_objects(kind.resource)
                            if self._selects(terms, obj)]
@@ -424,6 +459,16 @@ class ApiServer(kmock.KubernetesEmulator):
                 await live.aclose()
                 await bus.unmark(marker)
 
+        return kmock.Response(status=200, headers={'Content-Type': 'application/json'}, payload=stream())
+
+    def _expired_watch(self, since: str) -> Any:
+        """A watch whose resourceVersion is older than the log: one 410 ERROR event, then the end."""
+        async def stream() -> AsyncIterator[Any]:
+            yield {'type': 'ERROR', 'object': {
+                'apiVersion': 'v1', 'kind': 'Status', 'metadata': {}, 'status': 'Failure',
+                'reason': 'Expired', 'code': 410,
+                'message': f'too old resource version: {since} ({self._log_floor + 1})',
+            }}
         return kmock.Response(status=200, headers={'Content-Type': 'application/json'}, payload=stream())
 
     # --- writing --------------------------------------------------------------------------------
@@ -746,13 +791,14 @@ class ApiServer(kmock.KubernetesEmulator):
                 self.tokens[token] = identity
         return {'tokens': len(self.tokens)}
 
+    @staticmethod
+    def _summary(r: kmock.Request) -> dict[str, Any]:
+        return {'method': str(r.method.value if hasattr(r.method, 'value') else r.method),
+                'path': r.url.path, 'query': dict(r.params),
+                'contentType': header(r, 'Content-Type'), 'accept': header(r, 'Accept')}
+
     def _request_log(self) -> Any:
-        return [
-            {'method': str(r.method.value if hasattr(r.method, 'value') else r.method),
-             'path': r.url.path, 'query': dict(r.params),
-             'contentType': header(r, 'Content-Type'), 'accept': header(r, 'Accept')}
-            for r in self._requests
-        ]
+        return list(self._request_summaries)
 
     # --- discovery ------------------------------------------------------------------------------
 

@@ -1,0 +1,93 @@
+//! Percentiles of the repeated measurements (nearest rank over the runs taken: with 20 runs the
+//! p99 is the slowest run, and the table says so by printing the max beside it).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Summary of a set of durations.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub n: usize,
+    pub min: Duration,
+    pub mean: Duration,
+    pub p50: Duration,
+    pub p90: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+/// Nearest-rank percentile of sorted samples: the smallest sample with at least `q` of all
+/// samples at or below it.
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Summary {
+    pub fn of(samples: &[Duration]) -> Self {
+        let mut sorted = samples.to_vec();
+        sorted.sort_unstable();
+        if sorted.is_empty() {
+            return Self::default();
+        }
+        let total: Duration = sorted.iter().sum();
+        Self {
+            n: sorted.len(),
+            min: sorted[0],
+            mean: total / u32::try_from(sorted.len()).unwrap_or(u32::MAX),
+            p50: percentile(&sorted, 0.50),
+            p90: percentile(&sorted, 0.90),
+            p99: percentile(&sorted, 0.99),
+            max: sorted[sorted.len() - 1],
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "n": self.n, "min_ms": ms(self.min), "mean_ms": ms(self.mean), "p50_ms": ms(self.p50),
+            "p90_ms": ms(self.p90), "p99_ms": ms(self.p99), "max_ms": ms(self.max),
+        })
+    }
+}
+
+/// Milliseconds with microsecond precision.
+pub fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// Errors seen during the run: counted, the first few kept verbatim.
+#[derive(Clone, Debug, Default)]
+pub struct Errors {
+    pub count: u64,
+    pub examples: Vec<String>,
+}
+
+impl Errors {
+    pub fn record(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        eprintln!("operator_bench: error: {what}");
+        self.count += 1;
+        if self.examples.len() < 8 {
+            self.examples.push(what);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<Duration> = (1..=20).rev().map(Duration::from_millis).collect();
+        let s = Summary::of(&v);
+        assert_eq!(s.p50, Duration::from_millis(10));
+        assert_eq!(s.p99, Duration::from_millis(20));
+        assert_eq!(s.min, Duration::from_millis(1));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+}
