@@ -109,15 +109,13 @@ fn replica_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// A watch cache whose every event wakes the distributor; for kinds that also have a
-/// controller, a shared stream the controller subscribes to.
+/// A watch cache whose every event wakes the distributor. Nothing else consumes its stream,
+/// so nothing slow can hold it back.
 fn cache<K>(
     api: Api<K>,
     changes: Arc<Notify>,
-    shared: bool,
 ) -> (
     Store<K>,
-    Option<reflector::ReflectHandle<K>>,
     impl std::future::Future<Output = ()> + Send + 'static,
 )
 where
@@ -129,20 +127,11 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = if shared {
-        reflector::store_shared(1024)
-    } else {
-        reflector::store()
-    };
-    let subscriber = if shared { writer.subscribe() } else { None };
+    let (reader, writer) = reflector::store();
     let events = watcher(api, watcher::Config::default()).default_backoff();
     let driver = async move {
-        let stream = if shared {
-            events.reflect_shared(writer).boxed()
-        } else {
-            events.reflect(writer).boxed()
-        };
-        stream
+        events
+            .reflect(writer)
             .for_each(|event| {
                 match event {
                     Ok(_) => changes.notify_one(),
@@ -152,7 +141,7 @@ where
             })
             .await;
     };
-    (reader, subscriber, driver)
+    (reader, driver)
 }
 
 struct OperatorHealth {
@@ -192,26 +181,20 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
     let client = kube_client(config.kubeconfig.as_deref()).await?;
     // Watch caches.
     let changes = Arc::new(Notify::new());
-    let (policies, policy_events, policy_driver) = cache(
-        Api::<McpServerPolicy>::all(client.clone()),
-        changes.clone(),
-        true,
-    );
-    let (exceptions, exception_events, exception_driver) = cache(
+    let (policies, policy_driver) =
+        cache(Api::<McpServerPolicy>::all(client.clone()), changes.clone());
+    let (exceptions, exception_driver) = cache(
         Api::<CapabilityException>::all(client.clone()),
         changes.clone(),
-        true,
     );
-    let (revocations, revocation_events, revocation_driver) = cache(
+    let (revocations, revocation_driver) = cache(
         Api::<PrincipalRevocation>::all(client.clone()),
         changes.clone(),
-        true,
     );
-    let (pods, _, pod_driver) = cache(Api::<Pod>::all(client.clone()), changes.clone(), false);
-    let (secrets, _, secret_driver) = cache(
+    let (pods, pod_driver) = cache(Api::<Pod>::all(client.clone()), changes.clone());
+    let (secrets, secret_driver) = cache(
         Api::<Secret>::namespaced(client.clone(), &namespace),
         changes.clone(),
-        false,
     );
     // Security events (optional): built before the metrics registry is shared.
     let mut metrics = OperatorMetrics::new();
@@ -380,48 +363,56 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         )
     };
     let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));
-    let (Some(policy_events), Some(exception_events), Some(revocation_events)) =
-        (policy_events, exception_events, revocation_events)
-    else {
-        anyhow::bail!("a shared watch cache offered no subscription");
-    };
-    let policy_controller = Controller::for_shared_stream(policy_events, policies)
-        .with_config(controller_config.clone())
-        .reconcile_all_on(everything())
-        .reconcile_on(controllers::policies_of_pods(
-            session_events.pods,
-            distribution.clone(),
-        ))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            controllers::reconcile_policy,
-            controllers::retry,
-            ctx.clone(),
-        )
-        .for_each(|_| std::future::ready(()));
-    let exception_controller = Controller::for_shared_stream(exception_events, exceptions)
-        .with_config(controller_config.clone())
-        .reconcile_all_on(everything())
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            controllers::reconcile_exception,
-            controllers::retry,
-            ctx.clone(),
-        )
-        .for_each(|_| std::future::ready(()));
-    let revocation_controller = Controller::for_shared_stream(revocation_events, revocations)
-        .with_config(controller_config)
-        .reconcile_all_on(everything())
-        .reconcile_on(
-            controllers::received(session_events.revocations).map(|name| ObjectRef::new(&name)),
-        )
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            controllers::reconcile_revocation,
-            controllers::retry,
-            ctx.clone(),
-        )
-        .for_each(|_| std::future::ready(()));
+    // The controllers keep watches of their own rather than subscribing to the distributor's
+    // caches: a shared reflector waits for its slowest subscriber, and status writes (bounded
+    // by the API server's latency) must never hold back a policy change on its way to the
+    // sidecars.
+    let policy_controller = Controller::new(
+        Api::<McpServerPolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(controller_config.clone())
+    .reconcile_all_on(everything())
+    .reconcile_on(controllers::policies_of_pods(
+        session_events.pods,
+        distribution.clone(),
+    ))
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(
+        controllers::reconcile_policy,
+        controllers::retry,
+        ctx.clone(),
+    )
+    .for_each(|_| std::future::ready(()));
+    let exception_controller = Controller::new(
+        Api::<CapabilityException>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(controller_config.clone())
+    .reconcile_all_on(everything())
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(
+        controllers::reconcile_exception,
+        controllers::retry,
+        ctx.clone(),
+    )
+    .for_each(|_| std::future::ready(()));
+    let revocation_controller = Controller::new(
+        Api::<PrincipalRevocation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(controller_config)
+    .reconcile_all_on(everything())
+    .reconcile_on(
+        controllers::received(session_events.revocations).map(|name| ObjectRef::new(&name)),
+    )
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(
+        controllers::reconcile_revocation,
+        controllers::retry,
+        ctx.clone(),
+    )
+    .for_each(|_| std::future::ready(()));
     tokio::spawn(policy_controller);
     tokio::spawn(exception_controller);
     tokio::spawn(revocation_controller);
