@@ -23,6 +23,11 @@ use tokio::sync::Semaphore;
 
 use crate::cluster::{BenchPod, NS};
 
+/// A failed acknowledgement is sent again after this long (as `lifeguard sidecar` does)…
+const ACK_RETRY: Duration = Duration::from_secs(1);
+/// …at most this many times in all.
+const ACK_ATTEMPTS: u32 = 60;
+
 /// What a snapshot's policy says, as far as the bench cares.
 #[derive(Debug)]
 pub struct PolicyInfo {
@@ -480,31 +485,31 @@ impl Sidecar {
                 })
                 .unwrap_or_default(),
         };
+        // As a real sidecar does: a failed acknowledgement is sent again a second later (it
+        // stays owed until the operator takes it).
         let sent = Instant::now();
-        let answer = self
-            .client
-            .post(&self.ack_url)
-            .bearer_auth(&self.token)
-            .json(&ack)
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await;
-        let at = Instant::now();
-        match answer {
-            Ok(r) if r.status().is_success() => {
-                self.fleet.acked(self.index, Acked { sent, at, policy });
-                true
-            }
-            Ok(r) => {
-                let what = format!("ack refused: HTTP {}", r.status());
-                self.fleet.failed(what, |c| c.ack_failures += 1);
-                false
-            }
-            Err(e) => {
-                let what = format!("ack failed: {e}");
-                self.fleet.failed(what, |c| c.ack_failures += 1);
-                false
-            }
+        for attempt in 1..=ACK_ATTEMPTS {
+            let answer = self
+                .client
+                .post(&self.ack_url)
+                .bearer_auth(&self.token)
+                .json(&ack)
+                .timeout(Duration::from_secs(60))
+                .send()
+                .await;
+            let at = Instant::now();
+            let what = match answer {
+                Ok(r) if r.status().is_success() => {
+                    self.fleet.acked(self.index, Acked { sent, at, policy });
+                    return true;
+                }
+                Ok(r) => format!("ack refused: HTTP {}", r.status()),
+                Err(e) => format!("ack failed: {e}"),
+            };
+            let what = format!("{what} (attempt {attempt})");
+            self.fleet.failed(what, |c| c.ack_failures += 1);
+            tokio::time::sleep(ACK_RETRY).await;
         }
+        false
     }
 }

@@ -414,7 +414,8 @@ impl Results {
         let _ = writeln!(
             o,
             "sidecars: {} snapshots read (the policy in them: {:.1} KiB of JSON), {} acks accepted, {} \
-             acks refused or failed, {} stream failures/reconnects, {} stream refusals\n",
+             ack attempts refused or failed (each sent again a second later, as a sidecar does), {} \
+             stream failures/reconnects, {} stream refusals\n",
             f.snapshots,
             f.largest_policy as f64 / 1024.0,
             f.acks,
