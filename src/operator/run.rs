@@ -109,11 +109,53 @@ fn replica_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// A watch cache whose every event wakes the distributor. Nothing else consumes its stream,
-/// so nothing slow can hold it back.
+/// What of an object the plan depends on, as a fingerprint: a change elsewhere (the status
+/// the operator itself writes, a pod's phase) does not wake the distributor. Without this the
+/// operator's own status writes fed back into replanning, and each replan reconciled every
+/// object again.
+type Relevant<K> = fn(&K) -> u64;
+
+fn fingerprint(parts: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    parts.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Custom resources: their spec (`generation`) and labels/annotations.
+fn spec_fingerprint<K: kube::Resource>(object: &K) -> u64 {
+    let meta = object.meta();
+    fingerprint(&(
+        meta.uid.as_deref(),
+        meta.generation,
+        meta.labels.as_ref(),
+        meta.annotations.as_ref(),
+    ))
+}
+
+/// Pods: identity, service account and labels (what selection and authentication read).
+fn pod_fingerprint(pod: &Pod) -> u64 {
+    fingerprint(&(
+        pod.metadata.uid.as_deref(),
+        pod.metadata.labels.as_ref(),
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.as_deref()),
+    ))
+}
+
+/// Secrets: any change of their content (`resourceVersion`).
+fn version_fingerprint<K: kube::Resource>(object: &K) -> u64 {
+    let meta = object.meta();
+    fingerprint(&(meta.uid.as_deref(), meta.resource_version.as_deref()))
+}
+
+/// A watch cache that wakes the distributor when something the plan depends on changed.
+/// Nothing else consumes its stream, so nothing slow can hold it back.
 fn cache<K>(
     api: Api<K>,
     changes: Arc<Notify>,
+    relevant: Relevant<K>,
 ) -> (
     Store<K>,
     impl std::future::Future<Output = ()> + Send + 'static,
@@ -130,12 +172,35 @@ where
     let (reader, writer) = reflector::store();
     let events = watcher(api, watcher::Config::default()).default_backoff();
     let driver = async move {
+        let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         events
             .reflect(writer)
             .for_each(|event| {
-                match event {
-                    Ok(_) => changes.notify_one(),
-                    Err(error) => tracing::warn!(%error, "watch failed; retrying"),
+                let key = |o: &K| {
+                    let m = o.meta();
+                    format!(
+                        "{}/{}",
+                        m.namespace.as_deref().unwrap_or(""),
+                        m.name.as_deref().unwrap_or("")
+                    )
+                };
+                let wake = match &event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        let print = relevant(o);
+                        seen.insert(key(o), print) != Some(print)
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        seen.remove(&key(o));
+                        true
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => true,
+                    Err(error) => {
+                        tracing::warn!(%error, "watch failed; retrying");
+                        false
+                    }
+                };
+                if wake {
+                    changes.notify_one();
                 }
                 std::future::ready(())
             })
@@ -181,20 +246,30 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
     let client = kube_client(config.kubeconfig.as_deref()).await?;
     // Watch caches.
     let changes = Arc::new(Notify::new());
-    let (policies, policy_driver) =
-        cache(Api::<McpServerPolicy>::all(client.clone()), changes.clone());
+    let (policies, policy_driver) = cache(
+        Api::<McpServerPolicy>::all(client.clone()),
+        changes.clone(),
+        spec_fingerprint,
+    );
     let (exceptions, exception_driver) = cache(
         Api::<CapabilityException>::all(client.clone()),
         changes.clone(),
+        spec_fingerprint,
     );
     let (revocations, revocation_driver) = cache(
         Api::<PrincipalRevocation>::all(client.clone()),
         changes.clone(),
+        spec_fingerprint,
     );
-    let (pods, pod_driver) = cache(Api::<Pod>::all(client.clone()), changes.clone());
+    let (pods, pod_driver) = cache(
+        Api::<Pod>::all(client.clone()),
+        changes.clone(),
+        pod_fingerprint,
+    );
     let (secrets, secret_driver) = cache(
         Api::<Secret>::namespaced(client.clone(), &namespace),
         changes.clone(),
+        version_fingerprint,
     );
     // Security events (optional): built before the metrics registry is shared.
     let mut metrics = OperatorMetrics::new();
