@@ -158,9 +158,16 @@ async fn fails_closed_until_the_first_snapshot_then_enforces_each_new_one() {
         .call_tool(&token, "slow_compute", json!({"seconds": 0.05}))
         .await;
     assert_eq!(refused.status, 503, "{refused:?}");
-    let (status, body) = cluster.sidecar.ready().await;
+    // The fake records the connection before the sidecar has read the answer's head and
+    // updated its readiness text: wait for the text, then check it is still a refusal.
+    let (status, body) = support::eventually(WAIT, async || {
+        let (status, body) = cluster.sidecar.ready().await;
+        body.contains("waiting for the first snapshot")
+            .then_some((status, body))
+    })
+    .await
+    .unwrap_or_else(|| panic!("never said it waits:\n{}", cluster.sidecar.logs()));
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("waiting for the first snapshot"), "{body}");
     match &cluster.fake.events()[0] {
         Event::Connected {
             bearer,
