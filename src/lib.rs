@@ -19,9 +19,10 @@
 //! | `exception` | `model`, `api`, `policy`, `identity`, `audit`, `mcp` |
 //! | `distribution` (operator↔sidecar messages, pure) | `policy`, `api` |
 //! | `operator` (control plane) | `model`, `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |
-//! | `sidecar` | all of the above except `operator` |
+//! | `webhook` (admission) | `model`, `api`, `policy`, `identity`, `exception`, `telemetry`, `runtime` |
+//! | `sidecar` | all of the above except `operator` and `webhook` |
 //!
-//! `operator`, `sidecar` and (next) `webhook` never import one another: they meet in `policy`
+//! `operator`, `sidecar` and `webhook` never import one another: they meet in `policy`
 //! (what a policy means) and `distribution` (how it travels).
 #![forbid(unsafe_code)]
 
@@ -38,3 +39,4 @@ pub mod policy;
 pub mod runtime;
 pub mod sidecar;
 pub mod telemetry;
+pub mod webhook;

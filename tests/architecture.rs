@@ -37,6 +37,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "webhook",
+        &[
+            "model",
+            "api",
+            "policy",
+            "identity",
+            "exception",
+            "telemetry",
+            "runtime",
+        ],
+    ),
+    (
         "exception",
         &["model", "api", "policy", "identity", "audit", "mcp"],
     ),

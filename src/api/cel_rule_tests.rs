@@ -117,6 +117,34 @@ fn cases() -> Vec<Case> {
             Some(rules::ISSUER_ONE_JWKS_SOURCE),
         ),
         case(
+            "required injection with a selector",
+            policy(
+                json!({"selector": {"matchLabels": {"app": "reports"}}, "injection": {"required": true}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            "required injection with an expression selector",
+            policy(
+                json!({"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}, "injection": {"required": true}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            "optional injection with an empty selector",
+            policy(json!({"injection": {"required": false}})),
+            None,
+            None,
+        ),
+        case(
+            "required injection with an empty selector",
+            policy(json!({"selector": {}, "injection": {"required": true}})),
+            None,
+            Some(rules::REQUIRED_INJECTION_NEEDS_SELECTOR),
+        ),
+        case(
             "maxTtl equal to defaultTtl",
             policy(json!({"tasks": {"retention": {"defaultTtl": "15m", "maxTtl": "900s"}}})),
             None,

@@ -30,10 +30,10 @@ pub use revocation::{
 };
 pub use server_policy::{
     AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,
-    ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, IssuerSpec, JwsAlgorithm,
-    ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec, McpServerPolicyStatus,
-    ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec, UpstreamIdentity,
-    UpstreamSpec,
+    ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, InjectionSpec, IssuerSpec,
+    JwsAlgorithm, ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec,
+    McpServerPolicyStatus, ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec,
+    UpstreamIdentity, UpstreamSpec,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

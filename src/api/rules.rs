@@ -9,6 +9,7 @@ pub const MAX_TTL_AT_LEAST_DEFAULT: &str = "maxTtl must be at least defaultTtl";
 pub const DEADLINE_MAX_AT_LEAST_DEFAULT: &str = "max must be at least default";
 pub const DEADLINE_PER_TOOL_WITHIN_MAX: &str = "every perTool deadline must be at most max";
 pub const ISSUER_ONE_JWKS_SOURCE: &str = "exactly one of jwksUri and jwksFile must be set";
+pub const REQUIRED_INJECTION_NEEDS_SELECTOR: &str = "injection.required needs a non-empty selector: an empty one would refuse every pod of the namespace that cannot take a sidecar";
 pub const AUDIT_FILE_NEEDS_PATH: &str = "path is required when sink is file";
 pub const EXCEPTION_EXPIRES_AFTER_NOT_BEFORE: &str = "expiresAt must be later than notBefore";
 pub const IMMUTABLE_POLICY_REF: &str = "policyRef is immutable; create a new exception instead";

@@ -50,6 +50,10 @@ use super::rules;
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[x_kube(
+    validation = Rule::new("!has(self.injection) || !has(self.injection.required) || !self.injection.required || (has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)")
+        .message(rules::REQUIRED_INJECTION_NEEDS_SELECTOR)
+)]
 #[serde(rename_all = "camelCase")]
 pub struct McpServerPolicySpec {
     /// Pods whose Lifeguard sidecars enforce this policy. At most one policy may select a pod.
@@ -90,6 +94,23 @@ pub struct McpServerPolicySpec {
     /// Where the sidecar writes its audit trail and how much of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditSpec>,
+
+    /// How the admission webhook treats pods this policy selects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injection: Option<InjectionSpec>,
+}
+
+/// Sidecar injection for the pods a policy selects.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectionSpec {
+    /// When true, a selected pod that cannot be injected (host network, opted out, no named
+    /// MCP port, a probe the sidecar cannot carry) is refused at admission with the reason, so
+    /// no MCP server runs unprotected by accident. Unset: the webhook's
+    /// `defaults.injectionRequired` decides (false unless configured). Requires a non-empty
+    /// selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
 }
 
 /// Token issuers trusted for this server.

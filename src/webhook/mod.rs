@@ -1,0 +1,12 @@
+//! `lifeguard webhook`: the admission webhook.
+//!
+//! - `/inject` (Pods, CREATE): decides whether a pod gets the enforcing sidecar ([`opt_in`],
+//!   [`inject`]) and answers with the JSONPatch that adds it.
+//! - `/validate` (the three CRDs, CREATE/UPDATE): what CEL cannot check ([`validate`]):
+//!   exception signatures, overlapping policy selectors, revocation sanity.
+//!
+//! The decisions are pure functions over the admitted object and a read-only view of the
+//! cluster (watch caches); the server ([`server`]) and wiring ([`run`]) are a thin shell.
+//! The webhook writes nothing to the API server while admitting (`sideEffects: None`).
+
+pub mod validate;

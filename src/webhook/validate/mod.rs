@@ -1,0 +1,2 @@
+//! Validating admission for McpServerPolicy, CapabilityException and PrincipalRevocation:
+//! the checks CEL cannot express.
