@@ -9,6 +9,7 @@ pub mod effective;
 pub mod jws_shape;
 pub mod manifest;
 pub mod problem;
+pub mod selection;
 pub mod uri_pattern;
 pub mod validate;
 

@@ -9,4 +9,9 @@
 //! cluster (watch caches); the server ([`server`]) and wiring ([`run`]) are a thin shell.
 //! The webhook writes nothing to the API server while admitting (`sideEffects: None`).
 
+pub mod admission;
+pub mod config;
+pub mod inject;
+pub mod opt_in;
+pub mod reasons;
 pub mod validate;

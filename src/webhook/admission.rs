@@ -1,0 +1,121 @@
+//! AdmissionReview in, AdmissionReview out: the wire of both endpoints, pure.
+
+use base64::Engine;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::Value;
+
+use super::inject::{self, Decision};
+use super::reasons::SkipReason;
+
+/// What one `/inject` call decided, for metrics and logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InjectOutcome {
+    Injected,
+    Skipped(SkipReason),
+    Denied(SkipReason),
+    /// Not a Pod CREATE, or a body that is not a Pod.
+    Ignored,
+    Invalid,
+}
+
+impl InjectOutcome {
+    /// Metric labels: (outcome, reason).
+    pub fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Injected => ("injected", ""),
+            Self::Skipped(r) => ("skipped", r.as_str()),
+            Self::Denied(r) => ("denied", r.as_str()),
+            Self::Ignored => ("ignored", ""),
+            Self::Invalid => ("invalid", ""),
+        }
+    }
+}
+
+/// Parses an AdmissionReview body; `Err` carries the response for a body that is not one.
+pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, AdmissionResponse> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")))?;
+    review
+        .try_into()
+        .map_err(|_| AdmissionResponse::invalid("the AdmissionReview carries no request"))
+}
+
+/// The raw object of a request, as sent (unknown fields included).
+pub fn raw_object(request: &AdmissionRequest<DynamicObject>) -> Option<Value> {
+    request
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+}
+
+/// Answers one `/inject` request. `lookup` gives the candidate's cluster view for the
+/// request's namespace.
+pub fn inject_response(
+    request: &AdmissionRequest<DynamicObject>,
+    candidate: impl FnOnce(&Value, &str) -> Result<Decision, String>,
+) -> (AdmissionResponse, InjectOutcome) {
+    let response = AdmissionResponse::from(request);
+    let is_pod_create = request.kind.group.is_empty()
+        && request.kind.kind == "Pod"
+        && matches!(request.operation, kube::core::admission::Operation::Create);
+    let Some(pod) = raw_object(request).filter(|_| is_pod_create) else {
+        return (response, InjectOutcome::Ignored);
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let decision = match candidate(&pod, &namespace) {
+        Ok(d) => d,
+        Err(message) => return (response.deny(message), InjectOutcome::Invalid),
+    };
+    match decision {
+        Decision::Inject { pod: after, .. } => {
+            (with_diff(response, &pod, &after), InjectOutcome::Injected)
+        }
+        Decision::Skip(reason) => {
+            let after = inject::annotated_skip(&pod, reason);
+            let mut response = with_diff(response, &pod, &after);
+            if reason.is_reported() {
+                response.warnings = Some(vec![skip_warning(reason)]);
+            }
+            (response, InjectOutcome::Skipped(reason))
+        }
+        Decision::Deny { reason, policy } => (
+            response.deny(format!(
+                "lifeguard: McpServerPolicy {policy} requires a Lifeguard sidecar on this pod, but it cannot be injected: {reason} ({})",
+                reason.explanation()
+            )),
+            InjectOutcome::Denied(reason),
+        ),
+    }
+}
+
+/// The warning shown by kubectl for a skipped pod: it contains the annotation's value.
+pub fn skip_warning(reason: SkipReason) -> String {
+    format!(
+        "lifeguard: sidecar not injected: {reason} ({})",
+        reason.explanation()
+    )
+}
+
+fn with_diff(response: AdmissionResponse, before: &Value, after: &Value) -> AdmissionResponse {
+    let patch = json_patch::diff(before, after);
+    response.with_patch(patch).expect("a JSON patch serializes")
+}
+
+/// Renders a response as the AdmissionReview body.
+pub fn review_body(response: AdmissionResponse) -> Vec<u8> {
+    serde_json::to_vec(&review_json(response)).expect("JSON serializes")
+}
+
+/// The AdmissionReview JSON of a response, with `patch` base64-encoded as the API server's
+/// `[]byte` field is on the wire (kube-core serializes the bytes as a number array, which Go
+/// happens to accept, but clients and tools expect the documented base64 string).
+pub fn review_json(response: AdmissionResponse) -> Value {
+    let mut review =
+        serde_json::to_value(response.into_review()).expect("an AdmissionReview serializes");
+    if let Some(patch) = review.pointer_mut("/response/patch") {
+        let bytes: Vec<u8> = serde_json::from_value(patch.take()).unwrap_or_default();
+        *patch = Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    review
+}

@@ -1,0 +1,246 @@
+//! Golden files: every case under `tests/fixtures/injection/cases` through the real
+//! AdmissionReview wire, compared with `golden/`; see that directory's README.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use super::{Candidate, decide};
+use crate::api::McpServerPolicy;
+use crate::webhook::admission::{InjectOutcome, inject_response, parse_review, review_json};
+use crate::webhook::config::WebhookFileConfig;
+use crate::webhook::reasons::SkipReason;
+
+const OWN_NAMESPACE: &str = "lifeguard";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/injection")
+}
+
+fn yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn policies() -> Vec<McpServerPolicy> {
+    let text = std::fs::read_to_string(fixtures().join("policies.yaml")).unwrap();
+    serde_saphyr::from_multiple::<McpServerPolicy>(&text).unwrap()
+}
+
+fn config(case: &Value) -> WebhookFileConfig {
+    let text = std::fs::read_to_string(fixtures().join("webhook-config.yaml")).unwrap();
+    let mut config = WebhookFileConfig::parse("webhook-config.yaml", &text).unwrap();
+    if let Some(required) = case.get("injectionRequired").and_then(Value::as_bool) {
+        config.defaults.injection_required = required;
+    }
+    config
+}
+
+fn review(pod: &Value, namespace: &str, dry_run: bool) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod, "oldObject": null, "dryRun": dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        }
+    }))
+    .unwrap()
+}
+
+/// Runs one pod through `/inject`'s logic; returns the response as JSON and the outcome.
+fn admit(case: &Value, pod: &Value, dry_run: bool) -> (Value, InjectOutcome) {
+    let namespace = case["namespace"].as_str().unwrap();
+    let labels: Option<BTreeMap<String, String>> =
+        serde_json::from_value(case["namespaceLabels"].clone()).unwrap();
+    let policies = policies();
+    let in_namespace: Vec<&McpServerPolicy> = policies
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .collect();
+    let config = config(case);
+    let request = parse_review(&review(pod, namespace, dry_run)).unwrap();
+    let (response, outcome) = inject_response(&request, |pod, ns| {
+        decide(&Candidate {
+            pod,
+            namespace: ns,
+            namespace_labels: labels.as_ref(),
+            policies: &in_namespace,
+            own_namespace: OWN_NAMESPACE,
+            config: &config,
+        })
+    });
+    (review_json(response)["response"].take(), outcome)
+}
+
+fn decoded_patch(response: &Value) -> Value {
+    let encoded = response["patch"].as_str().unwrap_or("W10=");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+fn apply(pod: &Value, patch: &Value) -> Value {
+    let mut out = pod.clone();
+    let patch: json_patch::Patch = serde_json::from_value(patch.clone()).unwrap();
+    json_patch::patch(&mut out, &patch).unwrap();
+    out
+}
+
+#[test]
+fn golden_every_case_matches_its_golden_file() {
+    let update = std::env::var_os("LIFEGUARD_UPDATE_GOLDEN").is_some();
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(fixtures().join("cases"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 15, "cases went missing: {cases:?}");
+    let mut mismatches = Vec::new();
+    for path in cases {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let case = yaml(&path);
+        let pod = &case["pod"];
+        let (response, _) = admit(&case, pod, false);
+        let patch = decoded_patch(&response);
+        let mut golden = json!({
+            "allowed": response["allowed"],
+            "warnings": response.get("warnings").cloned().unwrap_or(json!([])),
+            "patch": patch,
+        });
+        if response["allowed"] == json!(false) {
+            golden["message"] = response["status"]["message"].clone();
+        } else {
+            golden["pod"] = apply(pod, &patch);
+        }
+        let golden_path = fixtures().join("golden").join(format!("{name}.yaml"));
+        let rendered = format!(
+            "# Generated from cases/{name}.yaml; see ../README.md.\n{}",
+            serde_saphyr::to_string(&golden).unwrap()
+        );
+        if update {
+            std::fs::write(&golden_path, &rendered).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&golden_path).unwrap_or_default();
+        if expected != rendered {
+            mismatches.push(format!(
+                "{name}:\n--- expected\n{expected}\n+++ got\n{rendered}"
+            ));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "golden mismatch (LIFEGUARD_UPDATE_GOLDEN=1 regenerates):\n{}",
+        mismatches.join("\n")
+    );
+}
+
+#[test]
+fn golden_injection_is_idempotent_and_dry_run_identical() {
+    for name in [
+        "injected-native",
+        "injected-regular-container",
+        "injected-pod-label-opt-in",
+        "injected-port-collision",
+    ] {
+        let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
+        let pod = &case["pod"];
+        let (real, outcome) = admit(&case, pod, false);
+        let (dry, _) = admit(&case, pod, true);
+        assert_eq!(outcome, InjectOutcome::Injected, "{name}");
+        assert_eq!(
+            real, dry,
+            "{name}: a dry run must answer exactly as the real request"
+        );
+        let injected = apply(pod, &decoded_patch(&real));
+        let (again, outcome) = admit(&case, &injected, false);
+        assert_eq!(
+            outcome,
+            InjectOutcome::Skipped(SkipReason::AlreadyInjected),
+            "{name}"
+        );
+        assert_eq!(
+            decoded_patch(&again),
+            json!([]),
+            "{name}: second pass must be a no-op"
+        );
+        assert!(again.get("warnings").is_none(), "{name}");
+    }
+}
+
+#[test]
+fn golden_skip_reasons_are_reported_as_annotation_and_warning() {
+    for (name, reason) in [
+        ("skip-host-network", SkipReason::HostNetwork),
+        ("skip-opted-out", SkipReason::OptedOut),
+        ("skip-not-opted-in", SkipReason::NotOptedIn),
+        ("skip-no-policy", SkipReason::NoPolicy),
+        ("skip-no-named-port", SkipReason::NoNamedPort),
+        ("skip-unsupported-probe", SkipReason::UnsupportedProbe),
+        ("skip-system-namespace", SkipReason::SystemNamespace),
+        ("skip-lifeguard-component", SkipReason::LifeguardComponent),
+        ("skip-already-injected", SkipReason::AlreadyInjected),
+    ] {
+        let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
+        let (response, outcome) = admit(&case, &case["pod"], false);
+        assert_eq!(outcome, InjectOutcome::Skipped(reason), "{name}");
+        assert_eq!(response["allowed"], json!(true), "{name}");
+        let patch = decoded_patch(&response);
+        if reason.is_reported() {
+            let patched = apply(&case["pod"], &patch);
+            assert_eq!(
+                patched["metadata"]["annotations"]["lifeguard.dev/injection-skipped"],
+                json!(reason.as_str()),
+                "{name}"
+            );
+            let warnings = response["warnings"].as_array().unwrap();
+            assert_eq!(warnings.len(), 1, "{name}");
+            assert!(
+                warnings[0].as_str().unwrap().contains(reason.as_str()),
+                "{name}"
+            );
+        } else {
+            assert_eq!(patch, json!([]), "{name}: empty patch");
+            assert!(response.get("warnings").is_none(), "{name}: no warning");
+        }
+    }
+}
+
+#[test]
+fn golden_required_policies_deny_with_the_reason() {
+    for (name, reason, policy) in [
+        ("deny-required-opted-out", SkipReason::OptedOut, "billing"),
+        ("deny-default-required", SkipReason::NoNamedPort, "reports"),
+    ] {
+        let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
+        let (response, outcome) = admit(&case, &case["pod"], false);
+        assert_eq!(outcome, InjectOutcome::Denied(reason), "{name}");
+        assert_eq!(response["allowed"], json!(false));
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(reason.as_str()) && message.contains(policy),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn golden_non_pod_or_non_create_requests_pass_untouched() {
+    let case = yaml(&fixtures().join("cases/injected-native.yaml"));
+    let mut body: Value = serde_json::from_slice(&review(&case["pod"], "team-a", false)).unwrap();
+    body["request"]["operation"] = json!("UPDATE");
+    let request = parse_review(&serde_json::to_vec(&body).unwrap()).unwrap();
+    let (response, outcome) = inject_response(&request, |_, _| panic!("not consulted"));
+    assert_eq!(outcome, InjectOutcome::Ignored);
+    assert!(response.allowed && response.patch.is_none());
+}
