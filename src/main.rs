@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Check(args)) => cli::policy_check::run(args),
         Command::Sidecar(args) => cli::sidecar::run(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(args) => cli::operator::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Webhook(args) => cli::webhook::run(args).map(|()| ExitCode::SUCCESS),
         Command::Exception(ExceptionCommand::Sign {
             key,
             kid,

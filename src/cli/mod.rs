@@ -6,6 +6,7 @@ pub mod exception;
 pub mod operator;
 pub mod policy_check;
 pub mod sidecar;
+pub mod webhook;
 
 use std::path::PathBuf;
 
@@ -33,6 +34,9 @@ pub enum Command {
     /// Run the control plane: reconcile Lifeguard resources, stream policy to sidecars,
     /// receive security events.
     Operator(operator::OperatorArgs),
+    /// Run the admission webhook: inject the enforcing sidecar into MCP server pods and
+    /// validate Lifeguard resources.
+    Webhook(webhook::WebhookArgs),
     /// Sign and verify CapabilityExceptions.
     #[command(subcommand)]
     Exception(ExceptionCommand),

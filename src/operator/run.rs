@@ -2,7 +2,7 @@
 //! controllers, leader election and the admin endpoint.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,12 +15,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Config};
+
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -53,46 +52,6 @@ pub struct OperatorConfig {
     pub tls_key: PathBuf,
     pub admin: SocketAddr,
     pub config: Option<PathBuf>,
-}
-
-/// Namespace of the operator itself: the flag, else the pod's, else `lifeguard-system`.
-fn own_namespace(flag: Option<&str>) -> String {
-    if let Some(ns) = flag {
-        return ns.to_owned();
-    }
-    if let Ok(ns) = std::env::var("POD_NAMESPACE")
-        && !ns.is_empty()
-    {
-        return ns;
-    }
-    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "lifeguard-system".to_owned())
-}
-
-/// `--kubeconfig`, else the in-cluster configuration, else `$KUBECONFIG` (or
-/// `~/.kube/config`).
-async fn kube_client(kubeconfig: Option<&Path>) -> Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => match Config::incluster() {
-            Ok(c) => c,
-            Err(in_cluster) => Config::from_kubeconfig(&KubeConfigOptions::default())
-                .await
-                .with_context(|| {
-                    format!("no --kubeconfig, not in a cluster ({in_cluster}), and no usable $KUBECONFIG")
-                })?,
-        },
-    };
-    Client::try_from(config).context("building the Kubernetes client")
 }
 
 /// Identity of this replica in the Lease.
@@ -242,8 +201,8 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         ReloadingCertificate::load(&config.tls_cert, &config.tls_key)
             .context("loading the serving certificate (--tls-cert, --tls-key)")?,
     );
-    let namespace = own_namespace(config.namespace.as_deref());
-    let client = kube_client(config.kubeconfig.as_deref()).await?;
+    let namespace = crate::runtime::cluster::own_namespace(config.namespace.as_deref());
+    let client = crate::runtime::cluster::client(config.kubeconfig.as_deref()).await?;
     // Watch caches.
     let changes = Arc::new(Notify::new());
     let (policies, policy_driver) = cache(

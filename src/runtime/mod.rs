@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod http;
+pub mod cluster;
 pub mod signals;
 pub mod tls;
 pub mod tls_client;

@@ -2,11 +2,12 @@
 
 use base64::Engine;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::Value;
 
 use super::inject::{self, Decision};
 use super::reasons::SkipReason;
+use super::validate::{self, ClusterView, Verdict};
 
 /// What one `/inject` call decided, for metrics and logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,12 +34,19 @@ impl InjectOutcome {
 }
 
 /// Parses an AdmissionReview body; `Err` carries the response for a body that is not one.
-pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, AdmissionResponse> {
-    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
-        .map_err(|e| AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")))?;
-    review
-        .try_into()
-        .map_err(|_| AdmissionResponse::invalid("the AdmissionReview carries no request"))
+pub fn parse_review(
+    body: &[u8],
+) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(|e| {
+        Box::new(AdmissionResponse::invalid(format!(
+            "not an AdmissionReview: {e}"
+        )))
+    })?;
+    review.try_into().map_err(|_| {
+        Box::new(AdmissionResponse::invalid(
+            "the AdmissionReview carries no request",
+        ))
+    })
 }
 
 /// The raw object of a request, as sent (unknown fields included).
@@ -58,7 +66,7 @@ pub fn inject_response(
     let response = AdmissionResponse::from(request);
     let is_pod_create = request.kind.group.is_empty()
         && request.kind.kind == "Pod"
-        && matches!(request.operation, kube::core::admission::Operation::Create);
+        && matches!(request.operation, Operation::Create);
     let Some(pod) = raw_object(request).filter(|_| is_pod_create) else {
         return (response, InjectOutcome::Ignored);
     };
@@ -118,4 +126,59 @@ pub fn review_json(response: AdmissionResponse) -> Value {
         *patch = Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     review
+}
+
+/// The metric label of a validated kind (bounded: the three CRDs or `other`).
+pub fn kind_label(kind: &str) -> &'static str {
+    match kind {
+        "McpServerPolicy" => "McpServerPolicy",
+        "CapabilityException" => "CapabilityException",
+        "PrincipalRevocation" => "PrincipalRevocation",
+        _ => "other",
+    }
+}
+
+fn operation_name(operation: &Operation) -> &'static str {
+    match operation {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+/// Answers one `/validate` request.
+pub fn validate_response(
+    request: &AdmissionRequest<DynamicObject>,
+    view: &dyn ClusterView,
+    now: jiff::Timestamp,
+) -> (AdmissionResponse, &'static str, Verdict) {
+    let kind = kind_label(&request.kind.kind);
+    let object = raw_object(request).unwrap_or(Value::Null);
+    let old_object = request
+        .old_object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok());
+    let verdict = validate::validate_request(
+        &request.kind.kind,
+        operation_name(&request.operation),
+        request.namespace.as_deref(),
+        &object,
+        old_object.as_ref(),
+        view,
+        now,
+    );
+    let mut response = AdmissionResponse::from(request);
+    if !verdict.warnings.is_empty() {
+        response.warnings = Some(verdict.warnings.clone());
+    }
+    if !verdict.allowed {
+        response = response.deny(
+            verdict
+                .message
+                .clone()
+                .unwrap_or_else(|| format!("denied: {}", verdict.reason)),
+        );
+    }
+    (response, kind, verdict)
 }

@@ -1,0 +1,55 @@
+//! `lifeguard webhook`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use lifeguard::webhook::run::WebhookConfig;
+
+/// Flags of `lifeguard webhook`.
+#[derive(Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// kubeconfig file (default: the in-cluster configuration, then $KUBECONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The webhook's own namespace: never mutated, and where the approver-keys Secret lives
+    /// (default: the pod's, else lifeguard-system).
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// HTTPS address of POST /inject and POST /validate.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443")]
+    pub listen: std::net::SocketAddr,
+    /// Serving certificate (PEM chain) for --listen; re-read when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// Private key (PEM) of --tls-cert; re-read when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+    /// Plain HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    pub admin: std::net::SocketAddr,
+    /// Injection settings (YAML): sidecar image and resources, control-plane URL and CA,
+    /// approverKeys, defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
+    pub log_format: lifeguard::telemetry::LogFormat,
+}
+
+pub fn run(args: &WebhookArgs) -> Result<()> {
+    lifeguard::telemetry::init_logging(args.log_format);
+    let config = WebhookConfig {
+        kubeconfig: args.kubeconfig.clone(),
+        namespace: args.namespace.clone(),
+        listen: args.listen,
+        tls_cert: args.tls_cert.clone(),
+        tls_key: args.tls_key.clone(),
+        admin: args.admin,
+        config: args.config.clone(),
+    };
+    let runtime = lifeguard::runtime::tokio_runtime(None)?;
+    runtime.block_on(async move {
+        let shutdown = lifeguard::runtime::shutdown_on_signals();
+        lifeguard::webhook::run::run(config, shutdown).await
+    })
+}
