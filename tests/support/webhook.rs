@@ -1,0 +1,207 @@
+//! The real `lifeguard webhook` against the API emulator, and AdmissionReview helpers.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use super::kube::KubeEmulator;
+use super::operator::{TestCa, free_port};
+use super::process::{spawn_collecting, wait_for_line};
+
+/// Namespace the tests run the webhook in (never mutated).
+pub const WEBHOOK_NAMESPACE: &str = "lifeguard-system";
+
+/// A minimal valid `--config`.
+pub fn config_yaml(extra: &str) -> String {
+    format!(
+        "sidecar:\n  image: ghcr.io/lifeguard-dev/lifeguard:test\ncontrolPlane:\n  url: https://lifeguard-operator.lifeguard-system.svc:8443\n  caConfigMap: {{name: lifeguard-ca, key: ca.crt}}\n{extra}"
+    )
+}
+
+/// A running webhook, killed when dropped.
+pub struct Webhook {
+    child: Option<Child>,
+    pub dir: Arc<TempDir>,
+    pub ca: Arc<TestCa>,
+    /// `https://127.0.0.1:PORT`
+    pub url: String,
+    /// `http://127.0.0.1:PORT` of /healthz, /readyz, /metrics.
+    pub admin: String,
+    pub output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Webhook {
+    /// Starts a webhook against `emulator` with `config` as its `--config` file.
+    pub async fn start(emulator: &KubeEmulator, config: &str) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let ca = Arc::new(TestCa::new(dir.path()));
+        Self::start_with_certificate(emulator, config, dir, ca.clone(), &ca.cert_path, &ca.key_path)
+            .await
+    }
+
+    /// Starts a webhook serving the certificate at the given paths.
+    pub async fn start_with_certificate(
+        emulator: &KubeEmulator,
+        config: &str,
+        dir: Arc<TempDir>,
+        ca: Arc<TestCa>,
+        cert: &Path,
+        key: &Path,
+    ) -> Self {
+        let config_path = dir.path().join("webhook.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let listen: SocketAddr = free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
+        command
+            .arg("webhook")
+            .arg("--kubeconfig")
+            .arg(emulator.kubeconfig_path())
+            .args(["--namespace", WEBHOOK_NAMESPACE])
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin", "127.0.0.1:0"])
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .arg("--config")
+            .arg(&config_path)
+            .env("RUST_LOG", "info,kube=warn");
+        let (child, output, rx) = spawn_collecting(command);
+        let admin = wait_for_line(&rx, "admin on ", "webhook", &output);
+        let webhook = Self {
+            child: Some(child),
+            dir,
+            ca,
+            url: format!("https://{listen}"),
+            admin,
+            output,
+        };
+        webhook.wait_ready().await;
+        webhook
+    }
+
+    /// Waits until /readyz answers 200.
+    pub async fn wait_ready(&self) {
+        let url = format!("{}/readyz", self.admin);
+        let ready = super::eventually(Duration::from_secs(30), async || {
+            let r = reqwest::get(&url).await.ok()?;
+            (r.status() == 200).then_some(())
+        })
+        .await;
+        assert!(ready.is_some(), "webhook never became ready:\n{}", self.logs());
+    }
+
+    pub fn logs(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    /// POSTs an AdmissionReview to `path` (`/inject` or `/validate`); returns the review's
+    /// `response`.
+    pub async fn review(&self, path: &str, review: &Value) -> Value {
+        let response = self
+            .ca
+            .client()
+            .post(format!("{}{path}", self.url))
+            .json(review)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", self.logs()));
+        assert_eq!(response.status(), 200, "POST {path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(body["kind"], "AdmissionReview");
+        assert_eq!(body["response"]["uid"], review["request"]["uid"]);
+        body["response"].clone()
+    }
+
+    /// The value of a metric sample line starting with `sample`.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let text = reqwest::get(format!("{}/metrics", self.admin))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An AdmissionReview request for `object` of `kind` in `namespace`.
+pub fn admission_review(
+    uid: &str,
+    group: &str,
+    version: &str,
+    kind: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    operation: &str,
+    object: &Value,
+    old_object: Option<&Value>,
+) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": kind},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": object["metadata"]["name"],
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+            "object": object,
+            "oldObject": old_object,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        }
+    })
+}
+
+/// A Pod CREATE review.
+pub fn pod_review(uid: &str, namespace: &str, pod: &Value) -> Value {
+    admission_review(uid, "", "v1", "Pod", "pods", Some(namespace), "CREATE", pod, None)
+}
+
+/// The decoded JSONPatch of a response (`[]` when there is none).
+pub fn patch_of(response: &Value) -> Value {
+    let Some(encoded) = response["patch"].as_str() else {
+        return json!([]);
+    };
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("patch is base64");
+    serde_json::from_slice(&bytes).expect("patch is JSON")
+}
+
+/// `pod` with `patch` applied.
+pub fn apply_patch(pod: &Value, patch: &Value) -> Value {
+    let mut out = pod.clone();
+    let patch: json_patch::Patch = serde_json::from_value(patch.clone()).unwrap();
+    json_patch::patch(&mut out, &patch).unwrap();
+    out
+}
+
+/// A file path in `dir`.
+pub fn path_in(dir: &TempDir, name: &str) -> PathBuf {
+    dir.path().join(name)
+}

@@ -1,0 +1,330 @@
+//! `lifeguard webhook` over real TLS with real AdmissionReview JSON: injection, skip reasons,
+//! required policies, validation, metrics, readiness and certificate rotation (kubelet-style
+//! `..data` symlink swap). The cluster view comes from the API emulator.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::kube::KubeEmulator;
+use support::operator::TestCa;
+use support::webhook::{Webhook, admission_review, apply_patch, config_yaml, patch_of, pod_review};
+
+const CLUSTER: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a, labels: {lifeguard.dev/inject: enabled}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {name: reports, namespace: team-a}
+spec:
+  selector: {matchLabels: {app: reports}}
+  resource: https://reports.team-a.example.com/mcp
+  identity: {issuers: [{issuer: https://idp.example.com, jwksUri: https://idp.example.com/jwks}]}
+---
+apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {name: billing, namespace: team-a}
+spec:
+  selector: {matchLabels: {app: billing}}
+  resource: https://billing.team-a.example.com/mcp
+  identity: {issuers: [{issuer: https://idp.example.com, jwksUri: https://idp.example.com/jwks}]}
+  injection: {required: true}
+";
+
+async fn cluster() -> KubeEmulator {
+    let emulator = KubeEmulator::start().await;
+    emulator.apply_yaml(CLUSTER).await;
+    emulator
+}
+
+fn mcp_pod(labels: Value, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "reports-", "labels": labels, "annotations": annotations},
+        "spec": {"containers": [{
+            "name": "server", "image": "registry.example.com/reports:1",
+            "ports": [{"name": "mcp", "containerPort": 8080, "protocol": "TCP"}],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "mcp"}},
+        }]},
+    })
+}
+
+#[tokio::test]
+async fn a_pod_in_an_opted_in_namespace_gets_the_sidecar_over_tls() {
+    let emulator = cluster().await;
+    let webhook = Webhook::start(&emulator, &config_yaml("")).await;
+    let pod = mcp_pod(json!({"app": "reports"}), json!({}));
+    let response = webhook.review("/inject", &pod_review("u-1", "team-a", &pod)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("warnings").is_none(), "{response}");
+    let injected = apply_patch(&pod, &patch_of(&response));
+
+    let sidecar = &injected["spec"]["initContainers"][0];
+    assert_eq!(sidecar["name"], "lifeguard-sidecar");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["image"], "ghcr.io/lifeguard-dev/lifeguard:test");
+    assert_eq!(sidecar["ports"][0], json!({"name": "mcp", "containerPort": 8080, "protocol": "TCP"}));
+    let args: Vec<&str> = sidecar["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for pair in [
+        ["--control-plane", "https://lifeguard-operator.lifeguard-system.svc:8443"],
+        ["--control-plane-ca", "/var/run/lifeguard/ca/ca.crt"],
+        ["--listen", "0.0.0.0:8080"],
+        ["--upstream", "http://127.0.0.1:15080/mcp"],
+    ] {
+        assert!(args.windows(2).any(|w| w == pair), "{pair:?} in {args:?}");
+    }
+    let server = &injected["spec"]["containers"][0];
+    assert!(server.get("ports").is_none(), "the MCP port moved to the sidecar: {server}");
+    assert!(
+        server["env"].as_array().unwrap().contains(&json!({"name": "LIFEGUARD_UPSTREAM_PORT", "value": "15080"})),
+        "{server}"
+    );
+    assert_eq!(
+        server["readinessProbe"]["httpGet"],
+        json!({"path": "/app-health/server/readyz", "port": 15020, "scheme": "HTTP"})
+    );
+    let token = injected["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "lifeguard-token")
+        .unwrap();
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"],
+        json!({"audience": "lifeguard", "expirationSeconds": 600, "path": "token"})
+    );
+    let status: Value = serde_json::from_str(
+        injected["metadata"]["annotations"]["lifeguard.dev/status"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(status["policy"], "reports");
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+
+    // A second pass over the injected pod is a no-op.
+    let again = webhook.review("/inject", &pod_review("u-2", "team-a", &injected)).await;
+    assert_eq!(patch_of(&again), json!([]));
+    assert!(again.get("warnings").is_none());
+    assert_eq!(webhook.metric("lifeguard_webhook_injections_total{outcome=\"injected\",reason=\"\"}").await, Some(1.0));
+    assert_eq!(
+        webhook.metric("lifeguard_webhook_injections_total{outcome=\"skipped\",reason=\"AlreadyInjected\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn skipped_pods_are_annotated_and_warned_and_required_policies_deny() {
+    let emulator = cluster().await;
+    let webhook = Webhook::start(&emulator, &config_yaml("")).await;
+    for (namespace, labels, annotations, reason) in [
+        ("team-b", json!({"app": "reports"}), json!({}), "NotOptedIn"),
+        ("team-a", json!({"app": "other"}), json!({}), "NoPolicy"),
+        ("team-a", json!({"app": "reports"}), json!({"lifeguard.dev/inject": "disabled"}), "OptedOut"),
+    ] {
+        let pod = mcp_pod(labels, annotations);
+        let response = webhook.review("/inject", &pod_review("u", namespace, &pod)).await;
+        assert_eq!(response["allowed"], true, "{reason}: {response}");
+        let patched = apply_patch(&pod, &patch_of(&response));
+        assert_eq!(patched["metadata"]["annotations"]["lifeguard.dev/injection-skipped"], reason);
+        let warnings = response["warnings"].as_array().unwrap();
+        assert!(warnings[0].as_str().unwrap().contains(reason), "{warnings:?}");
+    }
+    // Nothing in the webhook's own namespace is touched, whatever it looks like.
+    let pod = mcp_pod(json!({"app": "reports"}), json!({}));
+    let response = webhook.review("/inject", &pod_review("u", "lifeguard-system", &pod)).await;
+    assert_eq!(patch_of(&response), json!([]));
+    assert!(response.get("warnings").is_none());
+
+    let billing = mcp_pod(json!({"app": "billing"}), json!({"lifeguard.dev/inject": "disabled"}));
+    let response = webhook.review("/inject", &pod_review("u", "team-a", &billing)).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("OptedOut") && message.contains("billing"), "{message}");
+    assert_eq!(
+        webhook.metric("lifeguard_webhook_injections_total{outcome=\"denied\",reason=\"OptedOut\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
+    let emulator = cluster().await;
+    let webhook = Webhook::start(&emulator, &config_yaml("")).await;
+    let overlapping = json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "McpServerPolicy",
+        "metadata": {"name": "reports-v2", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["reports", "search"]}]},
+            "resource": "https://reports2.team-a.example.com/mcp",
+            "identity": {"issuers": [{"issuer": "https://idp.example.com", "jwksUri": "https://idp.example.com/jwks"}]},
+        },
+    });
+    let review = admission_review(
+        "v-1", "lifeguard.dev", "v1alpha1", "McpServerPolicy", "mcpserverpolicies",
+        Some("team-a"), "CREATE", &overlapping, None,
+    );
+    let response = webhook.review("/validate", &review).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("reports"), "names the other policy: {message}");
+
+    let mut disjoint = overlapping.clone();
+    disjoint["spec"]["selector"] = json!({"matchLabels": {"app": "search"}});
+    let review = admission_review(
+        "v-2", "lifeguard.dev", "v1alpha1", "McpServerPolicy", "mcpserverpolicies",
+        Some("team-a"), "CREATE", &disjoint, None,
+    );
+    assert_eq!(webhook.review("/validate", &review).await["allowed"], true);
+
+    let exception = json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
+        "metadata": {"name": "summaries", "namespace": "team-a"},
+        "spec": {
+            "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["c"],
+            "purpose": "summaries", "limits": {"maxTokens": 1, "maxIterationsPerTask": 1, "maxRequestsPerMinute": 1},
+            "notBefore": "2026-12-01T00:00:00Z", "expiresAt": "2026-12-15T00:00:00Z",
+            "approvalId": "CHG-1", "signature": "e30..c2ln",
+        },
+    });
+    let review = admission_review(
+        "v-3", "lifeguard.dev", "v1alpha1", "CapabilityException", "capabilityexceptions",
+        Some("team-a"), "CREATE", &exception, None,
+    );
+    let response = webhook.review("/validate", &review).await;
+    assert_eq!(response["allowed"], false, "{response}");
+}
+
+#[tokio::test]
+async fn bad_requests_get_a_clear_refusal() {
+    let emulator = cluster().await;
+    let webhook = Webhook::start(&emulator, &config_yaml("")).await;
+    let client = webhook.ca.client();
+    let response = client
+        .post(format!("{}/inject", webhook.url))
+        .body("{not json")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["response"]["allowed"], false);
+    assert!(body["response"]["status"]["message"].as_str().unwrap().contains("AdmissionReview"));
+    let plain = reqwest::Client::new()
+        .post(format!("{}/inject", webhook.url.replace("https://", "http://")))
+        .send()
+        .await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200, "plain HTTP is not served");
+}
+
+#[test]
+fn config_errors_name_the_key_and_stop_the_webhook() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path());
+    for (text, needle) in [
+        (config_yaml("surprise: 1\n"), "surprise"),
+        (config_yaml("").replace("image: ", "imag: "), "imag"),
+        (config_yaml("").replace("https://", "http://"), "controlPlane.url"),
+    ] {
+        let path = dir.path().join("webhook.yaml");
+        std::fs::write(&path, text).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+            .args(["webhook", "--kubeconfig", "/nonexistent", "--admin", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+            .arg("--tls-cert")
+            .arg(&ca.cert_path)
+            .arg("--tls-key")
+            .arg(&ca.key_path)
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
+}
+
+/// The kubelet's layout of a projected Secret: `<dir>/..<timestamp>/` holds the files,
+/// `..data` points at it and the visible names point through `..data`.
+fn kubelet_dir(dir: &Path, generation: &str, cert: &Path, key: &Path) {
+    let data = dir.join(format!("..{generation}"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(cert, data.join("tls.crt")).unwrap();
+    std::fs::copy(key, data.join("tls.key")).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{generation}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for name in ["tls.crt", "tls.key"] {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+        }
+    }
+}
+
+async fn handshake_ok(ca: &TestCa, url: &str) -> bool {
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.ca_pem.as_bytes()).unwrap())
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    client.post(format!("{url}/inject")).body("{}").send().await.is_ok()
+}
+
+#[tokio::test]
+async fn rotated_certificates_reach_new_connections_and_a_bad_pair_keeps_the_old_one() {
+    let emulator = cluster().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let first = Arc::new(TestCa::new(&dir.path().join("first").tap_create()));
+    let second = TestCa::new(&dir.path().join("second").tap_create());
+    let certs = dir.path().join("certs").tap_create();
+    kubelet_dir(&certs, "2026_12_01_a", &first.cert_path, &first.key_path);
+    let webhook = Webhook::start_with_certificate(
+        &emulator,
+        &config_yaml(""),
+        dir.clone(),
+        first.clone(),
+        &certs.join("tls.crt"),
+        &certs.join("tls.key"),
+    )
+    .await;
+    assert!(handshake_ok(&first, &webhook.url).await);
+    assert!(!handshake_ok(&second, &webhook.url).await);
+
+    kubelet_dir(&certs, "2026_12_01_b", &second.cert_path, &second.key_path);
+    let rotated = support::eventually(Duration::from_secs(30), async || {
+        handshake_ok(&second, &webhook.url).await.then_some(())
+    })
+    .await;
+    assert!(rotated.is_some(), "the rotated certificate was never served:\n{}", webhook.logs());
+    assert!(!handshake_ok(&first, &webhook.url).await, "new connections get the new certificate");
+
+    // A certificate with another pair's key: refused, the previous pair stays.
+    kubelet_dir(&certs, "2026_12_01_c", &first.cert_path, &second.key_path);
+    let refused = support::eventually(Duration::from_secs(30), async || {
+        webhook.logs().contains("keeping the previous one").then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "{}", webhook.logs());
+    assert!(handshake_ok(&second, &webhook.url).await);
+}
+
+trait TapCreate {
+    fn tap_create(self) -> Self;
+}
+
+impl TapCreate for std::path::PathBuf {
+    fn tap_create(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
+}
