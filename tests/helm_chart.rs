@@ -64,7 +64,11 @@ fn crd_chart_templates_are_the_committed_crds_with_the_keep_annotation() {
         .filter(|n| n.ends_with(".yaml"))
         .collect();
     names.sort();
-    assert_eq!(names.len(), 3, "expected the three Lifeguard CRDs, found {names:?}");
+    assert_eq!(
+        names.len(),
+        3,
+        "expected the three Lifeguard CRDs, found {names:?}"
+    );
 
     let mut problems = Vec::new();
     for name in &names {
@@ -101,7 +105,10 @@ fn chart_template_adds_the_annotation_and_refuses_what_it_cannot_copy() {
     let crd = "# generated\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
                metadata:\n  name: things.example.dev\nspec: {}\n";
     let template = chart_template("things.yaml", crd).unwrap();
-    assert!(template.starts_with("# crds/things.yaml with"), "{template}");
+    assert!(
+        template.starts_with("# crds/things.yaml with"),
+        "{template}"
+    );
     assert!(
         template.ends_with(
             "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  \
@@ -117,7 +124,10 @@ fn chart_template_adds_the_annotation_and_refuses_what_it_cannot_copy() {
     let err = chart_template("t.yaml", "apiVersion: v1\nkind: X\nspec: {}\n");
     assert!(err.unwrap_err().contains("no top-level `metadata:`"));
     let err = chart_template("t.yaml", "kind: X\nmetadata:\n  annotations:\n    a: b\n");
-    assert!(err.unwrap_err().contains("already has metadata.annotations"));
+    assert!(
+        err.unwrap_err()
+            .contains("already has metadata.annotations")
+    );
 }
 
 /// Runs one part of `tests/chart/check_chart.py` and fails with its whole output.
@@ -163,4 +173,3 @@ fn values_schema_and_templates_refuse_bad_values_with_clear_messages() {
 fn every_example_custom_resource_validates_against_its_crd_schema() {
     check_chart("examples");
 }
-

@@ -22,17 +22,21 @@ import sys
 import time
 from pathlib import Path
 
-import helm_python as helm
-import jsonschema
-import kubernetes_validate
-import kubernetes_validate.utils as kv
-import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+try:
+    import helm_python as helm
+    import jsonschema
+    import kubernetes_validate
+    import kubernetes_validate.utils as kv
+    import yaml
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
 
-import chart_properties as props
+    import chart_properties as props
+except ImportError as missing:
+    sys.exit(f"check_chart.py: {missing}; this interpreter ({sys.executable}) lacks the pinned "
+             "packages: pip install -r tests/interop/requirements.txt (scripts/test.sh does)")
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/lifeguard"
