@@ -7,7 +7,8 @@
 //!   every certificate mode, validates each manifest against the oldest and newest supported
 //!   Kubernetes, compares the default rendering with `tests/chart/golden/default.yaml`, checks the
 //!   properties a reviewer looks for, and validates every example custom resource against the
-//!   CRDs' schemas.
+//!   CRDs' schemas. Helm's `lookup` (certificates kept across upgrades) runs against the
+//!   Kubernetes API emulator of `tests/kube_emulator/`.
 //!
 //! `LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test helm_chart` rewrites the CRD chart's templates
 //! and the golden file instead of comparing them.
@@ -167,6 +168,11 @@ fn rendered_charts_validate_hold_their_guarantees_and_match_the_golden_file() {
 #[test]
 fn values_schema_and_templates_refuse_bad_values_with_clear_messages() {
     check_chart("refusals");
+}
+
+#[test]
+fn generated_certificates_survive_an_upgrade_and_renew_together() {
+    check_chart("upgrade");
 }
 
 #[test]

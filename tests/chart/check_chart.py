@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Offline checks of charts/lifeguard and charts/lifeguard-crds, driven by tests/helm_chart.rs.
 
-    check_chart.py lint|render|refusals|examples
+    check_chart.py lint|render|refusals|examples|upgrade
 
 Helm comes from PyPI `helm-python-sdk` (Helm v4 in a shared library: no helm binary, no
 cluster), Kubernetes schemas from PyPI `kubernetes-validate`. Each part prints what it checked
@@ -17,9 +17,12 @@ import datetime
 import difflib
 import functools
 import os
+import json
 import re
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 try:
@@ -435,7 +438,86 @@ def part_examples():
     return problems
 
 
-PARTS = {"lint": part_lint, "render": part_render, "refusals": part_refusals,
+class KubeEmulator:
+    """tests/kube_emulator/emulator.py on a free loopback port, for Helm's `lookup`."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO / "tests/kube_emulator/emulator.py"), "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in self.process.stdout:
+            if "listening on " in line:
+                self.url = line.split("listening on ", 1)[1].strip()
+                return self
+        self.process.wait()
+        raise RuntimeError("the Kubernetes API emulator exited before listening")
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+    def request(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            return json.loads(response.read())
+
+    def kubeconfig(self):
+        return yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {"token": "chart-test"}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator",
+                                                          "user": "emulator"}}]})
+
+
+def tls_material(docs):
+    """{Secret name: data} of the TLS Secrets and the caBundles of the webhook configurations."""
+    secrets = {d["metadata"]["name"]: d["data"] for d in props.of_kind(docs, "Secret")}
+    bundles = {h["clientConfig"]["caBundle"] for kind in ("MutatingWebhookConfiguration",
+                                                          "ValidatingWebhookConfiguration")
+               for h in props.one(docs, kind)["webhooks"]}
+    return secrets, bundles
+
+
+def part_upgrade():
+    """generated mode keeps the certificates of the running release (found with `lookup`), and
+    makes new ones for both components when either Secret is gone."""
+    problems = Problems()
+    installed = load_all("---\n".join(t for _, t in manifests(render(CHART))))
+    secrets, _ = tls_material(installed)
+    secrets_path = f"/api/v1/namespaces/{NAMESPACE}/secrets"
+    with KubeEmulator() as cluster, helm.Chart.load(str(CHART)) as chart, \
+            helm.Config(kubeconfig_content=cluster.kubeconfig(), namespace=NAMESPACE) as config:
+        def upgrade():
+            rendered = config.render(chart, {}, name=RELEASE, namespace=NAMESPACE,
+                                     is_upgrade=True)
+            return tls_material(load_all("---\n".join(t for _, t in manifests(rendered))))
+
+        for secret in props.of_kind(installed, "Secret"):
+            cluster.request("POST", secrets_path, secret)
+        kept, bundles = upgrade()
+        if kept != secrets:
+            problems.append("an upgrade replaced the certificates of the running release")
+        ca = secrets["lifeguard-operator-tls"]["ca.crt"]
+        if bundles != {ca}:
+            problems.append("after an upgrade the caBundle is not the running release's CA")
+
+        cluster.request("DELETE", f"{secrets_path}/lifeguard-webhook-tls")
+        renewed, bundles = upgrade()
+        for name, data in renewed.items():
+            if data["ca.crt"] == ca or data["tls.crt"] == secrets[name]["tls.crt"]:
+                problems.append(f"with a Secret gone, {name} was not issued anew")
+        new_ca = {data["ca.crt"] for data in renewed.values()}
+        if len(new_ca) != 1 or bundles != new_ca:
+            problems.append("the renewed certificates and caBundle do not share one new CA")
+    print("  lookup keeps both certificates on upgrade; a missing Secret renews both under a "
+          "new CA (against the Kubernetes API emulator)")
+    return problems
+
+
+PARTS = {"lint": part_lint, "upgrade": part_upgrade, "render": part_render, "refusals": part_refusals,
          "examples": part_examples}
 
 
