@@ -25,6 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ beside chart_properties.py in the work tree
+
 try:
     import helm_python as helm
     import jsonschema
