@@ -9,6 +9,7 @@
 //!   properties a reviewer looks for, and validates every example custom resource against the
 //!   CRDs' schemas. Helm's `lookup` (certificates kept across upgrades) runs against the
 //!   Kubernetes API emulator of `tests/kube_emulator/`.
+//! - The generated certificates complete a TLS handshake through Lifeguard's own TLS code.
 //!
 //! `LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test helm_chart` rewrites the CRD chart's templates
 //! and the golden file instead of comparing them.
