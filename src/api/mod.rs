@@ -14,6 +14,7 @@ pub mod duration;
 pub mod exception;
 pub mod revocation;
 pub mod rules;
+pub mod secret_key_ref;
 pub mod server_policy;
 
 #[cfg(test)]
@@ -28,6 +29,7 @@ pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,
     RevocationSource, RevocationSourceKind,
 };
+pub use secret_key_ref::SecretKeyRef;
 pub use server_policy::{
     AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,
     ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, InjectionSpec, IssuerSpec,

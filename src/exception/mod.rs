@@ -7,7 +7,10 @@
 //! detached payload (`<header>..<signature>`), `alg: EdDSA`, `typ: lifeguard-exception+jws`,
 //! `kid` naming the approver key.
 
+pub mod approver_keys;
 pub mod gate;
+
+pub use approver_keys::ApproverKeys;
 
 use std::collections::BTreeSet;
 

@@ -10,18 +10,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
-use crate::exception::ApproverTrust;
+use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation, SecretKeyRef};
 use crate::policy::ObjectKey;
 
 use super::ack_table::SidecarView;
 use super::cluster_acks::ClusterAcks;
-use super::config::SecretKeyRef;
 use super::metrics::OperatorMetrics;
 use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
 use super::propagation::{FirstSight, PropagationTracker};
@@ -53,32 +50,7 @@ pub fn approver_keys(
     else {
         return ApproverKeys::Missing;
     };
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&reference.key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(&reference.key))
-                .map(|s| s.as_bytes().to_vec())
-        });
-    let Some(bytes) = bytes else {
-        return ApproverKeys::Missing;
-    };
-    let trust = match ApproverTrust::from_json(&bytes) {
-        Ok(t) => t,
-        Err(e) => return ApproverKeys::Unusable(e.to_string()),
-    };
-    match serde_json::from_slice::<Box<RawValue>>(&bytes) {
-        Ok(document) => ApproverKeys::Loaded {
-            trust: Arc::new(trust),
-            document: Arc::from(document),
-        },
-        Err(e) => ApproverKeys::Unusable(e.to_string()),
-    }
+    ApproverKeys::from_secret(&secret, &reference.key)
 }
 
 /// Connected pods (on any replica) whose snapshot carries `revocation`.

@@ -16,7 +16,9 @@ use crate::api::{
     CapabilityException, CapabilityExceptionSpec, ExceptionState, McpServerPolicy,
     PrincipalRevocation,
 };
-use crate::exception::{ApproverTrust, verify};
+/// The approver keys as the operator last read them (shared with the webhook).
+pub use crate::exception::ApproverKeys;
+use crate::exception::verify;
 use crate::policy::compile::{namespace_of, targets};
 use crate::policy::{
     CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile,
@@ -24,21 +26,6 @@ use crate::policy::{
 
 /// Namespace and name of a pod.
 pub type PodKey = ObjectKey;
-
-/// The approver keys as the operator last read them.
-#[derive(Clone, Debug, Default)]
-pub enum ApproverKeys {
-    /// No `approverKeys` configured, or the Secret (or its key) does not exist.
-    #[default]
-    Missing,
-    /// The Secret's value is not a usable trust document.
-    Unusable(String),
-    /// Parsed trust, with the document as sidecars receive it.
-    Loaded {
-        trust: Arc<ApproverTrust>,
-        document: Arc<RawValue>,
-    },
-}
 
 /// Everything the plan is computed from.
 #[derive(Clone, Copy, Debug)]

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::*;
-use crate::exception::sign;
+use crate::exception::{ApproverTrust, sign};
 
 const APPROVER_KEY: &[u8] = include_bytes!("../../tests/fixtures/keys/issuer-ed25519.pem");
 const APPROVER_JWKS: &[u8] = include_bytes!("../../tests/fixtures/keys/issuer-jwks.json");

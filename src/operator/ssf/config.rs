@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::api::PolicyDuration;
 use crate::identity::KeySet;
 
+// One key of one Secret in the operator's namespace; defined in `api`, shared with the webhook.
+pub use crate::api::SecretKeyRef;
+
 /// Default of `maxEventAge`: SETs issued longer ago are refused.
 pub const DEFAULT_MAX_EVENT_AGE: Duration = Duration::from_secs(3600);
 /// Default of `revocationTtl`: how long session-type revocations live.
@@ -113,16 +116,6 @@ impl Delivery {
             Self::Poll => "poll",
         }
     }
-}
-
-/// One key of one Secret in the operator's namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SecretKeyRef {
-    /// Name of the Secret.
-    pub secret_name: String,
-    /// Key inside the Secret's `data`.
-    pub key: String,
 }
 
 /// Why a `securityEvents` section was refused; the message names the offending field.
