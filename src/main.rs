@@ -15,6 +15,9 @@ use clap::Parser;
 use cli::{Cli, Command, DevCommand, ExceptionCommand, PolicyCommand};
 
 fn main() -> ExitCode {
+    if let Some(code) = cli::plugin::run_if_invoked_as_plugin() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Crdgen(args) => {
@@ -35,6 +38,8 @@ fn main() -> ExitCode {
         }
         Command::Exception(ExceptionCommand::Payload { file }) => cli::exception::payload(file),
         Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => cli::status::run(args),
+        Command::Revoke(args) => cli::revoke::run(args),
     };
     match result {
         Ok(code) => code,

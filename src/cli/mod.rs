@@ -1,11 +1,15 @@
 //! The `lifeguard` command line: argument definitions and thin handlers over the library.
 
+pub mod cluster;
 pub mod crdgen;
 pub mod dev;
 pub mod exception;
 pub mod operator;
+pub mod plugin;
 pub mod policy_check;
+pub mod revoke;
 pub mod sidecar;
+pub mod status;
 pub mod webhook;
 
 use std::path::PathBuf;
@@ -43,6 +47,10 @@ pub enum Command {
     /// Development helpers (never needed in production).
     #[command(subcommand)]
     Dev(DevCommand),
+    /// Policies with their sidecars, unexpired capability exceptions, revocations in progress.
+    Status(status::StatusArgs),
+    /// Revoke a principal cluster-wide (creates a PrincipalRevocation); --wait follows it.
+    Revoke(revoke::RevokeArgs),
 }
 
 #[derive(Debug, clap::Args)]

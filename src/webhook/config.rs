@@ -25,14 +25,7 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
-/// One key of one Secret in the webhook's namespace.
-// TODO(merge): the shared type moves to `api` with the validation work.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SecretKeyRef {
-    pub secret_name: String,
-    pub key: String,
-}
+pub use crate::api::SecretKeyRef;
 
 /// The whole file.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
