@@ -63,7 +63,9 @@ async fn a_pod_in_an_opted_in_namespace_gets_the_sidecar_over_tls() {
     let emulator = cluster().await;
     let webhook = Webhook::start(&emulator, &config_yaml("")).await;
     let pod = mcp_pod(json!({"app": "reports"}), json!({}));
-    let response = webhook.review("/inject", &pod_review("u-1", "team-a", &pod)).await;
+    let response = webhook
+        .review("/inject", &pod_review("u-1", "team-a", &pod))
+        .await;
     assert_eq!(response["allowed"], true, "{response}");
     assert!(response.get("warnings").is_none(), "{response}");
     let injected = apply_patch(&pod, &patch_of(&response));
@@ -72,10 +74,21 @@ async fn a_pod_in_an_opted_in_namespace_gets_the_sidecar_over_tls() {
     assert_eq!(sidecar["name"], "lifeguard-sidecar");
     assert_eq!(sidecar["restartPolicy"], "Always");
     assert_eq!(sidecar["image"], "ghcr.io/lifeguard-dev/lifeguard:test");
-    assert_eq!(sidecar["ports"][0], json!({"name": "mcp", "containerPort": 8080, "protocol": "TCP"}));
-    let args: Vec<&str> = sidecar["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(
+        sidecar["ports"][0],
+        json!({"name": "mcp", "containerPort": 8080, "protocol": "TCP"})
+    );
+    let args: Vec<&str> = sidecar["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
     for pair in [
-        ["--control-plane", "https://lifeguard-operator.lifeguard-system.svc:8443"],
+        [
+            "--control-plane",
+            "https://lifeguard-operator.lifeguard-system.svc:8443",
+        ],
         ["--control-plane-ca", "/var/run/lifeguard/ca/ca.crt"],
         ["--listen", "0.0.0.0:8080"],
         ["--upstream", "http://127.0.0.1:15080/mcp"],
@@ -83,9 +96,15 @@ async fn a_pod_in_an_opted_in_namespace_gets_the_sidecar_over_tls() {
         assert!(args.windows(2).any(|w| w == pair), "{pair:?} in {args:?}");
     }
     let server = &injected["spec"]["containers"][0];
-    assert!(server.get("ports").is_none(), "the MCP port moved to the sidecar: {server}");
     assert!(
-        server["env"].as_array().unwrap().contains(&json!({"name": "LIFEGUARD_UPSTREAM_PORT", "value": "15080"})),
+        server.get("ports").is_none(),
+        "the MCP port moved to the sidecar: {server}"
+    );
+    assert!(
+        server["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "LIFEGUARD_UPSTREAM_PORT", "value": "15080"})),
         "{server}"
     );
     assert_eq!(
@@ -103,19 +122,32 @@ async fn a_pod_in_an_opted_in_namespace_gets_the_sidecar_over_tls() {
         json!({"audience": "lifeguard", "expirationSeconds": 600, "path": "token"})
     );
     let status: Value = serde_json::from_str(
-        injected["metadata"]["annotations"]["lifeguard.dev/status"].as_str().unwrap(),
+        injected["metadata"]["annotations"]["lifeguard.dev/status"]
+            .as_str()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(status["policy"], "reports");
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
 
     // A second pass over the injected pod is a no-op.
-    let again = webhook.review("/inject", &pod_review("u-2", "team-a", &injected)).await;
+    let again = webhook
+        .review("/inject", &pod_review("u-2", "team-a", &injected))
+        .await;
     assert_eq!(patch_of(&again), json!([]));
     assert!(again.get("warnings").is_none());
-    assert_eq!(webhook.metric("lifeguard_webhook_injections_total{outcome=\"injected\",reason=\"\"}").await, Some(1.0));
     assert_eq!(
-        webhook.metric("lifeguard_webhook_injections_total{outcome=\"skipped\",reason=\"AlreadyInjected\"}").await,
+        webhook
+            .metric("lifeguard_webhook_injections_total{outcome=\"injected\",reason=\"\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        webhook
+            .metric(
+                "lifeguard_webhook_injections_total{outcome=\"skipped\",reason=\"AlreadyInjected\"}"
+            )
+            .await,
         Some(1.0)
     );
 }
@@ -127,29 +159,54 @@ async fn skipped_pods_are_annotated_and_warned_and_required_policies_deny() {
     for (namespace, labels, annotations, reason) in [
         ("team-b", json!({"app": "reports"}), json!({}), "NotOptedIn"),
         ("team-a", json!({"app": "other"}), json!({}), "NoPolicy"),
-        ("team-a", json!({"app": "reports"}), json!({"lifeguard.dev/inject": "disabled"}), "OptedOut"),
+        (
+            "team-a",
+            json!({"app": "reports"}),
+            json!({"lifeguard.dev/inject": "disabled"}),
+            "OptedOut",
+        ),
     ] {
         let pod = mcp_pod(labels, annotations);
-        let response = webhook.review("/inject", &pod_review("u", namespace, &pod)).await;
+        let response = webhook
+            .review("/inject", &pod_review("u", namespace, &pod))
+            .await;
         assert_eq!(response["allowed"], true, "{reason}: {response}");
         let patched = apply_patch(&pod, &patch_of(&response));
-        assert_eq!(patched["metadata"]["annotations"]["lifeguard.dev/injection-skipped"], reason);
+        assert_eq!(
+            patched["metadata"]["annotations"]["lifeguard.dev/injection-skipped"],
+            reason
+        );
         let warnings = response["warnings"].as_array().unwrap();
-        assert!(warnings[0].as_str().unwrap().contains(reason), "{warnings:?}");
+        assert!(
+            warnings[0].as_str().unwrap().contains(reason),
+            "{warnings:?}"
+        );
     }
     // Nothing in the webhook's own namespace is touched, whatever it looks like.
     let pod = mcp_pod(json!({"app": "reports"}), json!({}));
-    let response = webhook.review("/inject", &pod_review("u", "lifeguard-system", &pod)).await;
+    let response = webhook
+        .review("/inject", &pod_review("u", "lifeguard-system", &pod))
+        .await;
     assert_eq!(patch_of(&response), json!([]));
     assert!(response.get("warnings").is_none());
 
-    let billing = mcp_pod(json!({"app": "billing"}), json!({"lifeguard.dev/inject": "disabled"}));
-    let response = webhook.review("/inject", &pod_review("u", "team-a", &billing)).await;
+    let billing = mcp_pod(
+        json!({"app": "billing"}),
+        json!({"lifeguard.dev/inject": "disabled"}),
+    );
+    let response = webhook
+        .review("/inject", &pod_review("u", "team-a", &billing))
+        .await;
     assert_eq!(response["allowed"], false, "{response}");
     let message = response["status"]["message"].as_str().unwrap();
-    assert!(message.contains("OptedOut") && message.contains("billing"), "{message}");
+    assert!(
+        message.contains("OptedOut") && message.contains("billing"),
+        "{message}"
+    );
     assert_eq!(
-        webhook.metric("lifeguard_webhook_injections_total{outcome=\"denied\",reason=\"OptedOut\"}").await,
+        webhook
+            .metric("lifeguard_webhook_injections_total{outcome=\"denied\",reason=\"OptedOut\"}")
+            .await,
         Some(1.0)
     );
 }
@@ -168,19 +225,36 @@ async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
         },
     });
     let review = admission_review(
-        "v-1", "lifeguard.dev", "v1alpha1", "McpServerPolicy", "mcpserverpolicies",
-        Some("team-a"), "CREATE", &overlapping, None,
+        "v-1",
+        "lifeguard.dev",
+        "v1alpha1",
+        "McpServerPolicy",
+        "mcpserverpolicies",
+        Some("team-a"),
+        "CREATE",
+        &overlapping,
+        None,
     );
     let response = webhook.review("/validate", &review).await;
     assert_eq!(response["allowed"], false, "{response}");
     let message = response["status"]["message"].as_str().unwrap();
-    assert!(message.contains("reports"), "names the other policy: {message}");
+    assert!(
+        message.contains("reports"),
+        "names the other policy: {message}"
+    );
 
     let mut disjoint = overlapping.clone();
     disjoint["spec"]["selector"] = json!({"matchLabels": {"app": "search"}});
     let review = admission_review(
-        "v-2", "lifeguard.dev", "v1alpha1", "McpServerPolicy", "mcpserverpolicies",
-        Some("team-a"), "CREATE", &disjoint, None,
+        "v-2",
+        "lifeguard.dev",
+        "v1alpha1",
+        "McpServerPolicy",
+        "mcpserverpolicies",
+        Some("team-a"),
+        "CREATE",
+        &disjoint,
+        None,
     );
     assert_eq!(webhook.review("/validate", &review).await["allowed"], true);
 
@@ -195,8 +269,15 @@ async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
         },
     });
     let review = admission_review(
-        "v-3", "lifeguard.dev", "v1alpha1", "CapabilityException", "capabilityexceptions",
-        Some("team-a"), "CREATE", &exception, None,
+        "v-3",
+        "lifeguard.dev",
+        "v1alpha1",
+        "CapabilityException",
+        "capabilityexceptions",
+        Some("team-a"),
+        "CREATE",
+        &exception,
+        None,
     );
     let response = webhook.review("/validate", &review).await;
     assert_eq!(response["allowed"], false, "{response}");
@@ -217,12 +298,23 @@ async fn bad_requests_get_a_clear_refusal() {
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["response"]["allowed"], false);
-    assert!(body["response"]["status"]["message"].as_str().unwrap().contains("AdmissionReview"));
+    assert!(
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("AdmissionReview")
+    );
     let plain = reqwest::Client::new()
-        .post(format!("{}/inject", webhook.url.replace("https://", "http://")))
+        .post(format!(
+            "{}/inject",
+            webhook.url.replace("https://", "http://")
+        ))
         .send()
         .await;
-    assert!(plain.is_err() || plain.unwrap().status() != 200, "plain HTTP is not served");
+    assert!(
+        plain.is_err() || plain.unwrap().status() != 200,
+        "plain HTTP is not served"
+    );
 }
 
 #[test]
@@ -232,12 +324,23 @@ fn config_errors_name_the_key_and_stop_the_webhook() {
     for (text, needle) in [
         (config_yaml("surprise: 1\n"), "surprise"),
         (config_yaml("").replace("image: ", "imag: "), "imag"),
-        (config_yaml("").replace("https://", "http://"), "controlPlane.url"),
+        (
+            config_yaml("").replace("https://", "http://"),
+            "controlPlane.url",
+        ),
     ] {
         let path = dir.path().join("webhook.yaml");
         std::fs::write(&path, text).unwrap();
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
-            .args(["webhook", "--kubeconfig", "/nonexistent", "--admin", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+            .args([
+                "webhook",
+                "--kubeconfig",
+                "/nonexistent",
+                "--admin",
+                "127.0.0.1:0",
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .arg("--tls-cert")
             .arg(&ca.cert_path)
             .arg("--tls-key")
@@ -277,7 +380,12 @@ async fn handshake_ok(ca: &TestCa, url: &str) -> bool {
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    client.post(format!("{url}/inject")).body("{}").send().await.is_ok()
+    client
+        .post(format!("{url}/inject"))
+        .body("{}")
+        .send()
+        .await
+        .is_ok()
 }
 
 #[tokio::test]
@@ -305,13 +413,23 @@ async fn rotated_certificates_reach_new_connections_and_a_bad_pair_keeps_the_old
         handshake_ok(&second, &webhook.url).await.then_some(())
     })
     .await;
-    assert!(rotated.is_some(), "the rotated certificate was never served:\n{}", webhook.logs());
-    assert!(!handshake_ok(&first, &webhook.url).await, "new connections get the new certificate");
+    assert!(
+        rotated.is_some(),
+        "the rotated certificate was never served:\n{}",
+        webhook.logs()
+    );
+    assert!(
+        !handshake_ok(&first, &webhook.url).await,
+        "new connections get the new certificate"
+    );
 
     // A certificate with another pair's key: refused, the previous pair stays.
     kubelet_dir(&certs, "2026_12_01_c", &first.cert_path, &second.key_path);
     let refused = support::eventually(Duration::from_secs(30), async || {
-        webhook.logs().contains("keeping the previous one").then_some(())
+        webhook
+            .logs()
+            .contains("keeping the previous one")
+            .then_some(())
     })
     .await;
     assert!(refused.is_some(), "{}", webhook.logs());

@@ -5,8 +5,8 @@
 //! Nothing here knows what the server does.
 
 pub mod admin;
-pub mod http;
 pub mod cluster;
+pub mod http;
 pub mod signals;
 pub mod tls;
 pub mod tls_client;

@@ -12,8 +12,8 @@
 pub mod admission;
 pub mod config;
 pub mod inject;
-pub mod opt_in;
 pub mod metrics;
+pub mod opt_in;
 pub mod reasons;
 pub mod run;
 pub mod server;

@@ -42,7 +42,7 @@ OPERATOR_NAMESPACE_RULES = {
 }
 WEBHOOK_CLUSTER_RULES = {("lifeguard.dev", "mcpserverpolicies", v) for v in READ_VERBS} | {
     ("", "namespaces", v) for v in READ_VERBS}
-WEBHOOK_NAMESPACE_RULES = {("", "secrets", v, None) for v in READ_VERBS}
+WEBHOOK_NAMESPACE_RULES = {("", "secrets", v, "lifeguard-approvers") for v in READ_VERBS}
 
 WEBHOOK_CONFIG_KEYS = {
     "sidecar": {"image", "imagePullPolicy", "resources", "native", "adminPort", "upstreamPort",
@@ -281,7 +281,7 @@ def check_workloads(docs, namespace, services_by_name):
     return problems
 
 
-def check_webhook_configurations(docs, namespace, services_by_name, excluded=()):
+def check_webhook_configurations(docs, namespace, services_by_name, excluded=(), scope="optedIn"):
     problems = []
     mutating = one(docs, "MutatingWebhookConfiguration")
     validating = one(docs, "ValidatingWebhookConfiguration")
@@ -300,15 +300,33 @@ def check_webhook_configurations(docs, namespace, services_by_name, excluded=())
             for ns in ("kube-system", namespace, *excluded):
                 if selector_matches(ns_selector, {"kubernetes.io/metadata.name": ns}):
                     problems.append(f"{where}: namespace {ns} is not excluded")
-            if not selector_matches(ns_selector, {"kubernetes.io/metadata.name": "team-a",
-                                                  "lifeguard.dev/inject": "enabled"}):
-                problems.append(f"{where}: an ordinary opted-in namespace is excluded")
             service = hook["clientConfig"]["service"]
             target = services_by_name.get(service["name"])
             if (service["namespace"] != namespace or service.get("path") != path or target is None
                     or service.get("port") not in [p["port"] for p in target["spec"]["ports"]]
                     or component(target) != "webhook"):
                 problems.append(f"{where}: clientConfig {service} is not the webhook Service")
+    # Which entries a pod reaches: an opted-in pod reaches exactly one, Lifeguard's own pods none,
+    # a pod that did not opt in none (optedIn scope) or one (all).
+    opted_in_ns = {"kubernetes.io/metadata.name": "team-a", "lifeguard.dev/inject": "enabled"}
+    plain_ns = {"kubernetes.io/metadata.name": "team-b"}
+    cases = [
+        ("pod of an opted-in namespace", opted_in_ns, {"app": "reports"}, 1),
+        ("opted-in pod of another namespace", plain_ns,
+         {"app": "reports", "lifeguard.dev/inject": "enabled"}, 1),
+        ("opted-out pod of an opted-in namespace", opted_in_ns,
+         {"app": "reports", "lifeguard.dev/inject": "disabled"}, 1),
+        ("pod that did not opt in", plain_ns, {"app": "reports"}, 1 if scope == "all" else 0),
+    ] + [("Lifeguard's own pod", opted_in_ns, labels, 0) for labels in lifeguard_pods]
+    for what, ns_labels, labels, expected in cases:
+        reached = [h["name"] for h in mutating["webhooks"]
+                   if selector_matches(h.get("namespaceSelector") or {}, ns_labels)
+                   and selector_matches(h.get("objectSelector") or {}, labels)]
+        if len(reached) != expected:
+            problems.append(f"inject webhooks reached by a {what}: {reached} (expected {expected})")
+    for hook in validating["webhooks"]:
+        if not selector_matches(hook.get("namespaceSelector") or {}, plain_ns):
+            problems.append(f"validate webhook excludes an ordinary namespace")
     for hook in mutating["webhooks"]:
         rules = [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"]))
                  for r in hook["rules"]]
@@ -316,11 +334,6 @@ def check_webhook_configurations(docs, namespace, services_by_name, excluded=())
             problems.append(f"inject webhook rules {rules}: expected pods CREATE only")
         if hook.get("reinvocationPolicy") != "Never":
             problems.append("inject webhook: reinvocationPolicy is not Never")
-        for labels in lifeguard_pods:
-            if selector_matches(hook.get("objectSelector") or {}, labels):
-                problems.append(f"inject webhook would mutate Lifeguard's own pods {labels}")
-        if not selector_matches(hook.get("objectSelector") or {}, {"app": "reports"}):
-            problems.append("inject webhook: objectSelector excludes ordinary pods")
     covered = set()
     for hook in validating["webhooks"]:
         for r in hook["rules"]:

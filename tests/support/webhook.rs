@@ -41,8 +41,15 @@ impl Webhook {
     pub async fn start(emulator: &KubeEmulator, config: &str) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let ca = Arc::new(TestCa::new(dir.path()));
-        Self::start_with_certificate(emulator, config, dir, ca.clone(), &ca.cert_path, &ca.key_path)
-            .await
+        Self::start_with_certificate(
+            emulator,
+            config,
+            dir,
+            ca.clone(),
+            &ca.cert_path,
+            &ca.key_path,
+        )
+        .await
     }
 
     /// Starts a webhook serving the certificate at the given paths.
@@ -94,7 +101,11 @@ impl Webhook {
             (r.status() == 200).then_some(())
         })
         .await;
-        assert!(ready.is_some(), "webhook never became ready:\n{}", self.logs());
+        assert!(
+            ready.is_some(),
+            "webhook never became ready:\n{}",
+            self.logs()
+        );
     }
 
     pub fn logs(&self) -> String {
@@ -178,7 +189,17 @@ pub fn admission_review(
 
 /// A Pod CREATE review.
 pub fn pod_review(uid: &str, namespace: &str, pod: &Value) -> Value {
-    admission_review(uid, "", "v1", "Pod", "pods", Some(namespace), "CREATE", pod, None)
+    admission_review(
+        uid,
+        "",
+        "v1",
+        "Pod",
+        "pods",
+        Some(namespace),
+        "CREATE",
+        pod,
+        None,
+    )
 }
 
 /// The decoded JSONPatch of a response (`[]` when there is none).
