@@ -99,6 +99,25 @@ class Attributes:
     options: dict[str, Any]
     user: dict[str, Any]
 
+    @classmethod
+    def of_write(cls, request: kmock.Request, resource: kmock.resource, kind: str, namespace: str | None,
+                 obj: dict[str, Any] | None, old: dict[str, Any] | None, user: dict[str, Any],
+                 delete_options: Any) -> 'Attributes':
+        """A write to `resource` (`obj` None: a delete, `old` None: a create) by `user`."""
+        operation = 'DELETE' if obj is None else 'CREATE' if old is None else 'UPDATE'
+        dry_run = request.params.get('dryRun') == 'All'
+        options: dict[str, Any] = {'apiVersion': 'meta.k8s.io/v1', 'kind': f'{operation.title()}Options'}
+        if isinstance(delete_options, dict):
+            options.update({k: v for k, v in delete_options.items() if k not in ('apiVersion', 'kind')})
+        if dry_run:
+            options['dryRun'] = ['All']
+        if request.params.get('fieldManager') and operation != 'DELETE':
+            options['fieldManager'] = request.params['fieldManager']
+        name = ((obj or old or {}).get('metadata') or {}).get('name', '')
+        return cls(operation=operation, resource=resource, subresource=request.subresource or '', kind=kind,
+                   namespace=namespace or '', name=name, object=obj, old_object=old, dry_run=dry_run,
+                   options=options, user=user)
+
 
 @attrs.frozen
 class Hook:
@@ -557,6 +576,10 @@ def rule_problems(at: str, rule: Any) -> list[str]:
     for field in ('operations', 'apiGroups', 'apiVersions', 'resources'):
         if not rule.get(field):
             problems.append(f'{at}.{field}: Required value')
+        elif not isinstance(rule[field], list) or not all(isinstance(v, str) for v in rule[field]):
+            problems.append(f'{at}.{field}: Invalid value: must be a list of strings')
+    if problems:
+        return problems
     operations = rule.get('operations') or []
     if any(op not in OPERATIONS + ('*',) for op in operations) or ('*' in operations and len(operations) > 1):
         problems.append(f'{at}.operations: Unsupported value: {json.dumps(operations)}')
@@ -570,8 +593,13 @@ def selector_problems(at: str, selector: Any) -> list[str]:
         return []
     if not isinstance(selector, dict):
         return [f'{at}: Invalid value: must be a label selector']
+    labels, terms = selector.get('matchLabels') or {}, selector.get('matchExpressions') or []
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        return [f'{at}.matchLabels: Invalid value: must map label keys to strings']
+    if not isinstance(terms, list) or not all(isinstance(term, dict) for term in terms):
+        return [f'{at}.matchExpressions: Invalid value: must be a list of requirements']
     problems = []
-    for i, term in enumerate(selector.get('matchExpressions') or []):
+    for i, term in enumerate(terms):
         operator, values = term.get('operator'), term.get('values')
         if operator not in SELECTOR_OPERATORS:
             problems.append(f'{at}.matchExpressions[{i}].operator: Invalid value: {json.dumps(operator)}: '

@@ -609,19 +609,9 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
                      settle: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
         """Runs the admission webhooks on a write (`obj` None: a delete, `old` None: a create);
         returns the object to store. `settle` makes a mutated object storable."""
-        operation = 'DELETE' if obj is None else 'CREATE' if old is None else 'UPDATE'
-        options: dict[str, Any] = {'apiVersion': 'meta.k8s.io/v1', 'kind': f'{operation.title()}Options'}
-        if operation == 'DELETE' and isinstance(body := self._body(request), dict):
-            options.update({k: v for k, v in body.items() if k not in ('apiVersion', 'kind')})
-        if self._dry_run(request):
-            options['dryRun'] = ['All']
-        if request.params.get('fieldManager') and operation != 'DELETE':
-            options['fieldManager'] = request.params['fieldManager']
-        attributes = admission.Attributes(
-            operation=operation, resource=kind.resource, subresource=request.subresource or '',
-            kind=kind.kind, namespace=key[1] or '', name=((obj or old or {}).get('metadata') or {}).get('name', ''),
-            object=obj, old_object=old, dry_run=self._dry_run(request), options=options,
-            user=self._user(request))
+        attributes = admission.Attributes.of_write(
+            request, kind.resource, kind.kind, key[1], obj, old, user=self._user(request),
+            delete_options=self._body(request) if obj is None else None)
         return await self.webhooks.admit(attributes, settle, self._namespace_labels)
 
     def _namespace_labels(self, name: str) -> dict[str, str] | None:
