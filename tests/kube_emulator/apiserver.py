@@ -22,8 +22,12 @@ reflector, `Controller` and status writer rely on:
 - the `status` subresource: writes to `.../status` change only `.status`, writes to the object
   itself leave `.status` alone (for resources that have the subresource);
 - `authentication.k8s.io/v1` TokenReviews answered from a token table;
-- discovery (`/api`, `/apis`, `/apis/G`, `/apis/G/V`, `/api/v1`, `/version`, aggregated
-  discovery v2) built from kmock's bundled built-in resources plus every registered CRD.
+- admission webhooks on every write (`admission.py`): the mutated object is what is stored;
+- discovery (`discovery.py`).
+
+Admission calls webhooks, which may read from this server meanwhile, so a write is prepared
+under the lock, admitted without it, then committed under the lock again if the object did not
+change in between (otherwise prepared again, as kube-apiserver retries a patch).
 
 What it does not do is listed in README.md next to this file.
 """
@@ -33,6 +37,7 @@ import base64
 import collections
 import copy
 import datetime
+import functools
 import json
 import re
 import secrets
@@ -40,7 +45,7 @@ import string
 import sys
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import aiohttp.web
@@ -49,26 +54,12 @@ import jsonpatch
 import kmock
 import yaml
 
+import admission
+from common import api_error, bad_request, header, parse_namespace_paths
+from discovery import RESOURCE_VERBS, Discovery
+
 # The audience a TokenReview without `spec.audiences` is checked against, as the API server's own.
 API_SERVER_AUDIENCE = 'https://kubernetes.default.svc.cluster.local'
-
-# What `/version` reports: the Kubernetes minor the project builds against (k8s-openapi v1_33).
-SERVER_VERSION = {
-    'major': '1',
-    'minor': '33',
-    'gitVersion': 'v1.33.0+lifeguard-emulator',
-    'gitCommit': '0000000000000000000000000000000000000000',
-    'gitTreeState': 'clean',
-    'buildDate': '2025-04-23T00:00:00Z',
-    'goVersion': 'go1.24.2',
-    'compiler': 'gc',
-    'platform': 'linux/amd64',
-}
-
-# The verbs discovery lists for every resource (what a real API server serves, not all of which
-# the emulator implements: see README.md).
-RESOURCE_VERBS = ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch']
-SUBRESOURCE_VERBS = ['get', 'patch', 'update']
 
 # Changes kept for watches that resume from a resourceVersion. A watch from before them gets a
 # 410 Gone (Expired) ERROR event, as from a real API server's watch cache, and the client lists
@@ -76,34 +67,28 @@ SUBRESOURCE_VERBS = ['get', 'patch', 'update']
 LOG_KEPT = 50_000
 # Requests GET /__emulator/requests remembers (the newest).
 REQUESTS_KEPT = 100_000
+# How often a write is prepared again when the object changed while it was being admitted.
+WRITE_ATTEMPTS = 5
 
 TOKEN_REVIEWS = kmock.resource('authentication.k8s.io', 'v1', 'tokenreviews')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
 SECRETS = kmock.resource('', 'v1', 'secrets')
+NAMESPACES = admission.NAMESPACES
+# The label kube-apiserver gives every Namespace (its name), which namespaceSelectors use.
+NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name'
+# Who a request is from when its bearer token is not in the TokenReview table.
+ADMIN_USER = {'username': 'kubernetes-admin', 'groups': ['system:masters', 'system:authenticated']}
 
 MERGE_PATCH = 'application/merge-patch+json'
 STRATEGIC_MERGE_PATCH = 'application/strategic-merge-patch+json'
 JSON_PATCH = 'application/json-patch+json'
 APPLY_PATCH = 'application/apply-patch+yaml'
 
+parse_namespace_paths()
+
 # Metadata only the server writes; whatever a client sends for these is ignored.
 SERVER_METADATA = ('uid', 'resourceVersion', 'generation', 'creationTimestamp',
                    'deletionTimestamp', 'deletionGracePeriodSeconds', 'managedFields')
-
-
-def api_error(status: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
-    """A failure the client receives as a `Status` object with this code and reason."""
-    return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or None)
-
-
-def bad_request(message: str) -> kmock.KubernetesError:
-    return api_error(400, 'BadRequest', message)
-
-
-def header(request: kmock.Request, name: str) -> str:
-    """A request header by case-insensitive name (kmock keeps them as the client spelled them)."""
-    wanted = name.lower()
-    return next((v for k, v in request.headers.items() if k.lower() == wanted), '')
 
 
 def now() -> str:
@@ -169,6 +154,31 @@ def encode_string_data(kind: 'Kind', obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def label_namespace(kind: 'Kind', obj: dict[str, Any]) -> dict[str, Any]:
+    """A Namespace carries `kubernetes.io/metadata.name: <name>`, as kube-apiserver defaults it."""
+    if kind.resource == NAMESPACES and obj['metadata'].get('name'):
+        labels = obj['metadata'].get('labels')
+        obj['metadata']['labels'] = dict(labels if isinstance(labels, dict) else {},
+                                         **{NAMESPACE_NAME_LABEL: obj['metadata']['name']})
+    return obj
+
+
+def user_info(identity: dict[str, Any]) -> dict[str, Any]:
+    """A token table entry as a TokenReview's (and an AdmissionReview's) `userInfo`."""
+    user = {
+        'username': identity.get('username', ''),
+        'uid': identity.get('uid', ''),
+        'groups': list(identity.get('groups') or ['system:authenticated']),
+    }
+    if identity.get('extra'):
+        user['extra'] = copy.deepcopy(identity['extra'])
+    return user
+
+
+def version_of(obj: dict[str, Any] | None) -> str | None:
+    return None if obj is None else obj['metadata'].get('resourceVersion')
+
+
 def guess_kind(plural: str) -> str:
     singular = plural[:-3] + 'y' if plural.endswith('ies') else plural[:-1] if plural.endswith('s') else plural
     return singular[:1].upper() + singular[1:]
@@ -208,7 +218,7 @@ class Change:
 
 
 @attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesEmulator):
+class ApiServer(Discovery, kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with the semantics described in the module docstring."""
 
     # token -> {username, uid, groups, extra, audiences}
@@ -228,6 +238,8 @@ class ApiServer(kmock.KubernetesEmulator):
     # them.
     _request_summaries: collections.deque[dict[str, Any]] = attrs.field(
         factory=lambda: collections.deque(maxlen=REQUESTS_KEPT), init=False)
+    # The webhook configurations, the service address table and the admission calls made.
+    webhooks: admission.Admission = attrs.field(factory=admission.Admission, init=False)
 
     def __attrs_post_init__(self) -> None:
         # kmock's emulator registers its handlers as fallbacks (`self._serve_list` and the
@@ -241,6 +253,9 @@ class ApiServer(kmock.KubernetesEmulator):
         self['post /__emulator/tokens'] << self._update_tokens
         self['get /__emulator/tokenreviews'] << (lambda: self.token_reviews)
         self['get /__emulator/requests'] << self._request_log
+        self['get /__emulator/services'] << (lambda: self.webhooks.services)
+        self['post /__emulator/services'] << self.webhooks.update_services
+        self['get /__emulator/admissions'] << self.webhooks.calls_log
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -254,12 +269,21 @@ class ApiServer(kmock.KubernetesEmulator):
         # the latest requests is kept here instead.
         self._request_summaries.append(self._summary(request))
         self._requests[:] = [request]
+        warnings = admission.collect_warnings()
         try:
             # Skip the stock emulator's write interceptor: the handlers below change the store.
-            return await kmock.RawHandler._handle(self, request)
+            response = await kmock.RawHandler._handle(self, request)
+        except kmock.KubernetesError as e:
+            if not warnings:
+                raise
+            response = await self._render_error(e)  # a rejection keeps earlier webhooks' warnings
         finally:
             for payload in self._payloads:
                 payload._requests.clear()
+        if not response.prepared:  # (a watch streams its response before it returns)
+            for text in warnings:
+                response.headers.add('Warning', admission.warning_header(text))
+        return response
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if not isinstance(exc, kmock.KubernetesError):
@@ -268,8 +292,10 @@ class ApiServer(kmock.KubernetesEmulator):
         reason = 'NotFound' if isinstance(exc, kmock.KubernetesNotFoundError) else exc.reason
         body = {
             'apiVersion': 'v1', 'kind': 'Status', 'metadata': {}, 'status': 'Failure',
-            'message': exc.message, 'reason': reason, 'code': exc.status,
+            'message': exc.message, 'code': exc.status,
         }
+        if reason:
+            body['reason'] = reason
         if exc.details:
             body['details'] = exc.details
         return aiohttp.web.json_response(body, status=exc.status)
@@ -329,6 +355,8 @@ class ApiServer(kmock.KubernetesEmulator):
         await self._buses[kind.resource].put(change)
         if kind.resource == CRDS and event != 'DELETED':
             self.register_crd(obj)
+        if kind.resource in admission.CONFIGURATION_KINDS:
+            self.webhooks.configuration_changed(kind.resource, key[2], None if event == 'DELETED' else obj)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -521,22 +549,30 @@ class ApiServer(kmock.KubernetesEmulator):
         if not name:
             raise api_error(422, 'Invalid', 'name or generateName is required')
         key = (kind.resource, namespace if kind.namespaced else None, name)
+        # As in kube-apiserver, the object exists only after admission (so a webhook is called
+        # for a create that then fails with AlreadyExists).
+        obj = await self._admit(request, kind, key, self._draft(kind, body, key, named=bool(meta.get('name'))),
+                                None, lambda admitted: self._stamp(kind, admitted, key))
         async with self._lock:
             if self._current(key) is not None:
                 raise api_error(409, 'AlreadyExists', f'{kind.qualified} "{name}" already exists',
                                 **kind.details(name))
-            obj = self._new_object(kind, body, key)
+            assert obj is not None
+            obj['metadata']['resourceVersion'] = str(self._next_rv())
             if not self._dry_run(request):
                 await self._record(kind, key, 'ADDED', obj)
         return kmock.Response(status=201, payload=obj)
 
-    def _new_object(self, kind: Kind, body: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
+    def _stamp(self, kind: Kind, body: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
+        """A new object as stored, but for its resourceVersion (given when it is recorded)."""
         obj = encode_string_data(kind, copy.deepcopy(body))
         if kind.status_subresource:
             obj.pop('status', None)
         obj['apiVersion'] = kind.api_version
         obj['kind'] = kind.kind
-        meta = obj.setdefault('metadata', {})
+        meta = obj.get('metadata')
+        if not isinstance(meta, dict):
+            meta = obj['metadata'] = {}
         for field in SERVER_METADATA:
             meta.pop(field, None)
         meta['name'] = key[2]
@@ -547,12 +583,55 @@ class ApiServer(kmock.KubernetesEmulator):
         meta['uid'] = str(uuid.uuid4())
         meta['generation'] = 1
         meta['creationTimestamp'] = now()
-        meta['resourceVersion'] = str(self._next_rv())
+        return label_namespace(kind, obj)
+
+    def _draft(self, kind: Kind, body: dict[str, Any], key: tuple[Any, ...], named: bool) -> dict[str, Any]:
+        """A new object as mutating webhooks see it: no uid, generation or creation time yet, and
+        no name yet when the client asked for a generated one."""
+        obj = self._stamp(kind, body, key)
+        for field in ('uid', 'generation', 'creationTimestamp') + (() if named else ('name',)):
+            obj['metadata'].pop(field)
+        return obj
+
+    def _new_object(self, kind: Kind, body: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
+        obj = self._stamp(kind, body, key)
+        obj['metadata']['resourceVersion'] = str(self._next_rv())
         return obj
 
     @staticmethod
     def _dry_run(request: kmock.Request) -> bool:
         return request.params.get('dryRun') == 'All'
+
+    # --- admission ------------------------------------------------------------------------------
+
+    async def _admit(self, request: kmock.Request, kind: Kind, key: tuple[Any, ...],
+                     obj: dict[str, Any] | None, old: dict[str, Any] | None,
+                     settle: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+        """Runs the admission webhooks on a write (`obj` None: a delete, `old` None: a create);
+        returns the object to store. `settle` makes a mutated object storable."""
+        attributes = admission.Attributes.of_write(
+            request, kind.resource, kind.kind, key[1], obj, old, user=self._user(request),
+            delete_options=self._body(request) if obj is None else None)
+        return await self.webhooks.admit(attributes, settle, self._namespace_labels)
+
+    def _namespace_labels(self, name: str) -> dict[str, str] | None:
+        namespace = self._current((NAMESPACES, None, name))
+        return None if namespace is None else dict(namespace['metadata'].get('labels') or {})
+
+    def _user(self, request: kmock.Request) -> dict[str, Any]:
+        """Who sent the request: the identity of its bearer token in the TokenReview table, else
+        a cluster administrator (the emulator authenticates nobody)."""
+        token = header(request, 'Authorization').removeprefix('Bearer ').strip()
+        identity = self.tokens.get(token)
+        return user_info(identity) if identity is not None else copy.deepcopy(ADMIN_USER)
+
+    @staticmethod
+    def _conflict(kind: Kind, name: str) -> kmock.KubernetesError:
+        return api_error(409, 'Conflict', f'Operation cannot be fulfilled on {kind.qualified} "{name}": the '
+                         'object has been modified; please apply your changes to the latest version and try again',
+                         **kind.details(name))
+
+    # --- writing, continued ---------------------------------------------------------------------
 
     async def _serve_update(self, request: kmock.Request) -> Any:
         if request.subresource not in (None, 'status'):
@@ -571,50 +650,71 @@ class ApiServer(kmock.KubernetesEmulator):
             self._check_type(kind, body, required=True)
         key = (kind.resource, request.namespace, request.name)
         status_only = request.subresource == 'status'
-        async with self._lock:
-            old = self._current(key)
-            if old is None:
-                if content_type != APPLY_PATCH or status_only:
+        for _ in range(WRITE_ATTEMPTS):
+            async with self._lock:
+                old = self._current(key)
+                if old is None and (content_type != APPLY_PATCH or status_only):
                     raise api_error(404, 'NotFound', f'{kind.qualified} "{request.name}" not found',
                                     **kind.details(request.name or ''))
-                # Server-side apply creates what does not exist yet.
-                obj = self._new_object(kind, body, key)
-                if not self._dry_run(request):
-                    self._remember_applied(key, manager, request.subresource, body, kind)
-                    await self._record(kind, key, 'ADDED', obj)
-                return kmock.Response(status=201, payload=obj)
-
-            if content_type == JSON_PATCH:
-                if not isinstance(body, list):
-                    raise bad_request('a JSON patch must be an array of operations')
-                try:
-                    patched = jsonpatch.apply_patch(old, body, in_place=False)
-                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                    raise api_error(422, 'Invalid', f'the JSON patch does not apply: {e}')
-            elif content_type == APPLY_PATCH:
-                patched = self._apply(old, key, manager, request.subresource, body, kind)
+                if old is not None:
+                    patched = self._patched(old, body, content_type, key, manager, request.subresource, kind)
+            if old is None:  # server-side apply creates what does not exist yet
+                new = await self._admit(request, kind, key, self._draft(kind, body, key, named=True), None,
+                                        lambda admitted: self._stamp(kind, admitted, key))
             else:
-                if not isinstance(body, dict):
-                    raise bad_request('a merge patch must be an object')
-                patched = merge_patch(old, body)
-            if not isinstance(patched, dict):
-                raise api_error(422, 'Invalid', 'the patch left no object')
+                settle = functools.partial(self._settle, kind, old, status_only=status_only)
+                new = await self._admit(request, kind, key, settle(patched), old, settle)
+            assert new is not None
+            async with self._lock:
+                if version_of(self._current(key)) != version_of(old):
+                    continue  # changed while admitted: prepare it again
+                return await self._commit_update(request, kind, key, old, new, manager, body)
+        raise self._conflict(kind, request.name or '')
 
-            new = self._settle(kind, old, patched, status_only)
-            if new == old:  # a no-op: no new resourceVersion, no event
-                return kmock.Response(status=200, payload=old)
-            meta = new['metadata']
-            if spec_part(new) != spec_part(old):
-                meta['generation'] = int(old['metadata'].get('generation', 1)) + 1
-            meta['resourceVersion'] = str(self._next_rv())
-            if self._dry_run(request):
-                return kmock.Response(status=200, payload=new)
-            if content_type == APPLY_PATCH:
+    def _patched(self, old: dict[str, Any], body: Any, content_type: str, key: tuple[Any, ...],
+                 manager: str | None, subresource: str | None, kind: Kind) -> dict[str, Any]:
+        if content_type == JSON_PATCH:
+            if not isinstance(body, list):
+                raise bad_request('a JSON patch must be an array of operations')
+            try:
+                patched = jsonpatch.apply_patch(old, body, in_place=False)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise api_error(422, 'Invalid', f'the JSON patch does not apply: {e}')
+        elif content_type == APPLY_PATCH:
+            patched = self._apply(old, key, manager, subresource, body, kind)
+        else:
+            if not isinstance(body, dict):
+                raise bad_request('a merge patch must be an object')
+            patched = merge_patch(old, body)
+        if not isinstance(patched, dict):
+            raise api_error(422, 'Invalid', 'the patch left no object')
+        return patched
+
+    async def _commit_update(self, request: kmock.Request, kind: Kind, key: tuple[Any, ...],
+                             old: dict[str, Any] | None, new: dict[str, Any], manager: str | None,
+                             body: Any) -> Any:
+        """Stores an admitted patch (under the lock)."""
+        applying = header(request, 'Content-Type').split(';')[0].strip().lower() == APPLY_PATCH
+        if old is None:
+            new['metadata']['resourceVersion'] = str(self._next_rv())
+            if not self._dry_run(request):
                 self._remember_applied(key, manager, request.subresource, body, kind)
-            if meta.get('deletionTimestamp') and not meta.get('finalizers'):
-                await self._record(kind, key, 'DELETED', new)  # the last finalizer is gone
-            else:
-                await self._record(kind, key, 'MODIFIED', new)
+                await self._record(kind, key, 'ADDED', new)
+            return kmock.Response(status=201, payload=new)
+        if new == old:  # a no-op: no new resourceVersion, no event
+            return kmock.Response(status=200, payload=old)
+        meta = new['metadata']
+        if spec_part(new) != spec_part(old):
+            meta['generation'] = int(old['metadata'].get('generation', 1)) + 1
+        meta['resourceVersion'] = str(self._next_rv())
+        if self._dry_run(request):
+            return kmock.Response(status=200, payload=new)
+        if applying:
+            self._remember_applied(key, manager, request.subresource, body, kind)
+        if meta.get('deletionTimestamp') and not meta.get('finalizers'):
+            await self._record(kind, key, 'DELETED', new)  # the last finalizer is gone
+        else:
+            await self._record(kind, key, 'MODIFIED', new)
         return kmock.Response(status=200, payload=new)
 
     @staticmethod
@@ -643,7 +743,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta[field] = old['metadata'][field]
             else:
                 meta.pop(field, None)
-        return new
+        return label_namespace(kind, new)
 
     def _applied_part(self, subresource: str | None, body: dict[str, Any], kind: Kind) -> dict[str, Any]:
         """The fields an apply request sets at its endpoint (only `.status` at `/status`)."""
@@ -680,25 +780,31 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _serve_delete(self, request: kmock.Request) -> Any:
         kind = self._kind_of(request)
         key = (kind.resource, request.namespace, request.name)
-        async with self._lock:
-            old = self._current(key)
-            if old is None:
-                raise api_error(404, 'NotFound', f'{kind.qualified} "{request.name}" not found',
-                                **kind.details(request.name or ''))
-            if old['metadata'].get('deletionTimestamp'):
-                return kmock.Response(status=202, payload=old)  # already being deleted
-            new = copy.deepcopy(old)
-            meta = new['metadata']
-            meta['resourceVersion'] = str(self._next_rv())
-            if self._dry_run(request):
+        for _ in range(WRITE_ATTEMPTS):
+            async with self._lock:
+                old = self._current(key)
+                if old is None:
+                    raise api_error(404, 'NotFound', f'{kind.qualified} "{request.name}" not found',
+                                    **kind.details(request.name or ''))
+                if old['metadata'].get('deletionTimestamp'):
+                    return kmock.Response(status=202, payload=old)  # already being deleted
+            await self._admit(request, kind, key, None, old, lambda admitted: admitted)
+            async with self._lock:
+                if version_of(self._current(key)) != version_of(old):
+                    continue  # changed while admitted: prepare it again
+                new = copy.deepcopy(old)
+                meta = new['metadata']
+                meta['resourceVersion'] = str(self._next_rv())
+                if self._dry_run(request):
+                    return kmock.Response(status=200, payload=new)
+                if meta.get('finalizers'):
+                    meta['deletionTimestamp'] = now()
+                    meta['deletionGracePeriodSeconds'] = 0
+                    await self._record(kind, key, 'MODIFIED', new)
+                    return kmock.Response(status=202, payload=new)
+                await self._record(kind, key, 'DELETED', new)
                 return kmock.Response(status=200, payload=new)
-            if meta.get('finalizers'):
-                meta['deletionTimestamp'] = now()
-                meta['deletionGracePeriodSeconds'] = 0
-                await self._record(kind, key, 'MODIFIED', new)
-                return kmock.Response(status=202, payload=new)
-            await self._record(kind, key, 'DELETED', new)
-        return kmock.Response(status=200, payload=new)
+        raise self._conflict(kind, request.name or '')
 
     async def _serve_replace(self, request: kmock.Request) -> Any:
         raise api_error(405, 'MethodNotAllowed',
@@ -759,14 +865,7 @@ class ApiServer(kmock.KubernetesEmulator):
             accepted = identity.get('audiences') or [API_SERVER_AUDIENCE]
             wanted = requested or [API_SERVER_AUDIENCE]
             if all(audience in accepted for audience in wanted):
-                user = {
-                    'username': identity.get('username', ''),
-                    'uid': identity.get('uid', ''),
-                    'groups': list(identity.get('groups') or ['system:authenticated']),
-                }
-                if identity.get('extra'):
-                    user['extra'] = identity['extra']
-                status = {'authenticated': True, 'user': user, 'audiences': wanted}
+                status = {'authenticated': True, 'user': user_info(identity), 'audiences': wanted}
             else:
                 status = {'authenticated': False, 'user': {},
                           'error': f'[invalid bearer token, token audiences {json.dumps(accepted)} '
@@ -799,133 +898,3 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def _request_log(self) -> Any:
         return list(self._request_summaries)
-
-    # --- discovery ------------------------------------------------------------------------------
-
-    def _served(self) -> dict[str, dict[str, list[Kind]]]:
-        """group -> version -> resources, in declaration order (the first version is preferred)."""
-        groups: dict[str, dict[str, list[Kind]]] = {}
-        for resource in list(self.resources):
-            kind = self.describe(resource, True)
-            groups.setdefault(resource.group or '', {}).setdefault(resource.version or '', []).append(kind)
-        return groups
-
-    @staticmethod
-    def _aggregated(request: kmock.Request) -> bool:
-        return 'as=APIGroupDiscoveryList' in header(request, 'Accept')
-
-    def _resource_entries(self, kinds: list[Kind]) -> list[dict[str, Any]]:
-        entries = []
-        for kind in kinds:
-            info = self.resources[kind.resource]
-            entry: dict[str, Any] = {
-                'name': kind.resource.plural, 'singularName': info.singular or kind.kind.lower(),
-                'namespaced': kind.namespaced, 'kind': kind.kind,
-                'verbs': sorted(info.verbs or RESOURCE_VERBS),
-            }
-            if info.shortnames:
-                entry['shortNames'] = sorted(info.shortnames)
-            if info.categories:
-                entry['categories'] = sorted(info.categories)
-            entries.append(entry)
-            for sub in sorted(info.subresources):
-                entries.append({
-                    'name': f'{kind.resource.plural}/{sub}', 'singularName': '',
-                    'namespaced': kind.namespaced, 'kind': kind.kind, 'verbs': SUBRESOURCE_VERBS,
-                })
-        return entries
-
-    def _aggregated_group(self, group: str, versions: dict[str, list[Kind]]) -> dict[str, Any]:
-        return {
-            'metadata': {'name': group} if group else {},
-            'versions': [
-                {
-                    'version': version, 'freshness': 'Current',
-                    'resources': [
-                        {
-                            'resource': kind.resource.plural,
-                            'responseKind': {'group': group, 'version': version, 'kind': kind.kind},
-                            'scope': 'Namespaced' if kind.namespaced else 'Cluster',
-                            'singularResource': self.resources[kind.resource].singular or kind.kind.lower(),
-                            'verbs': sorted(self.resources[kind.resource].verbs or RESOURCE_VERBS),
-                            'shortNames': sorted(self.resources[kind.resource].shortnames),
-                            'categories': sorted(self.resources[kind.resource].categories),
-                            'subresources': [
-                                {'subresource': sub,
-                                 'responseKind': {'group': group, 'version': version, 'kind': kind.kind},
-                                 'verbs': SUBRESOURCE_VERBS}
-                                for sub in sorted(self.resources[kind.resource].subresources)
-                            ],
-                        }
-                        for kind in kinds
-                    ],
-                }
-                for version, kinds in versions.items()
-            ],
-        }
-
-    def _aggregated_list(self, groups: dict[str, dict[str, list[Kind]]]) -> Any:
-        return kmock.Response(
-            status=200,
-            headers={'Content-Type': 'application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList'},
-            payload={
-                'apiVersion': 'apidiscovery.k8s.io/v2', 'kind': 'APIGroupDiscoveryList', 'metadata': {},
-                'items': [self._aggregated_group(g, v) for g, v in groups.items()],
-            },
-        )
-
-    @staticmethod
-    def _group_entry(group: str, versions: Iterable[str]) -> dict[str, Any]:
-        listed = [{'groupVersion': f'{group}/{v}', 'version': v} for v in versions]
-        return {'name': group, 'versions': listed, 'preferredVersion': listed[0]}
-
-    async def _serve_root(self, request: kmock.Request) -> Any:
-        paths = {'/api', '/api/v1', '/apis', '/version'}
-        for group, versions in self._served().items():
-            if group:
-                paths.add(f'/apis/{group}')
-                paths.update(f'/apis/{group}/{v}' for v in versions)
-        return {'paths': sorted(paths)}
-
-    async def _serve_server_version(self, request: kmock.Request) -> Any:
-        return SERVER_VERSION
-
-    async def _serve_api(self, request: kmock.Request) -> Any:
-        if self._aggregated(request):
-            return self._aggregated_list({g: v for g, v in self._served().items() if g == ''})
-        host = header(request, 'Host') or '127.0.0.1'
-        return {
-            'kind': 'APIVersions', 'versions': ['v1'],
-            'serverAddressByClientCIDRs': [{'clientCIDR': '0.0.0.0/0', 'serverAddress': host}],
-        }
-
-    async def _serve_apis(self, request: kmock.Request) -> Any:
-        groups = {g: v for g, v in self._served().items() if g}
-        if self._aggregated(request):
-            return self._aggregated_list(groups)
-        return {
-            'apiVersion': 'v1', 'kind': 'APIGroupList',
-            'groups': [self._group_entry(g, versions) for g, versions in groups.items()],
-        }
-
-    async def _serve_group(self, request: kmock.Request) -> Any:
-        assert request.resource is not None
-        group = request.resource.group or ''
-        versions = self._served().get(group)
-        if not group or not versions:
-            raise api_error(404, 'NotFound', f'the server could not find the requested resource (group {group!r})')
-        return {'apiVersion': 'v1', 'kind': 'APIGroup', **self._group_entry(group, versions)}
-
-    async def _serve_version(self, request: kmock.Request) -> Any:
-        assert request.resource is not None
-        group, version = request.resource.group or '', request.resource.version or ''
-        if version == '':
-            return await self._serve_group(request)
-        kinds = self._served().get(group, {}).get(version)
-        if not kinds:
-            raise api_error(404, 'NotFound', f'the server could not find the requested resource ({group}/{version})')
-        return {
-            'apiVersion': 'v1', 'kind': 'APIResourceList',
-            'groupVersion': f'{group}/{version}' if group else version,
-            'resources': self._resource_entries(kinds),
-        }

@@ -8,7 +8,8 @@ test harness reads the URL from that line).
 
 `--tokens FILE` loads the TokenReview table, a JSON object
 `{token: {username, uid, groups, extra, audiences}}`; `POST /__emulator/tokens` changes it at run
-time. `--crds DIR` installs every CustomResourceDefinition in DIR/*.yaml before serving (by
+time. Admission webhooks declared by webhook configurations are called on every write; a
+`clientConfig.service` is reached at the address `POST /__emulator/services` gives it (README.md). `--crds DIR` installs every CustomResourceDefinition in DIR/*.yaml before serving (by
 default the repository's `crds/`, when this file sits in the repository).
 
 Built on PyPI `kmock` (see apiserver.py for what the shim adds, README.md for what it lacks).

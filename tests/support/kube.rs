@@ -79,6 +79,87 @@ impl TokenIdentity {
     }
 }
 
+/// One admission webhook call the emulator made (`GET /__emulator/admissions`).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionCall {
+    /// The webhook's `name`.
+    pub webhook: String,
+    /// The name of its MutatingWebhookConfiguration or ValidatingWebhookConfiguration.
+    pub configuration: String,
+    /// `mutating` or `validating`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// 0, or 1 when a `reinvocationPolicy: IfNeeded` webhook was called again.
+    pub round: u8,
+    /// The AdmissionReview's `request.uid`.
+    pub uid: String,
+    /// CREATE, UPDATE or DELETE.
+    pub operation: String,
+    /// `{group, version, resource}`.
+    pub resource: Value,
+    /// `""` for the object itself.
+    pub sub_resource: String,
+    pub namespace: String,
+    /// `""` on a CREATE with `generateName` (the name is chosen after mutating admission).
+    pub name: String,
+    pub dry_run: bool,
+    /// Where the review was POSTed (without `?timeout=`); `None` when no address was known.
+    pub url: Option<String>,
+    /// `None` when the call failed.
+    pub allowed: Option<bool>,
+    /// The webhook answered a non-empty JSONPatch, which was applied.
+    pub patched: bool,
+    /// That JSONPatch, decoded.
+    pub patch: Option<Value>,
+    pub warnings: Vec<String>,
+    /// A denial's `{code, reason, message}` as the client received it.
+    pub status: Option<Value>,
+    /// Why the call failed (`failed calling webhook "NAME": ...`).
+    pub error: Option<String>,
+    /// The call failed and `failurePolicy: Ignore` admitted the request anyway.
+    pub ignored: bool,
+}
+
+/// A response of `KubeEmulator::send`.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    /// The body as JSON (a string when it is not JSON).
+    pub body: Value,
+}
+
+impl RawResponse {
+    /// The raw `Warning` header values, in order (kube-apiserver's form: `299 - "TEXT"`).
+    pub fn warning_headers(&self) -> Vec<String> {
+        self.headers
+            .get_all(http::header::WARNING)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    }
+
+    /// The texts of the `Warning` headers, unquoted and unescaped.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warning_headers()
+            .iter()
+            .map(|h| warning_text(h).unwrap_or_else(|| panic!("malformed Warning header {h:?}")))
+            .collect()
+    }
+}
+
+/// The text of a `Warning: 299 - "TEXT"` header value (`\"` and `\\` unescaped).
+pub fn warning_text(header: &str) -> Option<String> {
+    let quoted = header.strip_prefix("299 - \"")?.strip_suffix('"')?;
+    let mut text = String::new();
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        text.push(if c == '\\' { chars.next()? } else { c });
+    }
+    Some(text)
+}
+
 /// A running emulator, killed when dropped, with a kubeconfig that points at it.
 pub struct KubeEmulator {
     child: Child,
@@ -224,6 +305,76 @@ impl KubeEmulator {
         match self.emulator_get("/__emulator/requests").await {
             Value::Array(requests) => requests,
             other => panic!("requests are not an array: {other}"),
+        }
+    }
+
+    /// Sends admission webhook calls for `clientConfig.service` `namespace`/`name`:`port` to
+    /// `address` (`https://host:port`; the service's `path` is appended). The webhook's
+    /// certificate must be valid for that host (kube-apiserver would check
+    /// `NAME.NAMESPACE.svc`).
+    pub async fn register_service(&self, namespace: &str, name: &str, port: u16, address: &str) {
+        self.update_services(json!({ format!("{namespace}/{name}:{port}"): address }))
+            .await;
+    }
+
+    /// Forgets the address of a service: calls to it fail as if it had no endpoints.
+    pub async fn unregister_service(&self, namespace: &str, name: &str, port: u16) {
+        self.update_services(json!({ format!("{namespace}/{name}:{port}"): null }))
+            .await;
+    }
+
+    async fn update_services(&self, changes: Value) {
+        let response = self
+            .http
+            .post(format!("{}/__emulator/services", self.url))
+            .json(&changes)
+            .send()
+            .await
+            .expect("POST /__emulator/services");
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(
+            status.is_success(),
+            "POST /__emulator/services: {status} {body}"
+        );
+    }
+
+    /// Every admission webhook call the emulator made, oldest first (validating webhooks of
+    /// one request in webhook order, although they are called concurrently).
+    pub async fn admissions(&self) -> Vec<AdmissionCall> {
+        serde_json::from_value(self.emulator_get("/__emulator/admissions").await)
+            .expect("admission calls as recorded by the emulator")
+    }
+
+    /// Sends one request to the emulator over plain HTTP (`path` with its query, `body` as JSON
+    /// with `content_type`), for what kube-rs does not show: the `Warning` headers.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> RawResponse {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.url));
+        if let Some(body) = body {
+            request = request
+                .header(http::header::CONTENT_TYPE, content_type)
+                .body(body.to_string());
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        RawResponse {
+            status,
+            headers,
+            body,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod operator;
 pub mod process;
 pub mod python;
 pub mod rogue;
+pub mod test_webhook;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
