@@ -425,7 +425,9 @@ async fn rotated_certificates_reach_new_connections_and_a_bad_pair_keeps_the_old
 
     // A certificate with another pair's key: refused, the previous pair stays.
     kubelet_dir(&certs, "2026_12_01_c", &first.cert_path, &second.key_path);
+    // Certificates are re-checked when a connection arrives.
     let refused = support::eventually(Duration::from_secs(30), async || {
+        handshake_ok(&second, &webhook.url).await;
         webhook
             .logs()
             .contains("keeping the previous one")

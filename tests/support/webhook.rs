@@ -167,7 +167,7 @@ pub fn admission_review(
     object: &Value,
     old_object: Option<&Value>,
 ) -> Value {
-    json!({
+    let mut review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
             "uid": uid,
@@ -184,7 +184,12 @@ pub fn admission_review(
             "dryRun": false,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         }
-    })
+    });
+    // Like the API server: `name` is omitted (not null) for a pod with only `generateName`.
+    if review["request"]["name"].is_null() {
+        review["request"].as_object_mut().unwrap().remove("name");
+    }
+    review
 }
 
 /// A Pod CREATE review.
