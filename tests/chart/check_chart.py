@@ -536,7 +536,16 @@ def part_dump_tls():
     return Problems()
 
 
-PARTS = {"lint": part_lint, "upgrade": part_upgrade, "dump-tls": part_dump_tls, "render": part_render, "refusals": part_refusals,
+def part_emit():
+    """Renders charts/lifeguard with the JSON values in $LIFEGUARD_CHART_VALUES and prints the
+    manifests as one JSON array (for whole-system tests that apply what the chart would)."""
+    values = json.loads(os.environ.get("LIFEGUARD_CHART_VALUES") or "{}")
+    docs = [d for _, text in manifests(render(CHART, values)) for d in yaml.safe_load_all(text)]
+    print("EMIT " + json.dumps([d for d in docs if d]))
+    return Problems()
+
+
+PARTS = {"emit": part_emit, "lint": part_lint, "upgrade": part_upgrade, "dump-tls": part_dump_tls, "render": part_render, "refusals": part_refusals,
          "examples": part_examples}
 
 

@@ -1,0 +1,316 @@
+//! The install path end to end, as far as this machine allows: the chart renders the webhook
+//! configurations and the webhook's config file; the real `lifeguard webhook` runs with that file;
+//! the API emulator calls it for every pod and Lifeguard object like kube-apiserver does. Then,
+//! as a platform team would: label a namespace, apply a policy, create a pod — the created pod
+//! carries the sidecar.
+
+mod support;
+
+use std::process::Command;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use support::kube::KubeEmulator;
+use support::operator::TestCa;
+use support::webhook::Webhook;
+
+const RELEASE_NAMESPACE: &str = "lifeguard-system";
+
+/// The chart's manifests for `values` (tests/chart/check_chart.py emit).
+fn render_chart(values: &Value) -> Vec<Value> {
+    let output = Command::new(support::python::python())
+        .arg(support::repo().join("tests/chart/check_chart.py"))
+        .arg("emit")
+        .env("LIFEGUARD_CHART_VALUES", values.to_string())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(support::repo())
+        .output()
+        .expect("run tests/chart/check_chart.py emit");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "rendering the chart failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("EMIT "))
+        .expect("the emit line");
+    serde_json::from_str(line).unwrap()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with(name_suffix))
+        })
+        .unwrap_or_else(|| panic!("the chart renders no {kind} *{name_suffix}"))
+}
+
+struct Installed {
+    emulator: KubeEmulator,
+    webhook: Webhook,
+}
+
+/// What `helm install` would put in place for the admission path, with the webhook's serving
+/// certificate from a test CA (`certificates.mode: existingSecret`).
+async fn install() -> Installed {
+    let emulator = KubeEmulator::start().await;
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let ca = std::sync::Arc::new(TestCa::new(dir.path()));
+    let docs = render_chart(&json!({
+        "certificates": {"mode": "existingSecret", "existingSecret": {
+            "operatorSecretName": "operator-tls", "webhookSecretName": "webhook-tls",
+            "caBundle": ca.ca_pem,
+        }},
+    }));
+    // The webhook runs with exactly the configuration file the chart writes.
+    let config = find(&docs, "ConfigMap", "-webhook-config");
+    let (_, text) = config["data"].as_object().unwrap().iter().next().unwrap();
+    let (cert, key) = (ca.cert_path.clone(), ca.key_path.clone());
+    let webhook =
+        Webhook::start_with_certificate(&emulator, text.as_str().unwrap(), dir, ca, &cert, &key)
+            .await;
+
+    let mutating = find(&docs, "MutatingWebhookConfiguration", "-inject");
+    let validating = find(&docs, "ValidatingWebhookConfiguration", "-validate");
+    let service = &mutating["webhooks"][0]["clientConfig"]["service"];
+    assert_eq!(service["namespace"], RELEASE_NAMESPACE);
+    let port: u16 = webhook.url.rsplit(':').next().unwrap().parse().unwrap();
+    emulator
+        .register_service(
+            RELEASE_NAMESPACE,
+            service["name"].as_str().unwrap(),
+            service["port"].as_u64().unwrap() as u16,
+            &format!("https://127.0.0.1:{port}"),
+        )
+        .await;
+    let mut yaml = String::new();
+    for doc in [mutating, validating] {
+        yaml.push_str(&serde_json::to_string(doc).unwrap());
+        yaml.push_str("\n---\n");
+    }
+    emulator.apply_yaml(&yaml).await;
+    emulator
+        .apply_yaml(
+            "
+apiVersion: v1
+kind: Namespace
+metadata: {name: lifeguard-system}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {name: reports, namespace: team-a}
+spec:
+  selector: {matchLabels: {app: reports}}
+  resource: https://reports.team-a.example.com/mcp
+  identity: {issuers: [{issuer: https://idp.example.com, jwksUri: https://idp.example.com/jwks}]}
+---
+apiVersion: lifeguard.dev/v1alpha1
+kind: McpServerPolicy
+metadata: {name: billing, namespace: team-a}
+spec:
+  selector: {matchLabels: {app: billing}}
+  resource: https://billing.team-a.example.com/mcp
+  identity: {issuers: [{issuer: https://idp.example.com, jwksUri: https://idp.example.com/jwks}]}
+  injection: {required: true}
+",
+        )
+        .await;
+    Installed { emulator, webhook }
+}
+
+fn mcp_pod(name: &str, labels: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{
+            "name": "server", "image": "registry.example.com/reports:1",
+            "ports": [{"name": "mcp", "containerPort": 8080}],
+        }]},
+    }))
+    .unwrap()
+}
+
+fn sidecar_of(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::Container> {
+    pod.spec
+        .as_ref()?
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "lifeguard-sidecar")
+}
+
+#[tokio::test]
+async fn label_a_namespace_apply_a_policy_create_a_pod_and_it_carries_the_sidecar() {
+    let Installed { emulator, webhook } = install().await;
+    let client = emulator.client().await;
+    let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
+
+    // Before the namespace opts in, the pod is not even sent to the webhook (injectionScope
+    // optedIn): created as is, no annotation.
+    let before = pods
+        .create(
+            &PostParams::default(),
+            &mcp_pod("early", json!({"app": "reports"})),
+        )
+        .await
+        .unwrap();
+    assert!(sidecar_of(&before).is_none());
+    assert!(
+        before.metadata.annotations.is_none(),
+        "{:?}",
+        before.metadata.annotations
+    );
+
+    // kubectl label namespace team-a lifeguard.dev/inject=enabled
+    emulator
+        .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {lifeguard.dev/inject: enabled}}\n")
+        .await;
+    let created = support::eventually(std::time::Duration::from_secs(20), async || {
+        let _ = pods.delete("reports-0", &Default::default()).await;
+        let pod = pods
+            .create(
+                &PostParams::default(),
+                &mcp_pod("reports-0", json!({"app": "reports"})),
+            )
+            .await
+            .ok()?;
+        sidecar_of(&pod).is_some().then_some(pod)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the pod never got the sidecar:\n{}", webhook.logs()));
+    let stored = pods.get("reports-0").await.unwrap();
+    assert_eq!(
+        stored.spec, created.spec,
+        "what was stored is what was admitted"
+    );
+    let sidecar = sidecar_of(&stored).unwrap();
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    let status = &stored.metadata.annotations.as_ref().unwrap()["lifeguard.dev/status"];
+    assert!(status.contains("\"policy\":\"reports\""), "{status}");
+
+    // A dry run is admitted the same way and stores nothing.
+    let dry = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &mcp_pod("reports-dry", json!({"app": "reports"})),
+        )
+        .await
+        .unwrap();
+    assert!(sidecar_of(&dry).is_some());
+    assert!(pods.get_opt("reports-dry").await.unwrap().is_none());
+
+    // A pod that opts out of a policy that requires the sidecar is refused.
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &mcp_pod(
+                "billing-0",
+                json!({"app": "billing", "lifeguard.dev/inject": "disabled"}),
+            ),
+        )
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        message.contains("denied the request") && message.contains("OptedOut"),
+        "{message}"
+    );
+
+    // A pod of another namespace, not opted in, never reaches the webhook.
+    let calls_before = emulator.admissions().await.len();
+    let other = Api::<Pod>::namespaced(client.clone(), "team-b")
+        .create(
+            &PostParams::default(),
+            &mcp_pod("reports-0", json!({"app": "reports"})),
+        )
+        .await
+        .unwrap();
+    assert!(sidecar_of(&other).is_none());
+    let calls: Vec<_> = emulator
+        .admissions()
+        .await
+        .into_iter()
+        .skip(calls_before)
+        .collect();
+    assert!(
+        calls.iter().all(|c| c.namespace != "team-b"),
+        "team-b pods must not be sent: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn lifeguard_objects_pass_through_validation() {
+    let Installed { emulator, webhook } = install().await;
+    // An exception whose signature nobody can verify (no approver keys, a forged signature).
+    let yaml = "
+apiVersion: lifeguard.dev/v1alpha1
+kind: CapabilityException
+metadata: {name: summaries, namespace: team-a}
+spec:
+  policyRef: {name: reports}
+  capability: sampling
+  clients: [c]
+  purpose: summaries
+  limits: {maxTokens: 1, maxIterationsPerTask: 1, maxRequestsPerMinute: 1}
+  notBefore: '2026-12-01T00:00:00Z'
+  expiresAt: '2026-12-15T00:00:00Z'
+  approvalId: CHG-1
+  signature: e30..c2ln
+";
+    let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).unwrap();
+    let response = emulator
+        .send(
+            http::Method::POST,
+            "/apis/lifeguard.dev/v1alpha1/namespaces/team-a/capabilityexceptions",
+            "application/json",
+            Some(&documents[0]),
+        )
+        .await;
+    assert!(response.status >= 400, "{:?}", response.body);
+    let message = response.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("denied the request"),
+        "{message}\n{}",
+        webhook.logs()
+    );
+
+    // A policy whose selector overlaps `reports` is refused and names it.
+    let overlapping = json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "McpServerPolicy",
+        "metadata": {"name": "reports-v2", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+            "resource": "https://reports2.team-a.example.com/mcp",
+            "identity": {"issuers": [{"issuer": "https://idp.example.com", "jwksUri": "https://idp.example.com/jwks"}]},
+        },
+    });
+    let response = emulator
+        .send(
+            http::Method::POST,
+            "/apis/lifeguard.dev/v1alpha1/namespaces/team-a/mcpserverpolicies",
+            "application/json",
+            Some(&overlapping),
+        )
+        .await;
+    assert!(response.status >= 400, "{:?}", response.body);
+    let message = response.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("reports"), "{message}");
+}
