@@ -113,10 +113,10 @@ metadata: {name: team-b}
 ---
 apiVersion: lifeguard.dev/v1alpha1
 kind: McpServerPolicy
-metadata: {name: reports, namespace: team-a}
+metadata: {name: reports, namespace: team-b}
 spec:
   selector: {matchLabels: {app: reports}}
-  resource: https://reports.team-a.example.com/mcp
+  resource: https://reports.team-b.example.com/mcp
   identity: {issuers: [{issuer: https://idp.example.com, jwksUri: https://idp.example.com/jwks}]}
 ---
 apiVersion: lifeguard.dev/v1alpha1
@@ -176,17 +176,30 @@ async fn label_a_namespace_apply_a_policy_create_a_pod_and_it_carries_the_sideca
         before.metadata.annotations
     );
 
-    // kubectl label namespace team-a lifeguard.dev/inject=enabled
-    emulator
-        .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {lifeguard.dev/inject: enabled}}\n")
-        .await;
+    // docs/install.md steps 3–5: kubectl apply -f examples/install/{namespace,policy,server}.yaml
+    for file in ["namespace.yaml", "policy.yaml", "server.yaml"] {
+        let path = support::repo().join("examples/install").join(file);
+        emulator
+            .apply_yaml(&std::fs::read_to_string(path).unwrap())
+            .await;
+    }
+    // The emulator runs no controllers: create the pod the Deployment's ReplicaSet would.
+    let server: Vec<Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(support::repo().join("examples/install/server.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut template = server[0]["spec"]["template"].clone();
+    template["metadata"]["name"] = json!("reports-0");
+    let from_deployment: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": template["metadata"], "spec": template["spec"],
+    }))
+    .unwrap();
+    // The webhook's caches see the label and the policy a moment after they are written.
     let created = support::eventually(std::time::Duration::from_secs(20), async || {
         let _ = pods.delete("reports-0", &Default::default()).await;
         let pod = pods
-            .create(
-                &PostParams::default(),
-                &mcp_pod("reports-0", json!({"app": "reports"})),
-            )
+            .create(&PostParams::default(), &from_deployment)
             .await
             .ok()?;
         sidecar_of(&pod).is_some().then_some(pod)
@@ -259,6 +272,10 @@ async fn label_a_namespace_apply_a_policy_create_a_pod_and_it_carries_the_sideca
 #[tokio::test]
 async fn lifeguard_objects_pass_through_validation() {
     let Installed { emulator, webhook } = install().await;
+    let policy = support::repo().join("examples/install/policy.yaml");
+    emulator
+        .apply_yaml(&std::fs::read_to_string(policy).unwrap())
+        .await;
     // An exception whose signature nobody can verify (no approver keys, a forged signature).
     let yaml = "
 apiVersion: lifeguard.dev/v1alpha1
@@ -312,5 +329,5 @@ spec:
         .await;
     assert!(response.status >= 400, "{:?}", response.body);
     let message = response.body["message"].as_str().unwrap_or_default();
-    assert!(message.contains("reports"), "{message}");
+    assert!(message.contains("`reports`"), "{message}");
 }
