@@ -3,7 +3,7 @@
 //! operator's Secret; the ConfigMaps follow a rotated Secret, come back when deleted or edited,
 //! keep their content when the Secret turns to garbage (which is reported), stay when a
 //! namespace opts out, and never appear in a namespace that is neither opted in nor has a
-//! policy.
+//! policy. Needs the emulator to serve Namespace objects (`/api/v1/namespaces`).
 
 mod support;
 

@@ -295,8 +295,10 @@ struct Running {
     policies: Store<PartialObjectMeta<McpServerPolicy>>,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
-    /// The problem last reported, with the Secret version it was found in.
+    /// The problem last logged and counted, with the Secret version it was found in.
     reported: Option<(CaSourceProblem, Option<String>)>,
+    /// The problem last published as an Event (by this replica, while leading).
+    announced: Option<(CaSourceProblem, Option<String>)>,
 }
 
 impl CaDistributor {
@@ -377,6 +379,7 @@ impl CaDistributor {
             secrets,
             config_maps,
             reported: None,
+            announced: None,
         };
         tokio::spawn(running.run(changes, leading, shutdown));
     }
@@ -488,11 +491,13 @@ impl Running {
             }
             CaPlan::Apply(config_maps) => {
                 self.metrics.usable.set(1);
+                if self.reported.take().is_some() {
+                    tracing::info!(secret = %self.config.secret_name, "CA source usable again");
+                }
                 if !is_leader {
                     return false;
                 }
-                if self.reported.take().is_some() {
-                    tracing::info!(secret = %self.config.secret_name, "CA source usable again");
+                if self.announced.take().is_some() {
                     self.publish(
                         EventType::Normal,
                         "CaSourceUsable",
@@ -509,9 +514,19 @@ impl Running {
         }
     }
 
-    /// Logs, counts and publishes an unusable source once per problem and Secret version.
+    /// Logs and counts an unusable source once per problem and Secret version, and publishes
+    /// it once per problem and version while leading (also when leadership came later).
     async fn report(&mut self, problem: CaSourceProblem, version: Option<String>, is_leader: bool) {
         let current = Some((problem.clone(), version));
+        let message = format!(
+            "caDistribution: Secret {}/{}: {problem}; the CA ConfigMaps keep their current content",
+            self.namespace, self.config.secret_name
+        );
+        if is_leader && self.announced != current {
+            self.announced = current.clone();
+            self.publish(EventType::Warning, "CaSourceUnusable", &message)
+                .await;
+        }
         if self.reported == current {
             return;
         }
@@ -522,15 +537,7 @@ impl Running {
                 reason: problem.metric_label(),
             })
             .inc();
-        let message = format!(
-            "caDistribution: Secret {}/{}: {problem}; the CA ConfigMaps keep their current content",
-            self.namespace, self.config.secret_name
-        );
         tracing::warn!(reason = problem.metric_label(), "{message}");
-        if is_leader {
-            self.publish(EventType::Warning, "CaSourceUnusable", &message)
-                .await;
-        }
     }
 
     /// An Event about the Secret; failures are logged (Events are for people).
