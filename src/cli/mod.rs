@@ -90,6 +90,11 @@ pub struct SidecarArgs {
     /// Address of /live, /ready and /metrics.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<std::net::SocketAddr>,
+    /// The app containers' probes, answered on --admin at /app-health/<container>/<kind>: a
+    /// JSON object keyed <container>/<livez|readyz|startupz> of httpGet or tcpSocket probes
+    /// (set by the injecting webhook).
+    #[arg(long, value_name = "JSON", env = "LIFEGUARD_APP_PROBES")]
+    pub app_probes: Option<String>,
     /// Write audit events (JSON lines) to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     pub audit_file: Option<PathBuf>,

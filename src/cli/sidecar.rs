@@ -1,8 +1,8 @@
 //! `lifeguard sidecar`.
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use lifeguard::runtime::http::ServerLimits;
-use lifeguard::sidecar::{PolicySourceConfig, SidecarConfig};
+use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 
 use super::SidecarArgs;
 
@@ -18,6 +18,12 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         upstream_timeout: args.upstream_timeout.get(),
         cancel_confirm_timeout: args.cancel_confirm_timeout.get(),
         limits: limits(args)?,
+        app_probes: match args.app_probes.as_deref().map(str::trim) {
+            None | Some("") => AppProbes::default(),
+            Some(json) => {
+                AppProbes::parse(json).context("--app-probes (or $LIFEGUARD_APP_PROBES) refused")?
+            }
+        },
     };
     let runtime = lifeguard::runtime::tokio_runtime(args.worker_threads)?;
     runtime.block_on(async move {

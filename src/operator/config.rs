@@ -7,6 +7,10 @@
 //! bypassPrevention:
 //!   networkPolicy: optIn           # disabled (default) | optIn | all
 //!   sidecarPorts: [mcp]            # ports (names or numbers) the NetworkPolicy admits
+//! caDistribution:                  # the CA ConfigMap injected sidecars mount
+//!   secretName: lifeguard-operator-tls
+//!   secretKey: ca.crt
+//!   configMap: {name: lifeguard-ca, key: ca.crt}
 //! ```
 
 use std::path::Path;
@@ -28,6 +32,101 @@ pub struct OperatorFileConfig {
     pub security_events: Option<SecurityEventsConfig>,
     #[serde(default)]
     pub bypass_prevention: BypassPrevention,
+    /// Copy the CA that signed the operator's serving certificate into a ConfigMap in every
+    /// namespace whose pods get a sidecar (see `operator::ca_distribution`).
+    #[serde(default)]
+    pub ca_distribution: Option<CaDistribution>,
+}
+
+/// Where the operator's CA comes from (a Secret in the operator's namespace) and the
+/// ConfigMap it is copied to in every opted-in namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CaDistribution {
+    /// Secret in the operator's namespace that holds the CA (e.g. the serving certificate's
+    /// Secret, whose `ca.crt` cert-manager and the chart fill in).
+    pub secret_name: String,
+    /// Key of that Secret holding the PEM CA bundle (default `ca.crt`).
+    #[serde(default = "default_ca_key")]
+    pub secret_key: String,
+    /// The ConfigMap written in each namespace (default `{name: lifeguard-ca, key: ca.crt}`).
+    #[serde(default)]
+    pub config_map: ConfigMapKeyRef,
+}
+
+/// A ConfigMap name and one key of its `data`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+impl Default for ConfigMapKeyRef {
+    fn default() -> Self {
+        Self {
+            name: "lifeguard-ca".into(),
+            key: default_ca_key(),
+        }
+    }
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+impl CaDistribution {
+    /// Names the API server would refuse, refused here with the field's path.
+    fn validate(&self) -> Result<(), String> {
+        for (field, value) in [
+            ("secretName", &self.secret_name),
+            ("configMap.name", &self.config_map.name),
+        ] {
+            if !is_dns_subdomain(value) {
+                return Err(format!(
+                    "caDistribution.{field}: {value:?} is not a valid object name (lowercase \
+                     letters, digits, '-' and '.', at most 253 characters)"
+                ));
+            }
+        }
+        for (field, value) in [
+            ("secretKey", &self.secret_key),
+            ("configMap.key", &self.config_map.key),
+        ] {
+            if !is_data_key(value) {
+                return Err(format!(
+                    "caDistribution.{field}: {value:?} is not a valid data key (letters, \
+                     digits, '-', '_' and '.', at most 253 characters)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// RFC 1123 subdomain: what Kubernetes accepts as a Secret or ConfigMap name.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// A key of a Secret's or ConfigMap's `data`.
+fn is_data_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// When the operator writes a NetworkPolicy per McpServerPolicy that admits traffic to the
@@ -121,6 +220,12 @@ impl OperatorFileConfig {
                 message: format!("securityEvents: {e}"),
             })?;
         }
+        if let Some(ca) = &config.ca_distribution {
+            ca.validate().map_err(|message| ConfigError::Invalid {
+                path: path.to_owned(),
+                message,
+            })?;
+        }
         Ok(config)
     }
 
@@ -197,5 +302,74 @@ mod tests {
             OperatorFileConfig::parse("c.yaml", "").unwrap(),
             OperatorFileConfig::default()
         );
+    }
+
+    #[test]
+    fn ca_distribution_parses_with_its_defaults() {
+        let c = OperatorFileConfig::parse(
+            "c.yaml",
+            "caDistribution:\n  secretName: lifeguard-operator-tls\n  secretKey: ca.crt\n  configMap: {name: lifeguard-ca, key: ca.crt}\n",
+        )
+        .unwrap();
+        let ca = c.ca_distribution.unwrap();
+        assert_eq!(ca.secret_name, "lifeguard-operator-tls");
+        assert_eq!(ca.config_map, ConfigMapKeyRef::default());
+        let short =
+            OperatorFileConfig::parse("c.yaml", "caDistribution: {secretName: tls}\n").unwrap();
+        assert_eq!(
+            short.ca_distribution.unwrap(),
+            CaDistribution {
+                secret_name: "tls".into(),
+                secret_key: "ca.crt".into(),
+                config_map: ConfigMapKeyRef {
+                    name: "lifeguard-ca".into(),
+                    key: "ca.crt".into()
+                },
+            }
+        );
+        assert!(
+            OperatorFileConfig::parse("c.yaml", "")
+                .unwrap()
+                .ca_distribution
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn ca_distribution_refuses_unknown_keys_missing_secret_and_bad_names() {
+        let cases = [
+            (
+                "caDistribution: {secretName: tls, configMap: {name: ca, key: ca.crt, namespace: x}}\n",
+                &["caDistribution.configMap", "namespace"][..],
+            ),
+            (
+                "caDistribution: {secretName: tls, secretKeys: ca.crt}\n",
+                &["caDistribution", "secretKeys"][..],
+            ),
+            (
+                "caDistribution: {configMap: {name: ca, key: ca.crt}}\n",
+                &["caDistribution", "secretName"][..],
+            ),
+            (
+                "caDistribution: {secretName: Lifeguard_TLS}\n",
+                &["caDistribution.secretName", "Lifeguard_TLS"][..],
+            ),
+            (
+                "caDistribution: {secretName: tls, configMap: {name: ca, key: \"ca/crt\"}}\n",
+                &["caDistribution.configMap.key", "ca/crt"][..],
+            ),
+            (
+                "caDistribution: {secretName: tls, secretKey: \"..\"}\n",
+                &["caDistribution.secretKey"][..],
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = OperatorFileConfig::parse("c.yaml", text)
+                .unwrap_err()
+                .to_string();
+            for part in expected {
+                assert!(err.contains(part), "{text}: {err} lacks {part}");
+            }
+        }
     }
 }

@@ -10,11 +10,13 @@
 //! [`stream`] → acknowledgements into [`sessions`] → the status reconcilers in
 //! [`controllers`] (leader only, see [`lease`]) via [`status`] and [`propagation`].
 //! Security events enter through [`ssf`] and become PrincipalRevocations ([`revocation_sink`]),
-//! which flow back in through the watch like any other object.
+//! which flow back in through the watch like any other object. The leader also keeps the CA
+//! ConfigMap injected sidecars mount in every opted-in namespace ([`ca_distribution`]).
 
 pub mod ack_sync;
 pub mod ack_table;
 pub mod auth;
+pub mod ca_distribution;
 pub mod cluster_acks;
 pub mod config;
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::runtime::tls::{ReloadingCertificate, serve_tls};
 use crate::runtime::{Health, Readiness};
 
 use super::auth::SidecarAuthenticator;
+use super::ca_distribution::CaDistributor;
 use super::cluster_acks::ClusterAcks;
 use super::config::OperatorFileConfig;
 use super::controllers::{self, Context};
@@ -251,6 +252,7 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
             Some(Arc::new(receiver))
         }
     };
+    let ca_distributor = CaDistributor::new(file.ca_distribution.as_ref(), &mut metrics.registry);
     let metrics = Arc::new(metrics);
     let health = Arc::new(OperatorHealth {
         metrics: metrics.clone(),
@@ -346,6 +348,16 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
             leading_tx,
             shutdown.clone(),
         ));
+    }
+    if let Some(ca) = ca_distributor {
+        let (client, ns) = (client.clone(), namespace.clone());
+        ca.spawn(
+            client,
+            ns,
+            replica.clone(),
+            leading.clone(),
+            shutdown.clone(),
+        );
     }
 
     // Acknowledgements shared between replicas.

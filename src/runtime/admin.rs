@@ -65,6 +65,16 @@ pub async fn spawn(
     health: Arc<dyn Health>,
     shutdown: CancellationToken,
 ) -> Result<SocketAddr> {
+    spawn_with(addr, health, Router::new(), shutdown).await
+}
+
+/// [`spawn`], also serving the routes of `extra` (paths other than the ones above).
+pub async fn spawn_with(
+    addr: SocketAddr,
+    health: Arc<dyn Health>,
+    extra: Router,
+    shutdown: CancellationToken,
+) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the admin address {addr}"))?;
@@ -74,7 +84,8 @@ pub async fn spawn(
         // Default limits; its connection metrics are not exported (the port is not public).
         let limits = super::http::ServerLimits::default();
         let metrics = super::http::ConnectionMetrics::default();
-        let served = super::http::serve(listener, router(health), limits, metrics, shutdown).await;
+        let routes = router(health).merge(extra);
+        let served = super::http::serve(listener, routes, limits, metrics, shutdown).await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin server failed");
         }

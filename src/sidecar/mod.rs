@@ -32,9 +32,10 @@
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
 //! | shared state | `state`, `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store` |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
+mod app_probes;
 mod bounded_body;
 mod cancellation;
 mod capability;
@@ -86,6 +87,8 @@ use policy_file::FilePolicySource;
 use policy_source::{PolicyChannels, PolicyPublisher, PolicySource};
 use state::{AppState, PolicyWatch};
 use upstream::Upstream;
+
+pub use app_probes::{AppProbeError, AppProbes};
 
 /// Which source feeds the sidecar's policy.
 #[derive(Clone, Debug)]
@@ -183,6 +186,9 @@ pub struct SidecarConfig {
     pub cancel_confirm_timeout: Duration,
     /// Connection caps and timeouts of the client-facing port.
     pub limits: ServerLimits,
+    /// The app containers' probes answered at `/app-health/<container>/<kind>` on the admin
+    /// port (`--app-probes`; empty when the pod's probes were not rewritten).
+    pub app_probes: AppProbes,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
@@ -192,6 +198,9 @@ const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
 /// Runs the sidecar until `shutdown` fires.
 pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<()> {
+    if config.admin.is_none() && !config.app_probes.is_empty() {
+        anyhow::bail!("--app-probes needs --admin: the probes are answered on the admin port");
+    }
     if config.upstream.scheme_str() != Some("http") {
         anyhow::bail!(
             "--upstream must be an http:// URL of the MCP container on loopback, got {}",
@@ -305,7 +314,9 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     tracing::info!(%local, upstream = %config.upstream, "sidecar listening");
 
     if let Some(admin_addr) = config.admin {
-        crate::runtime::admin::spawn(admin_addr, app.clone(), shutdown.clone()).await?;
+        let probes = app_probes::router(Arc::new(config.app_probes.clone()));
+        crate::runtime::admin::spawn_with(admin_addr, app.clone(), probes, shutdown.clone())
+            .await?;
     }
 
     let limits = config.limits.clone();
