@@ -69,6 +69,12 @@ async fn install() -> Installed {
             "caBundle": ca.ca_pem,
         }},
     }));
+    // The operator accepts the configuration file the chart writes for it.
+    let operator_config = find(&docs, "ConfigMap", "-operator-config");
+    for (key, text) in operator_config["data"].as_object().unwrap() {
+        lifeguard::operator::config::OperatorFileConfig::parse(key, text.as_str().unwrap())
+            .unwrap_or_else(|e| panic!("the chart's operator config does not parse: {e}"));
+    }
     // The webhook runs with exactly the configuration file the chart writes.
     let config = find(&docs, "ConfigMap", "-webhook-config");
     let (_, text) = config["data"].as_object().unwrap().iter().next().unwrap();

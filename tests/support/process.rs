@@ -120,7 +120,7 @@ fn collect_bytes(
 
 /// Spawns `command`, collecting its stdout/stderr lines; returns the child and the shared line
 /// buffer, plus a receiver that gets every line as it arrives.
-pub(super) fn spawn_collecting(
+pub fn spawn_collecting(
     mut command: Command,
 ) -> (Child, Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -155,7 +155,7 @@ pub(super) fn spawn_collecting(
 /// Waits for a line of the child's output containing `marker` (up to 30 s, or until the
 /// child's output ends) and returns what follows the marker; fails with all the output
 /// collected otherwise.
-pub(super) fn wait_for_line(
+pub fn wait_for_line(
     rx: &mpsc::Receiver<String>,
     marker: &str,
     what: &str,
