@@ -11,7 +11,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::kube::KubeEmulator;
 use support::operator::TestCa;
-use support::webhook::{Webhook, admission_review, apply_patch, config_yaml, patch_of, pod_review};
+use support::webhook::{
+    EXCEPTION, POLICY, Webhook, admission_review, apply_patch, config_yaml, patch_of, pod_review,
+};
 
 const CLUSTER: &str = "
 apiVersion: v1
@@ -224,17 +226,7 @@ async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
             "identity": {"issuers": [{"issuer": "https://idp.example.com", "jwksUri": "https://idp.example.com/jwks"}]},
         },
     });
-    let review = admission_review(
-        "v-1",
-        "lifeguard.dev",
-        "v1alpha1",
-        "McpServerPolicy",
-        "mcpserverpolicies",
-        Some("team-a"),
-        "CREATE",
-        &overlapping,
-        None,
-    );
+    let review = admission_review("v-1", &POLICY, Some("team-a"), "CREATE", &overlapping, None);
     let response = webhook.review("/validate", &review).await;
     assert_eq!(response["allowed"], false, "{response}");
     let message = response["status"]["message"].as_str().unwrap();
@@ -245,17 +237,7 @@ async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
 
     let mut disjoint = overlapping.clone();
     disjoint["spec"]["selector"] = json!({"matchLabels": {"app": "search"}});
-    let review = admission_review(
-        "v-2",
-        "lifeguard.dev",
-        "v1alpha1",
-        "McpServerPolicy",
-        "mcpserverpolicies",
-        Some("team-a"),
-        "CREATE",
-        &disjoint,
-        None,
-    );
+    let review = admission_review("v-2", &POLICY, Some("team-a"), "CREATE", &disjoint, None);
     assert_eq!(webhook.review("/validate", &review).await["allowed"], true);
 
     let exception = json!({
@@ -270,10 +252,7 @@ async fn validation_denies_an_overlapping_policy_and_an_unsigned_exception() {
     });
     let review = admission_review(
         "v-3",
-        "lifeguard.dev",
-        "v1alpha1",
-        "CapabilityException",
-        "capabilityexceptions",
+        &EXCEPTION,
         Some("team-a"),
         "CREATE",
         &exception,

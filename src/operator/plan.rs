@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::{Selector, SelectorExt};
 use serde_json::value::RawValue;
 
 use crate::api::conditions::reasons;
@@ -21,7 +20,7 @@ pub use crate::exception::ApproverKeys;
 use crate::exception::verify;
 use crate::policy::compile::{namespace_of, targets};
 use crate::policy::{
-    CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile,
+    CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile, selection,
 };
 
 /// Namespace and name of a pod.
@@ -107,28 +106,13 @@ fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> 
     }
 }
 
-/// Older first: creation time, then name (the API server's order of arrival).
-fn age_order(policy: &McpServerPolicy) -> (Option<Timestamp>, String) {
-    (
-        policy.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        policy.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
+/// The shared rule (`policy::selection`): the webhook injects by the same one.
 fn selects(policy: &McpServerPolicy, pod: &Pod) -> bool {
-    if namespace_of(&policy.metadata) != namespace_of(&pod.metadata) {
-        return false;
-    }
-    let Ok(selector) = Selector::try_from(policy.spec.selector.clone()) else {
-        return false;
-    };
-    // An empty selector would select every pod of the namespace; the compiler refuses it, and
-    // here it selects nothing rather than everything.
-    if selector.selects_all() {
-        return false;
-    }
-    let empty = BTreeMap::new();
-    selector.matches(pod.metadata.labels.as_ref().unwrap_or(&empty))
+    selection::selects(
+        policy,
+        &namespace_of(&pod.metadata),
+        pod.metadata.labels.as_ref(),
+    )
 }
 
 /// Condition reason and message of an exception whose signature verified, in `state` (its
@@ -231,7 +215,7 @@ fn exception_plan(
 pub fn plan(world: World<'_>) -> Plan {
     let mut out = Plan::default();
     let mut policies: Vec<&Arc<McpServerPolicy>> = world.policies.iter().collect();
-    policies.sort_by_key(|p| age_order(p));
+    policies.sort_by_key(|p| selection::age_order(p));
 
     // Pods: the oldest selecting policy wins; the others are shadowed on that pod.
     let mut matched: HashMap<ObjectKey, i32> = HashMap::new();

@@ -25,7 +25,7 @@ pub fn selects(
     namespace: &str,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
-    if policy.metadata.namespace.as_deref().unwrap_or_default() != namespace {
+    if super::compile::namespace_of(&policy.metadata) != namespace {
         return false;
     }
     let Ok(selector) = Selector::try_from(policy.spec.selector.clone()) else {

@@ -60,15 +60,17 @@ mod tests {
         value.map(|v| BTreeMap::from([(INJECT_KEY.to_owned(), v.to_owned())]))
     }
 
+    type Case<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        Result<OptedIn, SkipReason>,
+    );
+
     #[test]
     fn the_documented_table() {
         use SkipReason::*;
-        let cases: [(
-            Option<&str>,
-            Option<&str>,
-            Option<&str>,
-            Result<OptedIn, SkipReason>,
-        ); 12] = [
+        let cases: [Case; 12] = [
             (Some("disabled"), None, Some("enabled"), Err(OptedOut)),
             (Some("disabled"), None, None, Err(OptedOut)),
             (

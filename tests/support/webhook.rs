@@ -155,18 +155,48 @@ impl Drop for Webhook {
     }
 }
 
-/// An AdmissionReview request for `object` of `kind` in `namespace`.
+/// Group, version, kind and resource of an admitted object.
+pub struct Resource {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub resource: &'static str,
+}
+
+pub const POD: Resource = Resource {
+    group: "",
+    version: "v1",
+    kind: "Pod",
+    resource: "pods",
+};
+pub const POLICY: Resource = Resource {
+    group: "lifeguard.dev",
+    version: "v1alpha1",
+    kind: "McpServerPolicy",
+    resource: "mcpserverpolicies",
+};
+pub const EXCEPTION: Resource = Resource {
+    group: "lifeguard.dev",
+    version: "v1alpha1",
+    kind: "CapabilityException",
+    resource: "capabilityexceptions",
+};
+
+/// An AdmissionReview request for `object` of `what` in `namespace`.
 pub fn admission_review(
     uid: &str,
-    group: &str,
-    version: &str,
-    kind: &str,
-    resource: &str,
+    what: &Resource,
     namespace: Option<&str>,
     operation: &str,
     object: &Value,
     old_object: Option<&Value>,
 ) -> Value {
+    let Resource {
+        group,
+        version,
+        kind,
+        resource,
+    } = what;
     let mut review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
@@ -194,17 +224,7 @@ pub fn admission_review(
 
 /// A Pod CREATE review.
 pub fn pod_review(uid: &str, namespace: &str, pod: &Value) -> Value {
-    admission_review(
-        uid,
-        "",
-        "v1",
-        "Pod",
-        "pods",
-        Some(namespace),
-        "CREATE",
-        pod,
-        None,
-    )
+    admission_review(uid, &POD, Some(namespace), "CREATE", pod, None)
 }
 
 /// The decoded JSONPatch of a response (`[]` when there is none).
