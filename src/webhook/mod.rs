@@ -18,3 +18,6 @@ pub mod reasons;
 pub mod run;
 pub mod server;
 pub mod validate;
+
+#[cfg(test)]
+mod golden_tests;

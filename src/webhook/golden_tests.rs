@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::{Candidate, decide};
+use crate::webhook::inject::{Candidate, decide};
 use crate::api::McpServerPolicy;
 use crate::webhook::admission::{InjectOutcome, inject_response, parse_review, review_json};
 use crate::webhook::config::WebhookFileConfig;
