@@ -49,8 +49,8 @@ CRD_CHART = REPO / "charts/lifeguard-crds"
 GOLDEN = REPO / "tests/chart/golden/default.yaml"
 RELEASE, NAMESPACE = "lifeguard", "lifeguard-system"
 # The oldest and newest Kubernetes the chart supports: Chart.yaml's kubeVersion and the README
-# say the same. 1.29 is the first release with native sidecars on by default.
-KUBE_VERSIONS = ("1.29.0", "1.37.0")
+# say the same. 1.33 is the oldest the CRDs support (README.md, "Installing the CRDs").
+KUBE_VERSIONS = ("1.33.0", "1.37.0")
 # Kinds kubernetes-validate ships no schema for (they come from cert-manager and the Prometheus
 # Operator); every other kind must validate.
 FOREIGN_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
