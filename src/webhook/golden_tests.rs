@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::webhook::inject::{Candidate, decide};
 use crate::api::McpServerPolicy;
 use crate::webhook::admission::{InjectOutcome, inject_response, parse_review, review_json};
 use crate::webhook::config::WebhookFileConfig;
+use crate::webhook::inject::{Candidate, decide};
 use crate::webhook::reasons::SkipReason;
 
 const OWN_NAMESPACE: &str = "lifeguard";

@@ -345,4 +345,3 @@ fn object_at<'v>(root: &'v mut Value, path: &[&str]) -> &'v mut Map<String, Valu
     }
     node.as_object_mut().expect("just made an object")
 }
-
