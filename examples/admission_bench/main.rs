@@ -11,6 +11,7 @@
 //! Full run: `scripts/bench-admission.sh` (release build). CI: `admission_bench --smoke`.
 //! Method and results: docs/performance.md, "Admission webhook".
 
+mod components;
 #[path = "../operator_bench/harness.rs"]
 #[allow(dead_code)]
 mod harness;
@@ -85,6 +86,8 @@ pub struct Plan {
     pub schedule: Schedule,
     pub policies: usize,
     pub http2: bool,
+    /// Calls of each component timed in process after the load.
+    pub component_iterations: usize,
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration> {
@@ -113,6 +116,7 @@ impl Plan {
             },
             policies: args.policies.unwrap_or(policies),
             http2: args.http2,
+            component_iterations: if args.smoke { 20 } else { 2000 },
         };
         if plan.policies == 0 {
             bail!("--policies must be at least 1 (the policy that selects the injected pods)");

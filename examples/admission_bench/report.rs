@@ -33,9 +33,17 @@ impl Latency {
     }
 
     fn row(&self, label: &str) -> String {
+        format!("{label:<42} {}", self.numbers())
+    }
+
+    fn row_wide(&self, label: &str) -> String {
+        format!("{label:<52} {}", self.numbers())
+    }
+
+    fn numbers(&self) -> String {
         let s = &self.summary;
         format!(
-            "{label:<42} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+            "{:>6} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
             s.n,
             ms(s.p50),
             ms(s.p90),
@@ -113,6 +121,8 @@ pub struct Results {
     /// The webhook's mean handler time per endpoint over the measured window (its histogram).
     pub handler_mean: BTreeMap<Endpoint, Duration>,
     pub resources: Resources,
+    /// The webhook's work per call, timed in this process (library code).
+    pub components: Vec<(&'static str, Latency)>,
     pub target: Target,
     pub errors: Errors,
 }
@@ -306,6 +316,23 @@ impl Results {
             "others:  API emulator {:.3} cores, this benchmark {:.3} cores, other processes {:.3} cores",
             r.emulator_cores, r.bench_cores, r.other_cores
         );
+        if !self.components.is_empty() {
+            let _ = writeln!(
+                o,
+                "\n{:<52} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "webhook work per call, in process (ms)",
+                "n",
+                "p50",
+                "p90",
+                "p99",
+                "p99.9",
+                "max",
+                "mean"
+            );
+            for (name, lat) in &self.components {
+                let _ = writeln!(o, "{}", lat.row_wide(name));
+            }
+        }
         let _ = writeln!(o, "\ntargets");
         let _ = writeln!(o, "{}", self.target.line());
         if self.errors.count == 0 {
@@ -385,6 +412,9 @@ impl Results {
                 "other_processes_cores": r.other_cores,
                 "connections_at_end": r.connections,
             },
+            "components": self.components.iter()
+                .map(|(name, l)| json!({"component": name, "latency": l.to_json()}))
+                .collect::<Vec<_>>(),
             "targets": [self.target.to_json()],
             "errors": {"count": self.errors.count, "examples": self.errors.examples},
             "passed": self.errors.count == 0,

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::Plan;
+use crate::components;
 use crate::harness::{Ca, Emulator};
 use crate::load::{self, Sample};
 use crate::machine::Machine;
 use crate::procs::{self, Memory};
-use crate::report::{self, Noise, Resources, Results, Setup};
+use crate::report::{self, Latency, Noise, Resources, Results, Setup};
 use crate::reviews::{self, Endpoint, Kind};
 use crate::world::{self, Webhook};
 
@@ -177,6 +178,14 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         })
         .collect();
 
+    eprintln!("timing the webhook's work in process");
+    let components = components::measure(
+        repo,
+        plan.policies,
+        &exception_spec,
+        plan.component_iterations,
+    )?;
+
     let pod = reviews::pod(Kind::PodInjected, 0);
     let setup = Setup {
         rate: schedule.rate,
@@ -207,6 +216,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         measured_start,
         handler_mean,
         resources,
+        components,
     ))
 }
 
@@ -220,6 +230,7 @@ fn results(
     measured_start: Instant,
     handler_mean: BTreeMap<Endpoint, Duration>,
     resources: Resources,
+    components: Vec<(&'static str, Latency)>,
 ) -> Results {
     let (per_kind, per_endpoint, overall, lag, errors) = report::summarize(samples);
     let measured: Vec<&Sample> = samples.iter().filter(|s| s.measured).collect();
@@ -253,6 +264,7 @@ fn results(
         versions: load::versions(samples),
         handler_mean,
         resources,
+        components,
         target,
         errors,
     }

@@ -42,9 +42,7 @@ pub async fn populate(api: &Api, repo: &Path, policies: usize) -> Result<()> {
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WEBHOOK_NAMESPACE}}),
     )
     .await?;
-    let jwks_path = repo.join(APPROVER_JWKS);
-    let jwks =
-        std::fs::read(&jwks_path).with_context(|| format!("reading {}", jwks_path.display()))?;
+    let jwks = approver_jwks(repo)?;
     api.post(
         &format!("/api/v1/namespaces/{WEBHOOK_NAMESPACE}/secrets"),
         &json!({"apiVersion": "v1", "kind": "Secret",
@@ -53,23 +51,29 @@ pub async fn populate(api: &Api, repo: &Path, policies: usize) -> Result<()> {
     )
     .await
     .context("creating the approver-keys Secret")?;
-    api.post(
-        POLICIES,
-        &reviews::policy(BENCH_POLICY, reviews::bench_selector()),
-    )
-    .await?;
-    futures_util::stream::iter(1..policies)
-        .map(|i| async move {
-            api.post(
-                POLICIES,
-                &reviews::policy(&format!("decoy-{i:05}"), reviews::decoy_selector(i)),
-            )
-            .await
-        })
+    futures_util::stream::iter(policy_objects(policies))
+        .map(|policy| async move { api.post(POLICIES, &policy).await })
         .buffered(PARALLEL)
         .try_collect::<Vec<_>>()
         .await?;
     Ok(())
+}
+
+/// The bench policy (`reports`, selecting the injected pods) and `policies - 1` decoys
+/// selecting other applications.
+pub fn policy_objects(policies: usize) -> Vec<Value> {
+    std::iter::once(reviews::policy(BENCH_POLICY, reviews::bench_selector()))
+        .chain(
+            (1..policies)
+                .map(|i| reviews::policy(&format!("decoy-{i:05}"), reviews::decoy_selector(i))),
+        )
+        .collect()
+}
+
+/// The approver keys document the Secret holds.
+pub fn approver_jwks(repo: &Path) -> Result<Vec<u8>> {
+    let path = repo.join(APPROVER_JWKS);
+    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// The spec of the exception the load submits, signed by the test approver key with the
@@ -93,7 +97,7 @@ pub fn signed_exception_spec(repo: &Path) -> Result<Value> {
 }
 
 /// The webhook's `--config`.
-fn webhook_config() -> String {
+pub fn webhook_config() -> String {
     format!(
         "sidecar:\n  image: ghcr.io/lifeguard-dev/lifeguard:bench\n  resources: {{requests: {{cpu: 50m, memory: 64Mi}}, limits: {{memory: 256Mi}}}}\ncontrolPlane:\n  url: https://lifeguard-operator.{WEBHOOK_NAMESPACE}.svc:8443\n  caConfigMap: {{name: lifeguard-ca, key: ca.crt}}\napproverKeys: {{secretName: {APPROVERS_SECRET}, key: {APPROVERS_KEY}}}\n"
     )
