@@ -110,7 +110,10 @@ pub struct Results {
     pub per_kind: BTreeMap<Kind, Latency>,
     pub per_endpoint: BTreeMap<Endpoint, Latency>,
     pub overall: Latency,
+    /// From the scheduled instant to the request's task starting (the pacer's delay).
     pub lag: Latency,
+    /// From the request's task starting to the answer (the latency without the pacer's delay).
+    pub sent_to_answer: Latency,
     pub sent: u64,
     pub checked: u64,
     pub measured: u64,
@@ -127,16 +130,18 @@ pub struct Results {
     pub errors: Errors,
 }
 
+/// What the samples say, before the readings around them are added.
+pub struct Summaries {
+    pub per_kind: BTreeMap<Kind, Latency>,
+    pub per_endpoint: BTreeMap<Endpoint, Latency>,
+    pub overall: Latency,
+    pub lag: Latency,
+    pub sent_to_answer: Latency,
+    pub errors: Errors,
+}
+
 /// Latency summaries of the measured samples; errors from every sample (warm-up included).
-pub fn summarize(
-    samples: &[Sample],
-) -> (
-    BTreeMap<Kind, Latency>,
-    BTreeMap<Endpoint, Latency>,
-    Latency,
-    Latency,
-    Errors,
-) {
+pub fn summarize(samples: &[Sample]) -> Summaries {
     let measured: Vec<&Sample> = samples.iter().filter(|s| s.measured).collect();
     let of = |keep: &dyn Fn(&Sample) -> bool| {
         let v: Vec<Duration> = measured
@@ -156,13 +161,26 @@ pub fn summarize(
         .collect();
     let overall = of(&|_| true);
     let lag = Latency::of(&measured.iter().map(|s| s.lag).collect::<Vec<_>>());
+    let sent_to_answer = Latency::of(
+        &measured
+            .iter()
+            .map(|s| s.latency.saturating_sub(s.lag))
+            .collect::<Vec<_>>(),
+    );
     let mut errors = Errors::default();
     for s in samples {
         if let Err(e) = &s.outcome {
             errors.record(format!("{}: {e}", s.kind.label()));
         }
     }
-    (per_kind, per_endpoint, overall, lag, errors)
+    Summaries {
+        per_kind,
+        per_endpoint,
+        overall,
+        lag,
+        sent_to_answer,
+        errors,
+    }
 }
 
 /// The verdict on the issue's target: applicable to a full-rate release run.
@@ -234,7 +252,7 @@ impl Results {
         );
         let _ = writeln!(
             o,
-            "load:    open loop, {} req/s for {:.0} s after {:.0} s of unmeasured warm-up; {} over TLS ({} connections open at the end); \
+            "load:    open loop, {} req/s for {:.0} s after {:.0} s of unmeasured warm-up; {} over TLS ({} open connection(s) at the end); \
              latency from each request's scheduled instant to the last byte of its answer",
             s.rate,
             s.duration.as_secs_f64(),
@@ -271,6 +289,12 @@ impl Results {
             o,
             "{}",
             self.lag.row("  of which pacer lag (due → request task)")
+        );
+        let _ = writeln!(
+            o,
+            "{}",
+            self.sent_to_answer
+                .row("  the rest (request task → answer)")
         );
         let handler = self
             .handler_mean
@@ -392,6 +416,7 @@ impl Results {
                 "per_endpoint": per_endpoint,
                 "overall": self.overall.to_json(),
                 "pacer_lag": self.lag.to_json(),
+                "request_task_to_answer": self.sent_to_answer.to_json(),
             },
             "webhook_handler_mean_ms": handler,
             "sent": self.sent,
@@ -446,7 +471,13 @@ mod tests {
             sample(Kind::PodInjected, true, 3, true),
             sample(Kind::Exception, true, 2, true),
         ];
-        let (per_kind, per_endpoint, overall, _, errors) = summarize(&samples);
+        let Summaries {
+            per_kind,
+            per_endpoint,
+            overall,
+            errors,
+            ..
+        } = summarize(&samples);
         assert_eq!(overall.summary.n, 3);
         assert_eq!(overall.summary.max, Duration::from_millis(3));
         assert_eq!(per_kind[&Kind::PodInjected].summary.n, 2);

@@ -232,7 +232,14 @@ fn results(
     resources: Resources,
     components: Vec<(&'static str, Latency)>,
 ) -> Results {
-    let (per_kind, per_endpoint, overall, lag, errors) = report::summarize(samples);
+    let report::Summaries {
+        per_kind,
+        per_endpoint,
+        overall,
+        lag,
+        sent_to_answer,
+        errors,
+    } = report::summarize(samples);
     let measured: Vec<&Sample> = samples.iter().filter(|s| s.measured).collect();
     let last_answer = measured
         .iter()
@@ -257,6 +264,7 @@ fn results(
         per_endpoint,
         overall,
         lag,
+        sent_to_answer,
         sent: samples.len() as u64,
         checked: samples.iter().filter(|s| s.version.is_some()).count() as u64,
         measured: measured.len() as u64,
