@@ -1,5 +1,5 @@
 //! The performance benchmarks (`examples/sidecar_bench`, `examples/operator_bench`,
-//! docs/performance.md) in smoke mode: every phase runs, tiny, against the binaries of this
+//! `examples/admission_bench`, docs/performance.md) in smoke mode: every phase runs, tiny, against the binaries of this
 //! build profile. They fail only when a request fails or a process does not start — never on
 //! timing, which is the full run's job.
 
@@ -129,4 +129,65 @@ fn operator_benchmark_smoke_run_has_no_errors() {
             assert!(run["timed_out_with_acknowledged"].is_null(), "{run}");
         }
     }
+}
+
+/// The admission benchmark: the webhook against the API emulator (10 policies), 20 requests/s
+/// for 3 s after 1 s of warm-up, every answer checked. Asserts that it ran and that every
+/// answer was right — never the latencies.
+#[test]
+fn admission_benchmark_smoke_run_checks_every_answer() {
+    let bench = example_binary("admission_bench");
+    let mut command = Command::new(&bench);
+    command
+        .arg("--smoke")
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"));
+    let output = run_to_completion(command, "the admission benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "admission smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "pod CREATE, injected",
+        "pod CREATE, skipped (NoPolicy)",
+        "pod CREATE, skipped (OptedOut)",
+        "policy CREATE, overlap (denied)",
+        "signed exception CREATE (allowed)",
+        "all requests",
+        "webhook: VmRSS",
+        "noise:",
+        "targets",
+        "no errors",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/admission-results-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    assert_eq!(json["errors"]["count"], 0, "{json}");
+    let sent = json["sent"].as_u64().expect("sent");
+    // 20 requests/s for 1 s of warm-up and 3 s measured.
+    assert_eq!(sent, 80, "{json}");
+    assert_eq!(json["checked"], sent, "every answer was checked: {json}");
+    assert_eq!(json["measured"], 60, "{json}");
+    for (kind, latency) in json["latency"]["per_kind"].as_object().expect("per kind") {
+        assert!(latency["n"].as_u64().unwrap_or(0) > 0, "{kind}: {latency}");
+    }
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        json["targets"][0]["verdict"], "N/A",
+        "smoke runs make no claim"
+    );
 }

@@ -11,6 +11,8 @@
 
 mod cluster;
 mod fleet;
+mod harness;
+mod machine;
 mod measure;
 mod procs;
 mod report;

@@ -183,6 +183,20 @@ pub fn machine_busy_ticks() -> u64 {
     at(0) + at(1) + at(2) + at(5) + at(6)
 }
 
+/// Cores' worth of CPU other processes use during one second (before anything starts).
+pub async fn preflight_noise(ticks_per_sec: u64) -> f64 {
+    let rest = Duration::from_secs(1);
+    let busy0 = machine_busy_ticks();
+    let self0 = cpu_ticks("/proc/self/stat");
+    tokio::time::sleep(rest).await;
+    let busy1 = machine_busy_ticks();
+    let self1 = cpu_ticks("/proc/self/stat");
+    let other = busy1
+        .saturating_sub(busy0)
+        .saturating_sub(self1.saturating_sub(self0));
+    other as f64 / ticks_per_sec.max(1) as f64 / rest.as_secs_f64()
+}
+
 /// The 1, 5 and 15 minute load averages.
 pub fn load_average() -> [f64; 3] {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

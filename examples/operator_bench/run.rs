@@ -15,20 +15,6 @@ use crate::procs::{self, Ticks};
 use crate::report::{self, Machine, Noise, Results, Setup};
 use crate::stats::{Errors, Summary, ms};
 
-/// Cores' worth of CPU other processes use during one second (before anything starts).
-async fn preflight_noise(ticks_per_sec: u64) -> f64 {
-    let rest = Duration::from_secs(1);
-    let busy0 = procs::machine_busy_ticks();
-    let self0 = procs::cpu_ticks("/proc/self/stat");
-    tokio::time::sleep(rest).await;
-    let busy1 = procs::machine_busy_ticks();
-    let self1 = procs::cpu_ticks("/proc/self/stat");
-    let other = busy1
-        .saturating_sub(busy0)
-        .saturating_sub(self1.saturating_sub(self0));
-    other as f64 / ticks_per_sec.max(1) as f64 / rest.as_secs_f64()
-}
-
 /// Waits until every McpServerPolicy has a status for its current generation.
 async fn wait_policy_status(api: &Api, policies: usize, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
@@ -92,7 +78,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         );
     }
     let load_before = procs::load_average();
-    let preflight_other_cores = preflight_noise(ticks_per_sec).await;
+    let preflight_other_cores = procs::preflight_noise(ticks_per_sec).await;
     if preflight_other_cores > 0.1 {
         eprintln!("warning: other processes use {preflight_other_cores:.2} cores: expect noise");
     }

@@ -69,7 +69,7 @@ pub struct Errors {
 impl Errors {
     pub fn record(&mut self, what: impl Into<String>) {
         let what = what.into();
-        eprintln!("operator_bench: error: {what}");
+        eprintln!("{}: error: {what}", env!("CARGO_CRATE_NAME"));
         self.count += 1;
         if self.examples.len() < 8 {
             self.examples.push(what);
