@@ -18,7 +18,7 @@ use crate::machine::Machine;
 use crate::procs::{self, Memory};
 use crate::report::{self, Latency, Noise, Resources, Results, Setup};
 use crate::reviews::{self, Endpoint, Kind};
-use crate::world::{self, Webhook};
+use crate::world::{self, Webhook, start_webhook};
 
 /// CPU ticks of the processes that matter and of the machine, and the webhook's handler
 /// histogram, at one moment.
@@ -93,7 +93,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     eprintln!("starting the webhook");
     let ca = Ca::mint(work)?;
     let t = Instant::now();
-    let webhook = Webhook::start(lifeguard, work, &emulator, &ca).await?;
+    let webhook = start_webhook(lifeguard, work, &emulator, &ca).await?;
     let webhook_ready = t.elapsed();
     let port: u16 = webhook
         .url

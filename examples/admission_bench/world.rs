@@ -3,16 +3,13 @@
 //! release `lifeguard webhook` process serving a certificate of the bench CA.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use base64::Engine;
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 
-use crate::harness::{Api, Ca, Emulator, metric_sum};
-use crate::procs::Proc;
+use crate::harness::{Api, Ca, Component, Emulator, metric_sum};
 use crate::reviews::{self, BENCH_POLICY, NS};
 
 /// Namespace the webhook runs in (its approver-keys Secret lives there).
@@ -104,66 +101,35 @@ pub fn webhook_config() -> String {
 }
 
 /// The webhook under test.
-pub struct Webhook {
-    pub proc: Proc,
-    /// `https://127.0.0.1:PORT`
-    pub url: String,
-    /// `http://127.0.0.1:PORT` (/readyz, /metrics)
-    pub admin: String,
+pub type Webhook = Component;
+
+/// Starts the webhook with the benchmark's configuration and waits until /readyz answers 200
+/// (caches synced, TLS served).
+pub async fn start_webhook(
+    binary: &Path,
+    dir: &Path,
+    emulator: &Emulator,
+    ca: &Ca,
+) -> Result<Webhook> {
+    let config = dir.join("webhook.yaml");
+    std::fs::write(&config, webhook_config()).context("writing webhook.yaml")?;
+    Component::start(
+        binary,
+        "webhook",
+        WEBHOOK_NAMESPACE,
+        &config,
+        dir,
+        emulator,
+        ca,
+    )
+    .await
 }
 
-impl Webhook {
-    /// Starts `lifeguard webhook` and waits until /readyz answers 200 (caches synced, TLS
-    /// served).
-    pub async fn start(binary: &Path, dir: &Path, emulator: &Emulator, ca: &Ca) -> Result<Self> {
-        let config = dir.join("webhook.yaml");
-        std::fs::write(&config, webhook_config()).context("writing webhook.yaml")?;
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let mut command = Command::new(binary);
-        command
-            .arg("webhook")
-            .arg("--kubeconfig")
-            .arg(&emulator.kubeconfig)
-            .args(["--namespace", WEBHOOK_NAMESPACE])
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin", "127.0.0.1:0"])
-            .arg("--tls-cert")
-            .arg(&ca.cert_path)
-            .arg("--tls-key")
-            .arg(&ca.key_path)
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info,kube=warn");
-        let proc = Proc::spawn(command, dir, "webhook")?;
-        let admin = proc.wait_for("admin on ", Duration::from_secs(60))?;
-        let webhook = Self {
-            proc,
-            url: format!("https://{listen}"),
-            admin,
-        };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ready = reqwest::get(format!("{}/readyz", webhook.admin))
-                .await
-                .is_ok_and(|r| r.status() == 200);
-            if ready {
-                return Ok(webhook);
-            }
-            if Instant::now() > deadline {
-                bail!("the webhook never became ready:\n{}", webhook.proc.logs(40));
-            }
-            webhook.proc.check_alive()?;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
+impl Component {
     /// The webhook's own account of its handler time: (sum of seconds, count) per endpoint
     /// label, from `lifeguard_webhook_admission_duration_seconds`.
     pub async fn handler_seconds(&self, endpoint: &str) -> (f64, f64) {
-        let text = match reqwest::get(format!("{}/metrics", self.admin)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
+        let text = self.metrics_text().await;
         let series = |suffix: &str| {
             metric_sum(
                 &text,

@@ -3,15 +3,12 @@
 //! policy and the decoys.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 
-pub use crate::harness::{Api, Ca, Emulator, metric_sum};
-use crate::procs::Proc;
+pub use crate::harness::{Api, Ca, Component, Emulator, metric_sum};
 
 /// Namespace of the pods and policies.
 pub const NS: &str = "bench";
@@ -45,65 +42,31 @@ fn operator_config(repo: &Path) -> Result<String> {
 }
 
 /// The operator under test.
-pub struct Operator {
-    pub proc: Proc,
-    /// `https://127.0.0.1:PORT`
-    pub url: String,
-    /// `http://127.0.0.1:PORT` (/readyz, /metrics)
-    pub admin: String,
+pub type Operator = Component;
+
+/// Starts the operator with the benchmark's configuration and waits until it is ready.
+pub async fn start_operator(
+    binary: &Path,
+    repo: &Path,
+    dir: &Path,
+    emulator: &Emulator,
+    ca: &Ca,
+) -> Result<Operator> {
+    let config = dir.join("operator.yaml");
+    std::fs::write(&config, operator_config(repo)?).context("writing operator.yaml")?;
+    Component::start(
+        binary,
+        "operator",
+        OPERATOR_NAMESPACE,
+        &config,
+        dir,
+        emulator,
+        ca,
+    )
+    .await
 }
 
-impl Operator {
-    pub async fn start(
-        binary: &Path,
-        repo: &Path,
-        dir: &Path,
-        emulator: &Emulator,
-        ca: &Ca,
-    ) -> Result<Self> {
-        let config = dir.join("operator.yaml");
-        std::fs::write(&config, operator_config(repo)?).context("writing operator.yaml")?;
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let mut command = Command::new(binary);
-        command
-            .arg("operator")
-            .arg("--kubeconfig")
-            .arg(&emulator.kubeconfig)
-            .args(["--namespace", OPERATOR_NAMESPACE])
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin", "127.0.0.1:0"])
-            .arg("--tls-cert")
-            .arg(&ca.cert_path)
-            .arg("--tls-key")
-            .arg(&ca.key_path)
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info,kube=warn");
-        let proc = Proc::spawn(command, dir, "operator")?;
-        let admin = proc.wait_for("admin on ", Duration::from_secs(60))?;
-        let operator = Self {
-            proc,
-            url: format!("https://{listen}"),
-            admin,
-        };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ready = reqwest::get(format!("{}/readyz", operator.admin))
-                .await
-                .is_ok_and(|r| r.status() == 200);
-            if ready {
-                return Ok(operator);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the operator never became ready:\n{}",
-                    operator.proc.logs(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
+impl Component {
     /// The operator's /metrics: every sample of `name` (any labels) summed.
     pub async fn metric(&self, name: &str) -> f64 {
         let Ok(response) = reqwest::get(format!("{}/metrics", self.admin)).await else {
@@ -111,13 +74,6 @@ impl Operator {
         };
         let text = response.text().await.unwrap_or_default();
         metric_sum(&text, name)
-    }
-
-    pub async fn metrics_text(&self) -> String {
-        match reqwest::get(format!("{}/metrics", self.admin)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -192,4 +192,77 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
                 .ok()
         })
         .sum()
+}
+
+/// A control-plane process under test: `lifeguard operator` or `lifeguard webhook`, which take
+/// the same flags.
+pub struct Component {
+    pub proc: Proc,
+    /// `https://127.0.0.1:PORT`
+    pub url: String,
+    /// `http://127.0.0.1:PORT` (/readyz, /metrics)
+    pub admin: String,
+}
+
+impl Component {
+    /// Starts `lifeguard <subcommand>` in `namespace` with `config`, serving `ca`'s certificate,
+    /// and waits until /readyz answers 200.
+    pub async fn start(
+        binary: &Path,
+        subcommand: &str,
+        namespace: &str,
+        config: &Path,
+        dir: &Path,
+        emulator: &Emulator,
+        ca: &Ca,
+    ) -> Result<Self> {
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut command = Command::new(binary);
+        command
+            .arg(subcommand)
+            .arg("--kubeconfig")
+            .arg(&emulator.kubeconfig)
+            .args(["--namespace", namespace])
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin", "127.0.0.1:0"])
+            .arg("--tls-cert")
+            .arg(&ca.cert_path)
+            .arg("--tls-key")
+            .arg(&ca.key_path)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info,kube=warn");
+        let proc = Proc::spawn(command, dir, subcommand)?;
+        let admin = proc.wait_for("admin on ", Duration::from_secs(60))?;
+        let component = Self {
+            proc,
+            url: format!("https://{listen}"),
+            admin,
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let ready = reqwest::get(format!("{}/readyz", component.admin))
+                .await
+                .is_ok_and(|r| r.status() == 200);
+            if ready {
+                return Ok(component);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the {subcommand} never became ready:\n{}",
+                    component.proc.logs(40)
+                );
+            }
+            component.proc.check_alive()?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The component's /metrics text (empty when it does not answer).
+    pub async fn metrics_text(&self) -> String {
+        match reqwest::get(format!("{}/metrics", self.admin)).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
 }

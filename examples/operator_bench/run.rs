@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use jsonwebtoken::EncodingKey;
 
 use crate::Plan;
-use crate::cluster::{self, Api, Ca, Emulator, ISSUER, OTHER_ISSUER, Operator};
+use crate::cluster::{self, Api, Ca, Emulator, ISSUER, OTHER_ISSUER, Operator, start_operator};
 use crate::fleet::{self, Dial, Fleet};
 use crate::measure::{Bench, Kind, RssSampler};
 use crate::procs::{self, Ticks};
@@ -98,7 +98,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     eprintln!("starting the operator");
     let ca = Ca::mint(work)?;
     let t = Instant::now();
-    let operator = Operator::start(lifeguard, repo, work, &emulator, &ca).await?;
+    let operator = start_operator(lifeguard, repo, work, &emulator, &ca).await?;
     let operator_ready = t.elapsed();
     let t = Instant::now();
     wait_policy_status(&emulator.api, plan.policies, long).await?;
