@@ -83,6 +83,39 @@ pub struct Operator {
     config: Option<PathBuf>,
 }
 
+/// Starts `lifeguard <subcommand>` (`operator` or `webhook`: they take the same flags) with its
+/// output collected; the caller waits for what it needs.
+pub fn spawn_component(
+    subcommand: &str,
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    listen: SocketAddr,
+    (cert, key): (&std::path::Path, &std::path::Path),
+    config: Option<&std::path::Path>,
+) -> (
+    Child,
+    Arc<Mutex<Vec<String>>>,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
+    command
+        .arg(subcommand)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--namespace", namespace])
+        .args(["--listen", &listen.to_string()])
+        .args(["--admin", "127.0.0.1:0"])
+        .arg("--tls-cert")
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .env("RUST_LOG", "info,kube=warn");
+    if let Some(path) = config {
+        command.arg("--config").arg(path);
+    }
+    spawn_collecting(command)
+}
+
 /// Namespace the tests run the operator in.
 pub const OPERATOR_NAMESPACE: &str = "lifeguard-system";
 
@@ -113,23 +146,14 @@ impl Operator {
         kubeconfig: PathBuf,
         config: Option<PathBuf>,
     ) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
-        command
-            .arg("operator")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--namespace", OPERATOR_NAMESPACE])
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin", "127.0.0.1:0"])
-            .arg("--tls-cert")
-            .arg(&ca.cert_path)
-            .arg("--tls-key")
-            .arg(&ca.key_path)
-            .env("RUST_LOG", "info,kube=warn");
-        if let Some(path) = &config {
-            command.arg("--config").arg(path);
-        }
-        let (child, output, rx) = spawn_collecting(command);
+        let (child, output, rx) = spawn_component(
+            "operator",
+            &kubeconfig,
+            OPERATOR_NAMESPACE,
+            listen,
+            (&ca.cert_path, &ca.key_path),
+            config.as_deref(),
+        );
         let admin = wait_for_line(&rx, "admin on ", "operator", &output);
         let operator = Self {
             child: Some(child),

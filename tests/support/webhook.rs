@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use super::kube::KubeEmulator;
-use super::operator::{TestCa, free_port};
-use super::process::{spawn_collecting, wait_for_line};
+use super::operator::{TestCa, free_port, spawn_component};
+use super::process::wait_for_line;
 
 /// Namespace the tests run the webhook in (never mutated).
 pub const WEBHOOK_NAMESPACE: &str = "lifeguard-system";
@@ -64,22 +64,14 @@ impl Webhook {
         let config_path = dir.path().join("webhook.yaml");
         std::fs::write(&config_path, config).unwrap();
         let listen: SocketAddr = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
-        command
-            .arg("webhook")
-            .arg("--kubeconfig")
-            .arg(emulator.kubeconfig_path())
-            .args(["--namespace", WEBHOOK_NAMESPACE])
-            .args(["--listen", &listen.to_string()])
-            .args(["--admin", "127.0.0.1:0"])
-            .arg("--tls-cert")
-            .arg(cert)
-            .arg("--tls-key")
-            .arg(key)
-            .arg("--config")
-            .arg(&config_path)
-            .env("RUST_LOG", "info,kube=warn");
-        let (child, output, rx) = spawn_collecting(command);
+        let (child, output, rx) = spawn_component(
+            "webhook",
+            emulator.kubeconfig_path(),
+            WEBHOOK_NAMESPACE,
+            listen,
+            (cert, key),
+            Some(&config_path),
+        );
         let admin = wait_for_line(&rx, "admin on ", "webhook", &output);
         let webhook = Self {
             child: Some(child),
