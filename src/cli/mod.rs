@@ -85,8 +85,21 @@ pub struct SidecarArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
     /// Task ledger: a SQLite file path (created if missing), also written sqlite://PATH.
-    #[arg(long, value_name = "LOCATION")]
+    #[arg(
+        long,
+        value_name = "LOCATION",
+        env = "LIFEGUARD_LEDGER",
+        hide_env_values = true
+    )]
     pub ledger: lifeguard::ledger::LedgerLocation,
+    /// The MCP server whose tasks this sidecar's ledger rows belong to (one database can hold
+    /// many servers' tasks, each scope seeing only its own). Default `local`.
+    #[arg(long, value_name = "NAME", env = "LIFEGUARD_LEDGER_SCOPE")]
+    pub ledger_scope: Option<String>,
+    /// This replica's name, recorded as the home of the tasks it creates. Default: the pod name
+    /// ($POD_NAME), else the host name.
+    #[arg(long, value_name = "NAME")]
+    pub replica_id: Option<String>,
     /// Address of /live, /ready and /metrics.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<std::net::SocketAddr>,

@@ -1,6 +1,7 @@
 //! `lifeguard sidecar`.
 
 use anyhow::{Context, Result, bail, ensure};
+use lifeguard::ledger::LedgerScope;
 use lifeguard::runtime::http::ServerLimits;
 use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 
@@ -13,6 +14,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         upstream: args.upstream.clone(),
         listen: args.listen,
         ledger: args.ledger.clone(),
+        ledger_scope: ledger_scope(args)?,
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
@@ -30,6 +32,31 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         let shutdown = lifeguard::runtime::shutdown_on_signals();
         lifeguard::sidecar::run(config, shutdown).await
     })
+}
+
+/// The ledger scope from `--ledger-scope` and `--replica-id` (or their defaults).
+fn ledger_scope(args: &SidecarArgs) -> Result<LedgerScope> {
+    let server = match args.ledger_scope.as_deref().map(str::trim) {
+        Some("") => bail!("--ledger-scope (or $LIFEGUARD_LEDGER_SCOPE) is empty"),
+        Some(scope) => scope.to_owned(),
+        None => "local".to_owned(),
+    };
+    let replica = match (args.replica_id.as_deref(), args.pod_name.as_deref()) {
+        (Some(id), _) if id.trim().is_empty() => bail!("--replica-id is empty"),
+        (Some(id), _) => id.trim().to_owned(),
+        (None, Some(pod)) if !pod.trim().is_empty() => pod.trim().to_owned(),
+        _ => hostname().unwrap_or_else(|| "local".to_owned()),
+    };
+    Ok(LedgerScope { server, replica })
+}
+
+/// The machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`).
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
 }
 
 /// Standalone (`--policy`) or cluster (`--control-plane`) mode; clap has checked that exactly

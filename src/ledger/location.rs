@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::{LedgerError, Result, SqliteLedger, TaskLedger};
+use super::{LedgerError, LedgerScope, Result, SqliteLedger, TaskLedger};
 
 /// Where a ledger lives; [`LedgerLocation::open`] opens the matching backend.
 ///
@@ -48,18 +48,21 @@ pub enum LocationError {
 }
 
 impl LedgerLocation {
-    /// Opens (creating if needed) the ledger here. For SQLite, the file I/O runs on the
-    /// blocking pool; the call fails as [`SqliteLedger::open`] does.
-    pub async fn open(&self) -> Result<Arc<dyn TaskLedger>> {
+    /// Opens (creating if needed) the ledger here for `scope`. For SQLite, the file I/O runs
+    /// on the blocking pool; the call fails as [`SqliteLedger::open_scoped`] does.
+    pub async fn open(&self, scope: LedgerScope) -> Result<Arc<dyn TaskLedger>> {
         match self {
             Self::Sqlite(path) => {
                 let path = path.clone();
-                let opened = tokio::task::spawn_blocking(move || SqliteLedger::open(&path))
-                    .await
-                    .map_err(|e| match e.try_into_panic() {
-                        Ok(panic) => std::panic::resume_unwind(panic),
-                        Err(e) => LedgerError::Internal(format!("opening the ledger stopped: {e}")),
-                    })??;
+                let opened =
+                    tokio::task::spawn_blocking(move || SqliteLedger::open_scoped(&path, scope))
+                        .await
+                        .map_err(|e| match e.try_into_panic() {
+                            Ok(panic) => std::panic::resume_unwind(panic),
+                            Err(e) => {
+                                LedgerError::Internal(format!("opening the ledger stopped: {e}"))
+                            }
+                        })??;
                 Ok(Arc::new(opened))
             }
         }
@@ -200,14 +203,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
         let location: LedgerLocation = path.to_str().unwrap().parse().unwrap();
-        let ledger = location.open().await.unwrap();
+        let ledger = location.open(LedgerScope::local()).await.unwrap();
         let outcome = ledger.reserve(reservation(&fresh_owner(), UNLIMITED)).await;
         assert_eq!(outcome.unwrap(), ReserveOutcome::Reserved);
         assert!(path.exists());
 
         let missing = LedgerLocation::Sqlite(dir.path().join("no/such/dir/ledger.db"));
         let err = missing
-            .open()
+            .open(LedgerScope::local())
             .await
             .err()
             .expect("no directory to create it in");

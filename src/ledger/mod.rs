@@ -113,6 +113,9 @@ pub struct TaskRecord {
     /// `iat` (Unix seconds) of the token that created the task, when it had one: revocations
     /// cancel the tasks their revoked tokens started.
     pub token_issued_at: Option<i64>,
+    /// The replica whose server holds the task (the [`LedgerScope::replica`] of the ledger that
+    /// confirmed it). Empty for tasks recorded before replicas were tracked.
+    pub home: String,
     /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
     /// gone once the task is terminal (`finish` removes it in the same transaction).
     pub cancel: Option<CancelIntent>,
@@ -309,6 +312,88 @@ pub struct PrincipalFilter {
     pub client: Option<String>,
 }
 
+/// Which MCP server's tasks a ledger instance holds, and which replica of that server this
+/// process is. A shared database (PostgreSQL) holds the tasks of many servers: every row and
+/// query is scoped by `server`, so two policies sharing one database see nothing of each other.
+/// `replica` is recorded as the home of every task this instance confirms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerScope {
+    /// The MCP server (its policy), e.g. `namespace/name`. Not empty.
+    pub server: String,
+    /// This replica (its pod name in a cluster). Not empty.
+    pub replica: String,
+}
+
+impl LedgerScope {
+    /// The scope of a single-process ledger (standalone SQLite, tests).
+    pub fn local() -> Self {
+        Self {
+            server: "local".into(),
+            replica: "local".into(),
+        }
+    }
+}
+
+/// One replica's heartbeat ([`TaskLedger::heartbeat`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaBeat {
+    /// Where other replicas reach this one's internal hop (`host:port`), when it serves one.
+    pub address: Option<String>,
+    pub now: i64,
+    /// The replica counts as gone once this passes without a newer beat.
+    pub expires_at: i64,
+}
+
+/// A replica as the ledger last heard of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub replica: String,
+    pub address: Option<String>,
+    pub last_beat_at: i64,
+    pub expires_at: i64,
+}
+
+/// How long budget uses outside tasks are kept: longer than any window they are counted in
+/// (the per-minute rate, the exchange iteration window). Uses of a task go with the task.
+pub const BUDGET_USE_HORIZON_MS: i64 = 3_600_000;
+
+/// One use of a CapabilityException's budgets ([`TaskLedger::spend_budget`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetSpend {
+    /// The exception (`namespace/name`).
+    pub exception: String,
+    /// What `max_iterations` counts over: one task, or one principal's exchanges with a tool.
+    pub scope: String,
+    /// The decision this use is for (task or request scope + input request key). Spending again
+    /// for a decision already spent spends nothing and answers [`BudgetOutcome::Repeated`].
+    pub decision: String,
+    /// The task the scope belongs to, when it is a task: its uses go when the task is purged.
+    pub task: Option<TaskId>,
+    pub max_iterations: u32,
+    /// Only uses younger than this count against `max_iterations` (exchanges); `None`: all.
+    /// At most [`BUDGET_USE_HORIZON_MS`].
+    pub iteration_window_ms: Option<i64>,
+    /// Uses of the exception (any scope) allowed in the 60 s before `now`.
+    pub max_per_minute: u32,
+    pub now: i64,
+}
+
+/// Result of [`TaskLedger::spend_budget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetOutcome {
+    /// This use was recorded; what is left after it.
+    Spent {
+        iterations_left: u32,
+        per_minute_left: u32,
+    },
+    /// The decision was spent before (by this or another replica); nothing more was spent.
+    Repeated,
+    /// `max_iterations` uses of the scope exist already; nothing was recorded.
+    IterationBudget,
+    /// `max_per_minute` uses of the exception in the last minute; nothing was recorded.
+    Rate,
+}
+
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be
 /// safe to call concurrently from many requests (and, for shared backends, many replicas).
 /// Every write's `Ok` means it is durable; reads see every write that returned before they
@@ -418,8 +503,9 @@ pub trait TaskLedger: Send + Sync {
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
-    /// about them (their upstream task IDs become free; a pending cancellation intent goes with
-    /// its task), and void reservations; returns the IDs of deleted tasks. `limit` bounds the
+    /// about them (their upstream task IDs become free; a pending cancellation intent and the
+    /// task's budget uses go with it), void reservations, and budget uses outside tasks older
+    /// than [`BUDGET_USE_HORIZON_MS`]; returns the IDs of deleted tasks. `limit` bounds the
     /// tasks deleted per call (call again until fewer come back); void reservations are always
     /// all removed.
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
@@ -431,6 +517,48 @@ pub trait TaskLedger: Send + Sync {
     /// A 32-byte secret stored in the ledger, created on first use (stable across restarts and
     /// shared by replicas): used to key audit hashes and idempotency keys.
     async fn secret(&self, name: &str) -> Result<[u8; 32]>;
+
+    /// Which server and replica this instance serves.
+    fn scope(&self) -> &LedgerScope;
+
+    /// Whether other processes (replicas) share this ledger's rows. A shared ledger's
+    /// leader-only work (deadline sweeps, retention purges, orphan failing) runs under a
+    /// [`TaskLedger::try_lease`]; an unshared one does it all itself.
+    fn is_shared(&self) -> bool;
+
+    /// Pending intents due for an attempt, as [`TaskLedger::cancels_due`], of tasks homed on
+    /// `home` only: with per-replica server state, only the home replica can reach the task's
+    /// server.
+    async fn cancels_due_for(
+        &self,
+        home: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<PendingCancel>>;
+
+    /// Records that this instance's replica is alive (upsert of its row), with where its
+    /// internal hop listens. Durable before it returns.
+    async fn heartbeat(&self, beat: &ReplicaBeat) -> Result<()>;
+
+    /// A replica of this server as last heard of, alive or not; `None` if it never beat.
+    async fn replica(&self, replica: &str) -> Result<Option<ReplicaInfo>>;
+
+    /// Non-terminal tasks whose home replica is gone: its last beat expired at or before `now`
+    /// (or it never beat), oldest first, at most `limit`. Tasks without a home (recorded before
+    /// replicas were tracked) are never listed. Tasks with a pending cancellation intent are
+    /// listed too (nothing will confirm them now).
+    async fn orphaned(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
+
+    /// Takes or renews the lease `name` for `holder` until `until`: granted when nobody holds
+    /// it, its holder's lease ended at or before `now`, or `holder` holds it already. Atomic
+    /// across replicas: of concurrent takers of a free lease exactly one gets `true`.
+    async fn try_lease(&self, name: &str, holder: &str, now: i64, until: i64) -> Result<bool>;
+
+    /// Spends one use of an exception's budgets, atomically across replicas: counts the
+    /// scope's uses (within the window) and the exception's uses in the last minute, and
+    /// records this one only if both are below their limits. A decision spent before is
+    /// [`BudgetOutcome::Repeated`] whatever the counts.
+    async fn spend_budget(&self, spend: &BudgetSpend) -> Result<BudgetOutcome>;
 }
 
 #[cfg(test)]

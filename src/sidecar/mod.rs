@@ -77,7 +77,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, AuditTarget, TaskHasher};
 use crate::identity::store::KeyRegistry;
-use crate::ledger::LedgerLocation;
+use crate::ledger::{LedgerLocation, LedgerScope};
 use crate::runtime::http::{ConnectionMetrics, ServerLimits};
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::{ControlPlaneMetrics, SidecarMetrics};
@@ -179,6 +179,8 @@ pub struct SidecarConfig {
     pub upstream: Uri,
     pub listen: SocketAddr,
     pub ledger: LedgerLocation,
+    /// Which server's tasks this sidecar's ledger rows belong to, and which replica it is.
+    pub ledger_scope: LedgerScope,
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
@@ -209,7 +211,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     }
     let ledger = config
         .ledger
-        .open()
+        .open(config.ledger_scope.clone())
         .await
         .with_context(|| format!("opening the task ledger {}", config.ledger))?;
     let hasher = TaskHasher::new(

@@ -10,8 +10,9 @@
 //! clients, idempotency keys and secret names, and only asserts on rows it created. Functions
 //! that use `now` values off the common [`NOW`] keep those rows out of each other's way:
 //! reservations meant to stay alive expire at [`FAR`], and tasks meant to stay are retained past
-//! any `now` the suite passes to `purge_expired`. The exception is [`quota_server`], which
-//! counts every active task and so needs a ledger nobody else is using. [`run_shared`] runs the
+//! any `now` the suite passes to `purge_expired`. The exceptions are [`quota_server`], which
+//! counts every active task, and [`budgets_purged`], which purges at times other functions'
+//! tasks live in: both need a ledger nobody else is using. [`run_shared`] runs the
 //! rest concurrently on one ledger to prove the point. Functions leave their rows behind
 //! (including reservations alive until [`FAR`]), so a shared database only grows.
 
@@ -74,6 +75,12 @@ macro_rules! ledger_conformance_tests {
             cancel_race,
             cancels_due,
             cancel_holds_quota,
+            replicas_and_orphans,
+            cancels_due_per_home,
+            leases,
+            budgets,
+            budget_race,
+            budgets_purged,
             run_all,
         );
 
@@ -103,6 +110,7 @@ mod admission;
 mod cancellation;
 mod lifecycle;
 mod records;
+mod replicas;
 mod settlement;
 mod upstream;
 
@@ -117,6 +125,9 @@ pub use lifecycle::{
     result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
+pub use replicas::{
+    budget_race, budgets, budgets_purged, cancels_due_per_home, leases, replicas_and_orphans,
+};
 pub use settlement::{
     settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
 };
@@ -183,9 +194,15 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     cancel_race(ledger).await;
     cancels_due(ledger).await;
     cancel_holds_quota(ledger).await;
+    replicas_and_orphans(ledger).await;
+    cancels_due_per_home(ledger).await;
+    leases(ledger).await;
+    budgets(ledger).await;
+    budget_race(ledger).await;
+    budgets_purged(ledger).await;
 }
 
-/// Runs every function except [`quota_server`] at once, interleaved on one ledger: what a
+/// Runs every function except [`quota_server`] and [`budgets_purged`] at once, interleaved on one ledger: what a
 /// shared database sees when many test binaries use it. Safe to call on a ledger that already
 /// holds data, including from earlier calls.
 pub async fn run_shared(ledger: &dyn TaskLedger) {
@@ -225,6 +242,11 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         cancel_race(ledger).boxed_local(),
         cancels_due(ledger).boxed_local(),
         cancel_holds_quota(ledger).boxed_local(),
+        replicas_and_orphans(ledger).boxed_local(),
+        cancels_due_per_home(ledger).boxed_local(),
+        leases(ledger).boxed_local(),
+        budgets(ledger).boxed_local(),
+        budget_race(ledger).boxed_local(),
     ];
     join_all(suite).await;
 }

@@ -45,6 +45,7 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         ended: None,
         result_reads: 0,
         token_issued_at: r.token_issued_at,
+        home: ledger.scope().replica.clone(),
         cancel: None,
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);

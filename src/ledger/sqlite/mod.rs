@@ -5,6 +5,7 @@
 
 mod files;
 mod ops;
+mod replicas;
 mod schema;
 mod writer;
 
@@ -23,9 +24,9 @@ pub use self::writer::WriteStats;
 use self::writer::Writer;
 use super::settlements::Settlements;
 use super::{
-    CancelIntent, CancelRequest, Confirmation, Confirmed, Finish, FinishOutcome, LedgerError,
-    PendingCancel, PrincipalFilter, Reservation, ReserveOutcome, Result, TaskId, TaskLedger,
-    TaskRecord, TaskStatus,
+    BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
+    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
+    ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -51,6 +52,7 @@ pub struct SqliteLedger {
     /// Waiters on reservations, woken after the commits that settle them.
     settlements: Arc<Settlements>,
     path: PathBuf,
+    scope: LedgerScope,
 }
 
 impl SqliteLedger {
@@ -62,6 +64,12 @@ impl SqliteLedger {
     /// database is created so, and existing files with group or other permissions are
     /// tightened (logged as a warning); failing that, the open fails.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_scoped(path, LedgerScope::local())
+    }
+
+    /// [`SqliteLedger::open`], recording `scope.replica` as the home of the tasks it confirms.
+    /// The file holds one server's tasks, so `scope.server` only names it.
+    pub fn open_scoped(path: &Path, scope: LedgerScope) -> Result<Self> {
         files::make_owner_only(path)?;
         let write_conn = schema::open_writer(path)?;
         // Readers open after the writer so the file is already in WAL mode with a schema.
@@ -72,6 +80,7 @@ impl SqliteLedger {
             writer,
             settlements: Arc::default(),
             path: path.to_owned(),
+            scope,
         })
     }
 
@@ -93,6 +102,7 @@ impl SqliteLedger {
             mut writer,
             settlements: _,
             path: _,
+            scope: _,
         } = self;
         drop(readers);
         writer.close()
@@ -191,11 +201,12 @@ impl TaskLedger for SqliteLedger {
         let id = id.as_str().to_owned();
         let settlements = Arc::clone(&self.settlements);
         let settled = id.clone();
+        let home = self.scope.replica.clone();
         // Every successful outcome settles the reservation: confirmed, or released because
         // its upstream ID was taken.
         self.writer
             .call_then(
-                move |conn| ops::confirm(conn, &id, &confirmation),
+                move |conn| ops::confirm(conn, &id, &confirmation, &home),
                 move |_: &Confirmed| settlements.settle([settled]),
             )
             .await
@@ -280,7 +291,8 @@ impl TaskLedger for SqliteLedger {
     }
 
     async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
-        self.readers.with(|conn| ops::cancels_due(conn, now, limit))
+        self.readers
+            .with(|conn| ops::cancels_due(conn, None, now, limit))
     }
 
     async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
@@ -334,6 +346,55 @@ impl TaskLedger for SqliteLedger {
         let name = name.to_owned();
         self.writer
             .call(move |conn| ops::create_secret(conn, &name, &fresh))
+            .await
+    }
+
+    fn scope(&self) -> &LedgerScope {
+        &self.scope
+    }
+
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    async fn cancels_due_for(
+        &self,
+        home: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<PendingCancel>> {
+        self.readers
+            .with(|conn| ops::cancels_due(conn, Some(home), now, limit))
+    }
+
+    async fn heartbeat(&self, beat: &ReplicaBeat) -> Result<()> {
+        let replica = self.scope.replica.clone();
+        let beat = beat.clone();
+        self.writer
+            .call(move |conn| replicas::heartbeat(conn, &replica, &beat))
+            .await
+    }
+
+    async fn replica(&self, replica: &str) -> Result<Option<ReplicaInfo>> {
+        self.readers.with(|conn| replicas::replica(conn, replica))
+    }
+
+    async fn orphaned(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+        self.readers
+            .with(|conn| replicas::orphaned(conn, now, limit))
+    }
+
+    async fn try_lease(&self, name: &str, holder: &str, now: i64, until: i64) -> Result<bool> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        self.writer
+            .call(move |conn| replicas::try_lease(conn, &name, &holder, now, until))
+            .await
+    }
+
+    async fn spend_budget(&self, spend: &BudgetSpend) -> Result<BudgetOutcome> {
+        let spend = spend.clone();
+        self.writer
+            .call(move |conn| replicas::spend_budget(conn, &spend))
             .await
     }
 }

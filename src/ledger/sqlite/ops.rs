@@ -13,20 +13,20 @@ use crate::ledger::{
 /// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
 /// the order [`RawTask::from_row`] reads them. Select them `FROM` [`TASK_FROM`], or from any
 /// join that names the two tables `t` and `c`.
-const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
+pub(super) const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
-    t.result_reads, t.token_issued_at, \
+    t.result_reads, t.token_issued_at, t.home, \
     c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
 
 /// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
-const TASK_COLUMN_COUNT: usize = 26;
+const TASK_COLUMN_COUNT: usize = 27;
 
 /// Every task with its intent, if any.
-const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
+pub(super) const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
 
 /// A confirmed row as SQLite returns it, before the parsing that can find it corrupt.
-struct RawTask {
+pub(super) struct RawTask {
     id: String,
     upstream_id: Option<String>,
     owner: Owner,
@@ -45,6 +45,7 @@ struct RawTask {
     ended_at: Option<i64>,
     result_reads: i64,
     token_issued_at: Option<i64>,
+    home: String,
     cancel_reason: Option<String>,
     cancel_by: Option<String>,
     cancel_message: Option<String>,
@@ -78,11 +79,12 @@ impl RawTask {
             ended_at: row.get(18)?,
             result_reads: row.get(19)?,
             token_issued_at: row.get(20)?,
-            cancel_reason: row.get(21)?,
-            cancel_by: row.get(22)?,
-            cancel_message: row.get(23)?,
-            cancel_requested_at: row.get(24)?,
-            cancel_give_up_at: row.get(25)?,
+            home: row.get(21)?,
+            cancel_reason: row.get(22)?,
+            cancel_by: row.get(23)?,
+            cancel_message: row.get(24)?,
+            cancel_requested_at: row.get(25)?,
+            cancel_give_up_at: row.get(26)?,
         })
     }
 
@@ -152,9 +154,15 @@ impl RawTask {
             result_reads: u32::try_from(self.result_reads)
                 .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
             token_issued_at: self.token_issued_at,
+            home: self.home,
             cancel,
         })
     }
+}
+
+/// [`RawTask::from_row`] as a function, for `query_map`.
+pub(super) fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
+    RawTask::from_row(row)
 }
 
 fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {
@@ -162,11 +170,13 @@ fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String
 }
 
 /// SQLite's LIMIT is signed; anything beyond `i64::MAX` means "no limit" anyway.
-fn sql_limit(limit: usize) -> i64 {
+pub(super) fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn collect(rows: impl Iterator<Item = rusqlite::Result<RawTask>>) -> Result<Vec<TaskRecord>> {
+pub(super) fn collect(
+    rows: impl Iterator<Item = rusqlite::Result<RawTask>>,
+) -> Result<Vec<TaskRecord>> {
     rows.map(|raw| raw.ctx("read task row")?.into_record())
         .collect()
 }
@@ -176,7 +186,7 @@ fn collect(rows: impl Iterator<Item = rusqlite::Result<RawTask>>) -> Result<Vec<
 const TASK_ONLY_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
-    t.result_reads, t.token_issued_at, NULL, NULL, NULL, NULL, NULL";
+    t.result_reads, t.token_issued_at, t.home, NULL, NULL, NULL, NULL, NULL";
 
 /// One task by ID, the read of every `tasks/get`. Two primary-key lookups rather than the
 /// join of [`TASK_FROM`]: SQLite re-prepared the joined statement at every call (30 µs a read
@@ -386,7 +396,12 @@ fn upstream_holder(conn: &Connection, upstream_id: &str) -> Result<Option<(Strin
     .ctx("look up upstream ID")
 }
 
-pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<Confirmed> {
+pub(super) fn confirm(
+    conn: &Connection,
+    id: &str,
+    c: &Confirmation,
+    home: &str,
+) -> Result<Confirmed> {
     let reservation: Option<(Option<i64>, Option<i64>, Owner)> = conn
         .prepare_cached(
             "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
@@ -430,8 +445,8 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<C
     conn.prepare_cached(
         "UPDATE tasks SET confirmed = 1, upstream_id = ?2, status = ?3, status_message = ?4, \
          created_at = ?5, last_updated_at = ?5, ttl_ms = ?6, expires_at = ?7, deadline_at = ?8, \
-         poll_interval_ms = ?9, idempotency_until = ?10, reservation_expires_at = NULL \
-         WHERE id = ?1 AND confirmed = 0",
+         poll_interval_ms = ?9, idempotency_until = ?10, reservation_expires_at = NULL, \
+         home = ?11 WHERE id = ?1 AND confirmed = 0",
     )
     .ctx("prepare confirm")?
     .execute(params![
@@ -445,6 +460,7 @@ pub(super) fn confirm(conn: &Connection, id: &str, c: &Confirmation) -> Result<C
         c.deadline_at,
         c.poll_interval_ms,
         until,
+        home,
     ])
     .ctx("confirm task")?;
     let record = load_task(conn, id)?
@@ -580,16 +596,23 @@ pub(super) fn request_cancel(
     Ok(CancelRequest::Recorded(Box::new(after)))
 }
 
-pub(super) fn cancels_due(conn: &Connection, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
+/// Due intents of every task (`home` `None`) or of the tasks homed on `home`.
+pub(super) fn cancels_due(
+    conn: &Connection,
+    home: Option<&str>,
+    now: i64,
+    limit: usize,
+) -> Result<Vec<PendingCancel>> {
     let sql = format!(
         "SELECT {TASK_COLUMNS}, c.attempts, c.next_attempt_at \
          FROM cancel_intents AS c JOIN tasks AS t ON t.id = c.task_id \
          WHERE c.next_attempt_at <= ?1 AND t.confirmed = 1 AND t.ended_at IS NULL \
+         AND (?3 IS NULL OR t.home = ?3) \
          ORDER BY c.next_attempt_at, c.requested_at, c.task_id LIMIT ?2"
     );
     let mut stmt = conn.prepare_cached(&sql).ctx("prepare cancellation scan")?;
     let rows = stmt
-        .query_map(params![now, sql_limit(limit)], |row| {
+        .query_map(params![now, sql_limit(limit), home], |row| {
             Ok((
                 RawTask::from_row(row)?,
                 row.get::<_, i64>(TASK_COLUMN_COUNT)?,
@@ -687,9 +710,10 @@ pub(super) fn purge_expired(
             row.get::<_, String>(0)
         })
         .ctx("purge expired tasks")?;
-    let purged = ids
+    let purged: Vec<TaskId> = ids
         .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
         .collect::<Result<_>>()?;
+    super::replicas::forget_budget_uses(conn, &purged, now)?;
     Ok((purged, voided))
 }
 

@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 3;
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -23,8 +23,12 @@ enum Step {
 }
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [Step; SCHEMA_VERSION as usize] =
-    [Step::Sql(V1), Step::Sql(V2), Step::Code(to_v3)];
+const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
+    Step::Sql(V1),
+    Step::Sql(V2),
+    Step::Code(to_v3),
+    Step::Sql(V4),
+];
 
 /// Version 1.
 ///
@@ -135,6 +139,44 @@ CREATE TABLE cancel_intents (
 ) STRICT;
 
 CREATE INDEX cancel_intents_due ON cancel_intents (next_attempt_at);
+";
+
+/// Version 4: what replicas share (the same tables as the PostgreSQL ledger, so both pass one
+/// conformance suite).
+///
+/// - Each task's home replica (empty for tasks recorded before).
+/// - Replica heartbeats, named leases, and the uses of CapabilityException budgets: one row
+///   per decision (the primary key makes a repeated decision spend nothing), counted per scope
+///   for iterations and per exception for the per-minute rate.
+pub(super) const V4: &str = "
+ALTER TABLE tasks ADD COLUMN home TEXT NOT NULL DEFAULT '';
+CREATE INDEX tasks_active_home ON tasks (home) WHERE ended_at IS NULL;
+
+CREATE TABLE replicas (
+    replica      TEXT PRIMARY KEY NOT NULL,
+    address      TEXT,
+    last_beat_at INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE leases (
+    name   TEXT PRIMARY KEY NOT NULL,
+    holder TEXT NOT NULL,
+    until  INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE budget_uses (
+    exception TEXT NOT NULL,
+    decision  TEXT NOT NULL,
+    scope     TEXT NOT NULL,
+    task_id   TEXT,
+    at        INTEGER NOT NULL,
+    PRIMARY KEY (exception, decision)
+) STRICT;
+
+CREATE INDEX budget_uses_scope ON budget_uses (exception, scope, at);
+CREATE INDEX budget_uses_rate ON budget_uses (exception, at);
+CREATE INDEX budget_uses_task ON budget_uses (task_id) WHERE task_id IS NOT NULL;
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

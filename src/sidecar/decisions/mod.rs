@@ -41,6 +41,7 @@ pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord
         ended: None,
         result_reads: 0,
         token_issued_at: None,
+        home: String::new(),
         cancel: None,
     }
 }

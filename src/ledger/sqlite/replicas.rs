@@ -1,0 +1,150 @@
+//! Statements for what replicas share: heartbeats, leases and capability budgets. On SQLite
+//! there is one replica, but the rows are the same as on a shared backend so the behaviour
+//! (and the conformance suite) is too.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Ctx;
+use super::ops::{TASK_COLUMNS, TASK_FROM, collect, raw_task, sql_limit};
+use crate::ledger::{
+    BUDGET_USE_HORIZON_MS, BudgetOutcome, BudgetSpend, ReplicaBeat, ReplicaInfo, Result, TaskId,
+    TaskRecord,
+};
+
+pub(super) fn heartbeat(conn: &Connection, replica: &str, beat: &ReplicaBeat) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO replicas (replica, address, last_beat_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (replica) DO UPDATE SET \
+         address = excluded.address, last_beat_at = excluded.last_beat_at, \
+         expires_at = excluded.expires_at",
+    )
+    .ctx("prepare heartbeat")?
+    .execute(params![replica, beat.address, beat.now, beat.expires_at])
+    .ctx("record heartbeat")?;
+    Ok(())
+}
+
+pub(super) fn replica(conn: &Connection, replica: &str) -> Result<Option<ReplicaInfo>> {
+    conn.prepare_cached(
+        "SELECT replica, address, last_beat_at, expires_at FROM replicas WHERE replica = ?1",
+    )
+    .ctx("prepare replica lookup")?
+    .query_row([replica], |row| {
+        Ok(ReplicaInfo {
+            replica: row.get(0)?,
+            address: row.get(1)?,
+            last_beat_at: row.get(2)?,
+            expires_at: row.get(3)?,
+        })
+    })
+    .optional()
+    .ctx("look up replica")
+}
+
+pub(super) fn orphaned(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} \
+         LEFT JOIN replicas AS r ON r.replica = t.home \
+         WHERE t.ended_at IS NULL AND t.confirmed = 1 AND t.home <> '' \
+         AND (r.replica IS NULL OR r.expires_at <= ?1) \
+         ORDER BY t.created_at, t.id LIMIT ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).ctx("prepare orphan scan")?;
+    let rows = stmt
+        .query_map(params![now, sql_limit(limit)], raw_task)
+        .ctx("scan orphaned tasks")?;
+    collect(rows)
+}
+
+pub(super) fn try_lease(
+    conn: &Connection,
+    name: &str,
+    holder: &str,
+    now: i64,
+    until: i64,
+) -> Result<bool> {
+    let granted = conn
+        .prepare_cached(
+            "INSERT INTO leases (name, holder, until) VALUES (?1, ?2, ?4) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until \
+             WHERE leases.holder = excluded.holder OR leases.until <= ?3",
+        )
+        .ctx("prepare lease")?
+        .execute(params![name, holder, now, until])
+        .ctx("take lease")?;
+    Ok(granted == 1)
+}
+
+pub(super) fn spend_budget(conn: &Connection, spend: &BudgetSpend) -> Result<BudgetOutcome> {
+    let spent_before: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM budget_uses WHERE exception = ?1 AND decision = ?2)",
+        )
+        .ctx("prepare budget decision lookup")?
+        .query_row(params![spend.exception, spend.decision], |row| row.get(0))
+        .ctx("look up budget decision")?;
+    if spent_before {
+        return Ok(BudgetOutcome::Repeated);
+    }
+    let since = spend
+        .iteration_window_ms
+        .map_or(i64::MIN, |w| spend.now.saturating_sub(w));
+    let iterations: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM budget_uses WHERE exception = ?1 AND scope = ?2 AND at > ?3",
+        )
+        .ctx("prepare iteration count")?
+        .query_row(params![spend.exception, spend.scope, since], |row| {
+            row.get(0)
+        })
+        .ctx("count iterations")?;
+    if iterations >= i64::from(spend.max_iterations) {
+        return Ok(BudgetOutcome::IterationBudget);
+    }
+    let last_minute: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM budget_uses WHERE exception = ?1 AND at > ?2")
+        .ctx("prepare rate count")?
+        .query_row(
+            params![spend.exception, spend.now.saturating_sub(60_000)],
+            |row| row.get(0),
+        )
+        .ctx("count uses in the last minute")?;
+    if last_minute >= i64::from(spend.max_per_minute) {
+        return Ok(BudgetOutcome::Rate);
+    }
+    conn.prepare_cached(
+        "INSERT INTO budget_uses (exception, decision, scope, task_id, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .ctx("prepare budget use")?
+    .execute(params![
+        spend.exception,
+        spend.decision,
+        spend.scope,
+        spend.task.as_ref().map(TaskId::as_str),
+        spend.now
+    ])
+    .ctx("record budget use")?;
+    // Counts fit u32: both are below a u32 limit.
+    Ok(BudgetOutcome::Spent {
+        iterations_left: spend.max_iterations - (iterations as u32) - 1,
+        per_minute_left: spend.max_per_minute - (last_minute as u32) - 1,
+    })
+}
+
+/// Deletes the budget uses of purged tasks, and uses outside tasks older than any window.
+pub(super) fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<()> {
+    let mut by_task = conn
+        .prepare_cached("DELETE FROM budget_uses WHERE task_id = ?1")
+        .ctx("prepare budget use delete")?;
+    for id in purged {
+        by_task
+            .execute([id.as_str()])
+            .ctx("delete budget uses of a purged task")?;
+    }
+    conn.prepare_cached("DELETE FROM budget_uses WHERE task_id IS NULL AND at <= ?1")
+        .ctx("prepare old budget use delete")?
+        .execute([now.saturating_sub(BUDGET_USE_HORIZON_MS)])
+        .ctx("delete old budget uses")?;
+    Ok(())
+}
