@@ -35,7 +35,7 @@ pub use server_policy::{
     ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, InjectionSpec, IssuerSpec,
     JwsAlgorithm, ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec,
     McpServerPolicyStatus, ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec,
-    UpstreamIdentity, UpstreamSpec,
+    UpstreamIdentity, UpstreamSpec, UpstreamTaskState,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

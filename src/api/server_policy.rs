@@ -208,6 +208,20 @@ pub struct UpstreamSpec {
     /// never carry a token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<UpstreamIdentity>,
+    /// Where the container keeps task state: `perReplica` (default) or `shared`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_state: Option<UpstreamTaskState>,
+}
+
+/// Where the protected container keeps its tasks' state.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum UpstreamTaskState {
+    /// Each replica's container knows only the tasks it created.
+    #[default]
+    PerReplica,
+    /// Every replica's container knows every task (e.g. kept in Redis).
+    Shared,
 }
 
 /// What identifies the caller to the protected container.

@@ -96,6 +96,14 @@ pub struct SidecarArgs {
     /// many servers' tasks, each scope seeing only its own). Default `local`.
     #[arg(long, value_name = "NAME", env = "LIFEGUARD_LEDGER_SCOPE")]
     pub ledger_scope: Option<String>,
+    /// Shared ledgers: where the internal hop listens for the requests other replicas forward
+    /// about tasks homed here (signed with a key the replicas share through the ledger).
+    #[arg(long, value_name = "ADDR")]
+    pub internal_listen: Option<std::net::SocketAddr>,
+    /// How other replicas reach this one's internal hop (`host:port`). Default: the
+    /// --internal-listen address when it is a specific one.
+    #[arg(long, value_name = "HOST:PORT", env = "LIFEGUARD_INTERNAL_ADVERTISE")]
+    pub internal_advertise: Option<String>,
     /// This replica's name, recorded as the home of the tasks it creates. Default: the pod name
     /// ($POD_NAME), else the host name.
     #[arg(long, value_name = "NAME")]

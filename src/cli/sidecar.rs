@@ -15,6 +15,8 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         listen: args.listen,
         ledger: args.ledger.clone(),
         ledger_scope: ledger_scope(args)?,
+        internal_listen: args.internal_listen,
+        internal_advertise: args.internal_advertise.clone(),
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),

@@ -43,6 +43,8 @@ pub struct EffectivePolicy {
     pub issuers: Vec<TrustedIssuer>,
     /// What the protected container learns about callers.
     pub upstream_identity: UpstreamIdentity,
+    /// Where the protected container keeps task state.
+    pub upstream_task_state: crate::api::UpstreamTaskState,
     pub protocol: ProtocolRules,
     /// `None`: no request may become a task.
     pub tasks: Option<TaskRules>,

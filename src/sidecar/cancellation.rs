@@ -72,6 +72,11 @@ pub async fn request(
             .task(app.hasher.hash(&record.id))
             .detail("reason", intent.reason.as_str()),
     );
+    if app.replica.remote_home(policy, &recorded).is_some() {
+        // Only the task's home replica can reach its server: its outbox sends the cancel
+        // (the intent is due at once).
+        return Requested::Recorded;
+    }
     send().await;
     let pending = PendingCancel {
         record: *recorded,
@@ -86,7 +91,15 @@ pub async fn request(
 /// Sends the cancel again and checks every intent that is due; ends the ones past their
 /// patience as unconfirmed.
 pub async fn drive_outbox(app: &AppState, policy: &ActivePolicy, correlation_id: &str) {
-    let due = match app.ledger.cancels_due(now_ms(), OUTBOX_BATCH).await {
+    let due = match app.replica.outbox_home(policy) {
+        Some(home) => {
+            app.ledger
+                .cancels_due_for(home, now_ms(), OUTBOX_BATCH)
+                .await
+        }
+        None => app.ledger.cancels_due(now_ms(), OUTBOX_BATCH).await,
+    };
+    let due = match due {
         Ok(due) => due,
         Err(e) => {
             tracing::error!(error = %e, "reading pending cancellations failed");

@@ -4,13 +4,13 @@
 //!
 //! Decisions are made once per (task, input key): a task repeats its outstanding input requests
 //! on every poll and notification, and those repeats neither spend budget again nor change the
-//! answer. Budgets that change with use are counted here, per sidecar instance, under one lock
-//! (so concurrent tasks cannot overspend): iterations per task and requests per minute per
-//! exception.
+//! answer. Budgets that change with use (iterations per task, requests per minute per
+//! exception) are spent in the ledger, atomically: concurrent tasks, restarts and the replicas
+//! sharing a ledger can never overspend them, and a decision spent once is never charged again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
@@ -20,6 +20,7 @@ use crate::exception::gate::{
     CapabilityRequest, Rejection, capability_of, covers, declares, verification_rejection,
 };
 use crate::exception::{ApproverTrust, verify};
+use crate::ledger::{BudgetOutcome, BudgetSpend, TaskLedger};
 use crate::model::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
 use crate::telemetry::metrics::{CapabilityLabels, SidecarMetrics};
@@ -32,8 +33,9 @@ pub enum Verdict {
         approval_id: String,
         /// The exception's approved model route (sampling), recorded with every use.
         model_route: Option<String>,
-        iterations_left: u32,
-        per_minute_left: u32,
+        /// Iterations and uses per minute left after this use; `None` when the decision had
+        /// been spent before (another replica made it).
+        budget_left: Option<(u32, u32)>,
     },
     Rejected(Rejection),
 }
@@ -64,48 +66,18 @@ impl Screened {
 #[derive(Default)]
 struct GateState {
     decided: HashMap<(String, String), Verdict>,
-    /// Allowed requests per (exception, task or request scope), with when the scope first used
-    /// the exception. Entries grow only with allowed requests (so at most the per-minute rate),
-    /// and are pruned once no task could still be running.
-    iterations: HashMap<(ObjectKey, String), (u32, Instant)>,
-    uses: HashMap<ObjectKey, VecDeque<Instant>>,
 }
 
-impl GateState {
-    /// Forgets iteration counts of scopes older than `horizon` (the longest a task may live).
-    fn prune_iterations(&mut self, horizon: Duration) {
-        if self.iterations.len() > PRUNE_ITERATIONS_ABOVE {
-            self.iterations
-                .retain(|_, (_, first)| first.elapsed() <= horizon);
-        }
-    }
-}
-
-/// Iteration entries kept before old ones are pruned.
-const PRUNE_ITERATIONS_ABOVE: usize = 10_000;
-
-/// The longest a task governed by `policy` can run: iteration counts older than this belong to
-/// tasks that have ended.
-fn task_horizon(policy: &EffectivePolicy) -> Duration {
-    policy
-        .tasks
-        .as_ref()
-        .map_or(Duration::from_secs(3600), |t| {
-            t.per_tool_deadline
-                .values()
-                .map(|d| d.get())
-                .fold(t.max_deadline.get(), Duration::max)
-        })
-}
-
-/// The gate's memory of decisions and budgets.
+/// The gate's memory of decisions. Budgets that change with use are kept in the ledger
+/// ([`TaskLedger::spend_budget`]), so they hold across restarts and, on a shared ledger,
+/// across every replica of the server.
 #[derive(Default)]
 pub struct CapabilityGate {
     state: Mutex<GateState>,
 }
 
 /// Most decisions remembered before the memory starts over (bounded memory; a forgotten
-/// decision is made again, spending budget again — the safe direction).
+/// decision is made again, but the ledger knows it was spent and charges nothing).
 const MAX_DECISIONS: usize = 100_000;
 
 /// How long the iterations of multi round-trip exchanges (outside tasks) of one principal and
@@ -140,65 +112,62 @@ pub struct Carrier<'a> {
     pub audit_ok: bool,
 }
 
+/// What the first pass over a message found for one gated key.
+enum Pending {
+    /// Decided before (and still valid): apply it.
+    Known(Verdict),
+    /// To decide now (with the reason an earlier allowance lapsed, if it did).
+    Decide {
+        capability: ExceptionCapability,
+        params: Value,
+        lapsed: Option<Rejection>,
+    },
+}
+
 impl CapabilityGate {
     /// Screens `requests` (an `inputRequests` map) in place: refused entries are removed.
-    pub fn screen(
+    /// Budgets are spent in `ledger`; when it cannot be asked, undecided requests are withheld
+    /// (not decided: they come back on the next poll).
+    pub async fn screen(
         &self,
+        ledger: &dyn TaskLedger,
         policy: &EffectivePolicy,
         trust: Option<&ApproverTrust>,
         carrier: &Carrier<'_>,
         requests: &mut Map<String, Value>,
     ) -> Screened {
         let mut screened = Screened::default();
-        let Ok(mut state) = self.state.lock() else {
+        let Some(pending) = self.first_pass(policy, trust, carrier, requests) else {
             // A poisoned lock means a panic mid-decision: refuse everything gated.
             requests.retain(|_, r| gated(r).is_none());
             return screened;
         };
-        if state.decided.len() > MAX_DECISIONS {
-            state.decided.clear();
-        }
-        state.prune_iterations(task_horizon(policy));
-        let keys: Vec<String> = requests.keys().cloned().collect();
-        for key in keys {
-            let Some(request) = requests.get(&key) else {
-                continue;
-            };
-            let Some(capability) = gated(request) else {
-                continue;
-            };
-            let decided_key = (carrier.scope.to_owned(), key.clone());
-            if !carrier.audit_ok
-                && !matches!(state.decided.get(&decided_key), Some(Verdict::Rejected(_)))
-            {
-                requests.remove(&key);
-                continue;
-            }
-            // A request that does not declare the capability is not shown it, and does not
-            // decide it either when an exception could allow it: a poll from a client that
-            // cannot answer must not end the task for the one that can. (Under `deny` the
-            // outcome does not depend on the client: it is decided at once.)
-            if !state.decided.contains_key(&decided_key)
-                && !declares(carrier.declared, capability)
-                && policy.capabilities.mode(capability) != CapabilityMode::Deny
-            {
-                requests.remove(&key);
-                continue;
-            }
-            // An allowance is re-verified at every use: an exception withdrawn, expired, or
-            // signed by a key revoked since the decision no longer covers the request.
-            let previous = state.decided.get(&decided_key).cloned();
-            let lapsed = match &previous {
-                Some(Verdict::Allowed { exception, .. }) => revalidate(policy, trust, exception),
-                _ => None,
-            };
-            let verdict = match (previous, lapsed) {
-                (Some(v), None) => v,
-                (_, lapsed) => {
-                    let params = request.get("params").cloned().unwrap_or(Value::Null);
+        for (key, pending) in pending {
+            let verdict = match pending {
+                Pending::Known(verdict) => verdict,
+                Pending::Decide {
+                    capability,
+                    params,
+                    lapsed,
+                } => {
                     let verdict = match lapsed {
                         Some(reason) => Verdict::Rejected(reason),
-                        None => decide(&mut state, policy, trust, carrier, capability, &params),
+                        None => {
+                            match decide(ledger, policy, trust, carrier, capability, &params, &key)
+                                .await
+                            {
+                                Ok(verdict) => verdict,
+                                Err(e) => {
+                                    tracing::error!(error = %e, "spending a capability budget failed");
+                                    requests.remove(&key);
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    let Some(verdict) = self.record(carrier, &key, verdict.clone()) else {
+                        requests.remove(&key);
+                        continue;
                     };
                     screened
                         .events
@@ -215,31 +184,100 @@ impl CapabilityGate {
                         },
                     });
                     if let Verdict::Rejected(reason) = verdict {
-                        screened
-                            .newly_rejected
-                            .push((key.clone(), method_of(request), reason));
+                        let method = requests.get(&key).map(method_of).unwrap_or_default();
+                        screened.newly_rejected.push((key.clone(), method, reason));
                     }
-                    state.decided.insert(decided_key, verdict.clone());
                     verdict
                 }
             };
+            let method = requests.get(&key).map(method_of).unwrap_or_default();
+            let declared = requests
+                .get(&key)
+                .and_then(gated)
+                .is_some_and(|c| declares(carrier.declared, c));
             match verdict {
                 Verdict::Rejected(reason) => {
-                    screened
-                        .refused
-                        .push((key.clone(), method_of(request), reason));
+                    screened.refused.push((key.clone(), method, reason));
                     requests.remove(&key);
                 }
                 // Allowed once, but the capability must be declared on every request that
                 // carries it: a request without the declaration does not see it (nothing is
                 // declined: the next poll that declares it will).
-                Verdict::Allowed { .. } if !declares(carrier.declared, capability) => {
+                Verdict::Allowed { .. } if !declared => {
                     requests.remove(&key);
                 }
                 Verdict::Allowed { .. } => {}
             }
         }
         screened
+    }
+
+    /// Sorts the gated keys of `requests` into known verdicts and decisions to make, removing
+    /// the ones this request cannot be shown at all. `None` if the memory is poisoned.
+    fn first_pass(
+        &self,
+        policy: &EffectivePolicy,
+        trust: Option<&ApproverTrust>,
+        carrier: &Carrier<'_>,
+        requests: &mut Map<String, Value>,
+    ) -> Option<Vec<(String, Pending)>> {
+        let mut state = self.state.lock().ok()?;
+        if state.decided.len() > MAX_DECISIONS {
+            state.decided.clear();
+        }
+        let mut pending = Vec::new();
+        let keys: Vec<String> = requests.keys().cloned().collect();
+        for key in keys {
+            let Some(request) = requests.get(&key) else {
+                continue;
+            };
+            let Some(capability) = gated(request) else {
+                continue;
+            };
+            let decided_key = (carrier.scope.to_owned(), key.clone());
+            let previous = state.decided.get(&decided_key).cloned();
+            if !carrier.audit_ok && !matches!(previous, Some(Verdict::Rejected(_))) {
+                requests.remove(&key);
+                continue;
+            }
+            // A request that does not declare the capability is not shown it, and does not
+            // decide it either when an exception could allow it: a poll from a client that
+            // cannot answer must not end the task for the one that can. (Under `deny` the
+            // outcome does not depend on the client: it is decided at once.)
+            if previous.is_none()
+                && !declares(carrier.declared, capability)
+                && policy.capabilities.mode(capability) != CapabilityMode::Deny
+            {
+                requests.remove(&key);
+                continue;
+            }
+            // An allowance is re-verified at every use: an exception withdrawn, expired, or
+            // signed by a key revoked since the decision no longer covers the request.
+            let lapsed = match &previous {
+                Some(Verdict::Allowed { exception, .. }) => revalidate(policy, trust, exception),
+                _ => None,
+            };
+            let entry = match (previous, lapsed) {
+                (Some(verdict), None) => Pending::Known(verdict),
+                (_, lapsed) => Pending::Decide {
+                    capability,
+                    params: request.get("params").cloned().unwrap_or(Value::Null),
+                    lapsed,
+                },
+            };
+            pending.push((key, entry));
+        }
+        Some(pending)
+    }
+
+    /// Remembers a decision made now. (Two screenings deciding one key at once reach the same
+    /// verdict: the ledger charges the decision once and answers the other with `Repeated`.)
+    /// `None` if the memory is poisoned.
+    fn record(&self, carrier: &Carrier<'_>, key: &str, verdict: Verdict) -> Option<Verdict> {
+        let mut state = self.state.lock().ok()?;
+        let decided_key = (carrier.scope.to_owned(), key.to_owned());
+        state.decided.insert(decided_key, verdict.clone());
+        Some(verdict)
     }
 
     /// Whether the gate allowed `key` of `scope`: only then may a client's answer to that
@@ -295,16 +333,17 @@ fn revalidate(
     verification_rejection(&verification)
 }
 
-fn decide(
-    state: &mut GateState,
+async fn decide(
+    ledger: &dyn TaskLedger,
     policy: &EffectivePolicy,
     trust: Option<&ApproverTrust>,
     carrier: &Carrier<'_>,
     capability: ExceptionCapability,
     params: &Value,
-) -> Verdict {
+    key: &str,
+) -> crate::ledger::Result<Verdict> {
     if policy.capabilities.mode(capability) == CapabilityMode::Deny {
-        return Verdict::Rejected(Rejection::NoException);
+        return Ok(Verdict::Rejected(Rejection::NoException));
     }
     let now = jiff::Timestamp::now();
     let empty_trust = ApproverTrust::default();
@@ -315,6 +354,24 @@ fn decide(
         owner: carrier.owner,
         declared: carrier.declared,
         protocol_version: carrier.protocol_version,
+    };
+    let (budget_scope, task, window) = match &carrier.budget {
+        Budget::Task(task) => (
+            format!("task\n{task}"),
+            Some(crate::model::TaskId::from_string(task.clone())),
+            None,
+        ),
+        Budget::Exchange { tool } => {
+            let o = carrier.owner;
+            (
+                format!(
+                    "exchange\n{}\n{}\n{}\n{}\n{tool}",
+                    o.issuer, o.subject, o.tenant, o.client
+                ),
+                None,
+                Some(EXCHANGE_ITERATION_WINDOW.as_millis() as i64),
+            )
+        }
     };
     let mut best = Rejection::NoException;
     for exception in policy
@@ -329,55 +386,40 @@ fn decide(
             continue;
         }
         let limits = &exception.spec.limits;
-        let (budget_scope, window) = match &carrier.budget {
-            Budget::Task(task) => (format!("task\n{task}"), None),
-            Budget::Exchange { tool } => {
-                let o = carrier.owner;
-                (
-                    format!(
-                        "exchange\n{}\n{}\n{}\n{}\n{tool}",
-                        o.issuer, o.subject, o.tenant, o.client
-                    ),
-                    Some(EXCHANGE_ITERATION_WINDOW),
-                )
+        let spend = BudgetSpend {
+            exception: exception.exception.to_string(),
+            scope: budget_scope.clone(),
+            decision: format!("{}\n{key}", carrier.scope),
+            task: task.clone(),
+            max_iterations: limits.max_iterations_per_task,
+            iteration_window_ms: window,
+            max_per_minute: limits.max_requests_per_minute,
+            now: now.as_millisecond(),
+        };
+        let budget_left = match ledger.spend_budget(&spend).await? {
+            BudgetOutcome::Spent {
+                iterations_left,
+                per_minute_left,
+            } => Some((iterations_left, per_minute_left)),
+            // Spent before, for this very decision (by another replica, or before a restart).
+            BudgetOutcome::Repeated => None,
+            BudgetOutcome::IterationBudget => {
+                best = best.most_specific(Rejection::IterationBudget);
+                continue;
+            }
+            BudgetOutcome::Rate => {
+                best = best.most_specific(Rejection::Rate);
+                continue;
             }
         };
-        let iteration_key = (exception.exception.clone(), budget_scope);
-        let (iterations, first_use) = state
-            .iterations
-            .get(&iteration_key)
-            .copied()
-            .filter(|(_, first)| window.is_none_or(|w| first.elapsed() < w))
-            .unwrap_or((0, Instant::now()));
-        if iterations >= limits.max_iterations_per_task {
-            best = best.most_specific(Rejection::IterationBudget);
-            continue;
-        }
-        let window = state.uses.entry(exception.exception.clone()).or_default();
-        while window
-            .front()
-            .is_some_and(|t| t.elapsed() >= Duration::from_secs(60))
-        {
-            window.pop_front();
-        }
-        if window.len() >= limits.max_requests_per_minute as usize {
-            best = best.most_specific(Rejection::Rate);
-            continue;
-        }
-        window.push_back(Instant::now());
-        let per_minute_left = limits.max_requests_per_minute - window.len() as u32;
-        state
-            .iterations
-            .insert(iteration_key, (iterations + 1, first_use));
-        return Verdict::Allowed {
+        return Ok(Verdict::Allowed {
             exception: exception.exception.clone(),
             approval_id: exception.spec.approval_id.clone(),
             model_route: exception.spec.model_route.clone(),
-            iterations_left: limits.max_iterations_per_task - iterations - 1,
-            per_minute_left,
-        };
+            budget_left,
+        });
     }
-    Verdict::Rejected(best)
+    Ok(Verdict::Rejected(best))
 }
 
 fn audit_events(
@@ -405,15 +447,19 @@ fn audit_events(
             exception,
             approval_id,
             model_route,
-            iterations_left,
-            per_minute_left,
+            budget_left,
         } => base("capability.allowed", Decision::Allow, "exception")
             .detail("exception", exception.to_string())
             .detail("approvalId", approval_id.clone())
             .detail("modelRoute", json!(model_route))
             .detail(
                 "budgetLeft",
-                json!({"iterations": iterations_left, "perMinute": per_minute_left}),
+                match budget_left {
+                    Some((iterations, per_minute)) => {
+                        json!({"iterations": iterations, "perMinute": per_minute})
+                    }
+                    None => Value::Null,
+                },
             ),
         Verdict::Rejected(reason) => base("capability.rejected", Decision::Deny, reason.as_str()),
     };
@@ -472,8 +518,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn denied_capabilities_are_refused_once_and_remembered() {
+    #[tokio::test]
+    async fn denied_capabilities_are_refused_once_and_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = crate::ledger::SqliteLedger::open(&dir.path().join("l.db")).unwrap();
         let policy = crate::policy::testing::with_tasks("    enabled: true\n");
         let gate = CapabilityGate::default();
         let owner = owner();
@@ -495,7 +543,9 @@ mod tests {
         .as_object()
         .cloned()
         .unwrap();
-        let first = gate.screen(&policy, None, &carrier, &mut requests);
+        let first = gate
+            .screen(&ledger, &policy, None, &carrier, &mut requests)
+            .await;
         assert_eq!(
             requests.keys().collect::<Vec<_>>(),
             ["e1"],
@@ -516,7 +566,9 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap();
-        let second = gate.screen(&policy, None, &carrier, &mut again);
+        let second = gate
+            .screen(&ledger, &policy, None, &carrier, &mut again)
+            .await;
         assert!(again.is_empty());
         assert!(second.newly_rejected.is_empty());
         assert_eq!(second.refused.len(), 1);

@@ -75,7 +75,14 @@ pub async fn screen_task_state(
     };
     let screened = app
         .gate
-        .screen(&policy.effective, policy.trust.as_ref(), &carrier, requests);
+        .screen(
+            app.ledger.as_ref(),
+            &policy.effective,
+            policy.trust.as_ref(),
+            &carrier,
+            requests,
+        )
+        .await;
     let nothing_left = requests.is_empty();
     screened.count(&app.metrics);
     let hashed = app.hasher.hash(&record.id);
@@ -155,12 +162,16 @@ pub async fn screen_request_inputs(
             policy_name: &ctx.policy.name,
             audit_ok: !app.audit_blocks(&ctx.policy),
         };
-        let screened = app.gate.screen(
-            &ctx.policy.effective,
-            ctx.policy.trust.as_ref(),
-            &carrier,
-            requests,
-        );
+        let screened = app
+            .gate
+            .screen(
+                app.ledger.as_ref(),
+                &ctx.policy.effective,
+                ctx.policy.trust.as_ref(),
+                &carrier,
+                requests,
+            )
+            .await;
         screened.count(&app.metrics);
         for event in screened.events {
             app.audit.log(event);

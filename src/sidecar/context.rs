@@ -14,6 +14,15 @@ use crate::mcp::jsonrpc::Request;
 use super::active_policy::ActivePolicy;
 use super::forward::client_request_headers;
 
+/// Which way a request reached this sidecar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// From a client, on the MCP port.
+    Client,
+    /// From another replica over the internal hop: answered here, never forwarded again.
+    Hop { from: String },
+}
+
 /// Everything known about one authenticated, checked request.
 pub struct RequestContext {
     pub correlation_id: String,
@@ -24,6 +33,8 @@ pub struct RequestContext {
     pub headers: HeaderMap,
     /// The request body as received, forwarded unchanged when nothing in it needs rewriting.
     pub body: Bytes,
+    /// From a client, or forwarded by another replica (never forwarded again).
+    pub arrival: Arrival,
 }
 
 impl RequestContext {

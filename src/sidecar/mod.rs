@@ -46,11 +46,14 @@ mod decisions;
 mod denials;
 mod error;
 mod forward;
+mod hop;
+mod hop_server;
 mod listen;
 mod pipeline;
 mod policy_file;
 mod policy_source;
 mod relay;
+mod replica;
 mod respond;
 mod revocation;
 mod server_tasks;
@@ -181,6 +184,11 @@ pub struct SidecarConfig {
     pub ledger: LedgerLocation,
     /// Which server's tasks this sidecar's ledger rows belong to, and which replica it is.
     pub ledger_scope: LedgerScope,
+    /// Where the internal hop listens for requests other replicas forward (shared ledgers).
+    pub internal_listen: Option<SocketAddr>,
+    /// How other replicas reach this one's hop (`host:port`); default: `internal_listen` when
+    /// it names a specific address.
+    pub internal_advertise: Option<String>,
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
@@ -197,6 +205,30 @@ pub struct SidecarConfig {
 const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
 /// Name of the ledger secret that keys idempotency hashes.
 const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
+
+/// Where other replicas reach this one's internal hop, checked against the ledger in use.
+fn hop_address(config: &SidecarConfig) -> Result<Option<String>> {
+    let Some(listen) = config.internal_listen else {
+        if config.internal_advertise.is_some() {
+            anyhow::bail!("--internal-advertise needs --internal-listen");
+        }
+        return Ok(None);
+    };
+    if matches!(config.ledger, LedgerLocation::Sqlite(_)) {
+        anyhow::bail!(
+            "--internal-listen needs a ledger shared by the replicas (postgres://…): with an \
+             SQLite ledger every task is answered by the replica that holds its file"
+        );
+    }
+    match &config.internal_advertise {
+        Some(address) => Ok(Some(address.clone())),
+        None if listen.ip().is_unspecified() => anyhow::bail!(
+            "--internal-listen {listen} listens on every address: say with \
+             --internal-advertise (or $LIFEGUARD_INTERNAL_ADVERTISE) which one other replicas use"
+        ),
+        None => Ok(Some(listen.to_string())),
+    }
+}
 
 /// Runs the sidecar until `shutdown` fires.
 pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<()> {
@@ -224,6 +256,28 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         .secret(IDEMPOTENCY_SECRET)
         .await
         .context("reading the idempotency key from the ledger")?;
+    let advertise = hop_address(&config)?;
+    let hop = if ledger.is_shared() {
+        Some(
+            hop::Hop::new(
+                ledger.as_ref(),
+                config.upstream_timeout + Duration::from_secs(5),
+            )
+            .await
+            .context("reading the internal hop key from the ledger")?,
+        )
+    } else {
+        None
+    };
+    replica::beat_once(ledger.as_ref(), advertise.as_deref())
+        .await
+        .context("recording this replica's heartbeat in the ledger")?;
+    tokio::spawn(replica::heartbeat(
+        ledger.clone(),
+        advertise.clone(),
+        shutdown.clone(),
+    ));
+    let replica = replica::Replica::new(ledger.as_ref(), hop);
     let initial_target = match &config.audit_file {
         Some(path) => AuditTarget::File(path.clone()),
         None => AuditTarget::Stdout,
@@ -284,6 +338,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         reconciles: state::ReconcileClock::default(),
         denials: denials::DenialAudit::default(),
         streams: Arc::new(stream_registry::StreamRegistry::default()),
+        replica,
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,
         cancel_confirm_timeout: config.cancel_confirm_timeout,
@@ -319,6 +374,26 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         let probes = app_probes::router(Arc::new(config.app_probes.clone()));
         crate::runtime::admin::spawn_with(admin_addr, app.clone(), probes, shutdown.clone())
             .await?;
+    }
+
+    if let Some(hop_addr) = config.internal_listen {
+        let hop_listener = tokio::net::TcpListener::bind(hop_addr)
+            .await
+            .with_context(|| format!("binding the internal hop {hop_addr}"))?;
+        let hop_local = hop_listener.local_addr()?;
+        eprintln!("lifeguard: internal hop on http://{hop_local}{}", hop::PATH);
+        let router = hop_server::router(app.clone());
+        let limits = config.limits.clone();
+        let hop_shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let metrics = ConnectionMetrics::default();
+            if let Err(e) =
+                crate::runtime::http::serve(hop_listener, router, limits, metrics, hop_shutdown)
+                    .await
+            {
+                tracing::error!(error = %e, "the internal hop stopped");
+            }
+        });
     }
 
     let limits = config.limits.clone();

@@ -20,7 +20,7 @@ use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::metrics::RequestLabels;
 
 use super::active_policy::ActivePolicy;
-use super::context::{RequestContext, new_correlation_id};
+use super::context::{Arrival, RequestContext, new_correlation_id};
 use super::revocation::revocation_of;
 use super::state::AppState;
 use super::{listen, relay, respond, tasks};
@@ -46,6 +46,18 @@ pub async fn handle_mcp(
     body_timeout: BodyReadTimeout,
     headers: HeaderMap,
     body: Body,
+) -> Response {
+    serve(app, body_timeout, headers, body, Arrival::Client).await
+}
+
+/// The pipeline for a request that arrived as `arrival` says (from a client, or forwarded by
+/// another replica over the internal hop, which authenticated the hop itself).
+pub async fn serve(
+    app: Arc<AppState>,
+    body_timeout: BodyReadTimeout,
+    headers: HeaderMap,
+    body: Body,
+    arrival: Arrival,
 ) -> Response {
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
@@ -171,6 +183,7 @@ pub async fn handle_mcp(
         facts,
         headers,
         body,
+        arrival,
     };
     let response = match ctx.facts.kind.clone() {
         RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,

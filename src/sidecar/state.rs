@@ -42,6 +42,8 @@ pub struct AppState {
     pub denials: super::denials::DenialAudit,
     /// Open listen streams.
     pub streams: Arc<StreamRegistry>,
+    /// This sidecar as a replica of its server (home of its tasks, internal hop, sweep lease).
+    pub replica: super::replica::Replica,
     /// Fires when the sidecar shuts down (listen streams end gracefully).
     pub shutdown: CancellationToken,
     /// Bound on waiting for the server's response headers.

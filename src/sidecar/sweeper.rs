@@ -1,5 +1,9 @@
-//! What the sidecar does on a timer, without a client asking: ending tasks past their deadline
-//! and purging tasks past their retention.
+//! What the sidecar does on a timer, without a client asking: carrying pending cancellations
+//! to the server, ending tasks past their deadline, failing the tasks of replicas that are
+//! gone, and purging tasks past their retention. On a shared ledger the last three run on one
+//! replica at a time, the holder of the sweep lease (another takes over within
+//! [`super::replica::LEASE_TTL`] when it dies); the outbox runs on every replica for the tasks
+//! homed there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +19,8 @@ use super::context::new_correlation_id;
 use super::decisions::deadline_exceeded;
 use super::server_tasks::cancel_at_server;
 use super::state::AppState;
-use super::task_state::now_ms;
+use super::task_state::{fail_orphaned, now_ms};
+use crate::api::UpstreamTaskState;
 
 /// How often deadlines and retention are checked: deadlines take effect within this interval
 /// (plus one ledger write), well inside the one-second promise.
@@ -32,6 +37,13 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
         }
         app.denials.flush(&app.audit, std::time::Instant::now());
         let Some(policy) = app.policy() else { continue };
+        // Cancellations waiting for the server's confirmation: asked again, or given up. Every
+        // replica drives the intents of its own tasks.
+        drive_outbox(&app, &policy, &new_correlation_id()).await;
+        // Server-wide work runs on one replica at a time (a lease in a shared ledger).
+        if !app.replica.leads_sweeps(app.ledger.as_ref()).await {
+            continue;
+        }
         let now = now_ms();
         match app.ledger.past_deadline(now, SWEEP_BATCH).await {
             Ok(due) => {
@@ -41,8 +53,9 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
             }
             Err(e) => tracing::error!(error = %e, "reading tasks past their deadline failed"),
         }
-        // Cancellations waiting for the server's confirmation: asked again, or given up.
-        drive_outbox(&app, &policy, &new_correlation_id()).await;
+        if app.replica.shared {
+            fail_orphans(&app, &policy, now).await;
+        }
         match app.ledger.purge_expired(now, SWEEP_BATCH).await {
             Ok(purged) => {
                 for id in purged {
@@ -60,6 +73,22 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
             }
             Err(e) => tracing::error!(error = %e, "purging expired tasks failed"),
         }
+    }
+}
+
+/// Fails the unfinished tasks of replicas that stopped beating: their server state is gone.
+/// (With shared server state any replica's server still knows them: they are left alone.)
+async fn fail_orphans(app: &AppState, policy: &ActivePolicy, now: i64) {
+    if policy.effective.upstream_task_state != UpstreamTaskState::PerReplica {
+        return;
+    }
+    match app.ledger.orphaned(now, SWEEP_BATCH).await {
+        Ok(orphans) => {
+            for record in orphans {
+                fail_orphaned(app, policy, &new_correlation_id(), &record).await;
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "reading tasks of gone replicas failed"),
     }
 }
 

@@ -41,6 +41,22 @@ pub async fn settle_terminal(
     settle_terminal_as(app, policy, correlation_id, record, finish, event).await
 }
 
+/// Fails an unfinished task whose home replica is gone (audited `task.orphaned`).
+pub async fn fail_orphaned(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+) -> Option<Settled> {
+    let end = super::decisions::home_replica_gone(&record.home, now_ms());
+    let settled =
+        settle_terminal_as(app, policy, correlation_id, record, end, "task.orphaned").await;
+    if settled.as_ref().is_some_and(|s| s.applied) {
+        app.metrics.tasks_orphaned.inc();
+    }
+    settled
+}
+
 /// [`settle_terminal`], audited as `event` when it applies.
 pub async fn settle_terminal_as(
     app: &AppState,

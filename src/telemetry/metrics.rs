@@ -53,6 +53,12 @@ pub struct SidecarMetrics {
     pub listen_closed: Family<ReasonLabels, Counter>,
     pub capability_decisions: Family<CapabilityLabels, Counter>,
     pub errors: Family<ReasonLabels, Counter>,
+    /// Requests about tasks homed on another replica, forwarded there, by outcome.
+    pub hop_forwarded: Family<ReasonLabels, Counter>,
+    /// Requests other replicas forwarded here and that passed the hop's authentication.
+    pub hop_received: Counter,
+    /// Tasks failed because their home replica stopped beating.
+    pub tasks_orphaned: Counter,
 }
 
 impl Default for SidecarMetrics {
@@ -77,6 +83,24 @@ impl SidecarMetrics {
         let listen_closed = Family::<ReasonLabels, Counter>::default();
         let capability_decisions = Family::<CapabilityLabels, Counter>::default();
         let errors = Family::<ReasonLabels, Counter>::default();
+        let hop_forwarded = Family::<ReasonLabels, Counter>::default();
+        let hop_received = Counter::default();
+        let tasks_orphaned = Counter::default();
+        registry.register(
+            "hop_forwarded",
+            "Requests about tasks homed on another replica, forwarded there, by outcome (answered, unreachable, home_gone)",
+            hop_forwarded.clone(),
+        );
+        registry.register(
+            "hop_received",
+            "Requests forwarded here by other replicas that passed the hop's authentication",
+            hop_received.clone(),
+        );
+        registry.register(
+            "tasks_orphaned",
+            "Unfinished tasks failed because their home replica stopped beating",
+            tasks_orphaned.clone(),
+        );
         registry.register(
             "requests",
             "MCP requests by method and decision",
@@ -153,6 +177,9 @@ impl SidecarMetrics {
             listen_closed,
             capability_decisions,
             errors,
+            hop_forwarded,
+            hop_received,
+            tasks_orphaned,
         }
     }
 

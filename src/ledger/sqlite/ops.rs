@@ -713,7 +713,6 @@ pub(super) fn purge_expired(
     let purged: Vec<TaskId> = ids
         .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
         .collect::<Result<_>>()?;
-    super::replicas::forget_budget_uses(conn, &purged, now)?;
     Ok((purged, voided))
 }
 

@@ -43,6 +43,25 @@ pub fn upstream_lost(now_ms: i64) -> Finish {
     }
 }
 
+/// The ledger's record for a task whose home replica is gone (its heartbeat expired): its
+/// server state went with it, so it cannot finish. Recorded as lost upstream, saying why.
+pub fn home_replica_gone(home: &str, now_ms: i64) -> Finish {
+    let message = format!(
+        "The replica that ran this task ({home}) stopped; the task's work was lost with it"
+    );
+    Finish {
+        status: TaskStatus::Failed,
+        status_message: Some(message.clone()),
+        ending: Ending {
+            reason: EndReason::UpstreamLost,
+            by: None,
+            payload: Some(json!({"code": codes::INTERNAL_ERROR, "message": message,
+                                 "data": {"reason": "replica_gone"}})),
+            at: now_ms,
+        },
+    }
+}
+
 /// The end of a task whose server asked for a capability the policy refuses and that cannot
 /// be declined; `error` is the JSON-RPC error object that says so.
 pub fn capability_refused(error: serde_json::Value, now_ms: i64) -> Finish {

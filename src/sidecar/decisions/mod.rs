@@ -13,7 +13,8 @@ pub use access::{Access, Operation, authorize, holds_scopes, missing_scopes};
 pub use cancellation::{Report, end_for_report, intent_for, next_attempt_at, unconfirmed_end};
 pub use creation::confirmation_terms;
 pub use endings::{
-    cancellation, capability_refused, deadline_exceeded, lifecycle_event, revocation,
+    cancellation, capability_refused, deadline_exceeded, home_replica_gone, lifecycle_event,
+    revocation,
 };
 pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
 pub use replies::{

@@ -22,13 +22,16 @@ use crate::audit::Decision;
 use crate::ledger::TaskRecord;
 use crate::model::TaskId;
 
-use super::context::RequestContext;
+use super::context::{Arrival, RequestContext};
 use super::decisions::{Access, Operation, authorize, missing_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
+use super::hop::{ForwardError, unreachable_answer as hop_unreachable};
 use super::respond;
 use super::state::AppState;
+use super::task_state::fail_orphaned;
 use super::task_state::now_ms;
+use crate::telemetry::metrics::ReasonLabels;
 
 /// The client's own message with the task ID swapped for the upstream's, and headers to match.
 fn forwarded_task_message(
@@ -96,5 +99,58 @@ async fn authorized_task(
             ));
         }
     }
+    let record = match route_to_home(app, ctx, record).await {
+        Routed::Here(record) => *record,
+        Routed::Answered(response) => return Err(response),
+    };
     Ok((record, access))
+}
+
+/// Where an authorized request about a task is answered.
+enum Routed {
+    /// Here, about this record (which may have just ended because its home is gone).
+    Here(Box<TaskRecord>),
+    /// By the task's home replica (or its absence): this is the answer.
+    Answered(Response),
+}
+
+/// Sends a client's request about an unfinished task homed on another replica (per-replica
+/// server state on a shared ledger) to that replica, which answers it. A task whose home is
+/// gone fails here and now (the owner learns it from this very answer); a home that does not
+/// answer gets the client a retryable error. Requests that arrived over the hop, and finished
+/// tasks (answered from the ledger), stay here.
+async fn route_to_home(app: &AppState, ctx: &RequestContext, record: TaskRecord) -> Routed {
+    if ctx.arrival != Arrival::Client || record.ended.is_some() {
+        return Routed::Here(Box::new(record));
+    }
+    let (Some(home), Some(hop)) = (
+        app.replica.remote_home(&ctx.policy, &record),
+        app.replica.hop.as_ref(),
+    ) else {
+        return Routed::Here(Box::new(record));
+    };
+    let outcome = |outcome: &'static str| {
+        app.metrics
+            .hop_forwarded
+            .get_or_create(&ReasonLabels { reason: outcome })
+            .inc();
+    };
+    match hop.forward(app.ledger.as_ref(), home, ctx).await {
+        Ok(response) => {
+            outcome("answered");
+            Routed::Answered(response)
+        }
+        Err(ForwardError::HomeGone(_)) => {
+            outcome("home_gone");
+            match fail_orphaned(app, &ctx.policy, &ctx.correlation_id, &record).await {
+                Some(settled) => Routed::Here(Box::new(settled.record)),
+                None => Routed::Answered(hop_unreachable(ctx)),
+            }
+        }
+        Err(e @ ForwardError::Unreachable { .. }) => {
+            outcome("unreachable");
+            tracing::warn!(error = %e, "forwarding a task request to its home replica failed");
+            Routed::Answered(hop_unreachable(ctx))
+        }
+    }
 }

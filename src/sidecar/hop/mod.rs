@@ -1,0 +1,222 @@
+//! The internal hop: requests about a task whose server state lives on another replica are
+//! answered by that replica (its "home"), reached over HTTP on its `--internal-listen` port.
+//!
+//! The sending replica has already authenticated the caller and checked that the caller may
+//! act on the task; it forwards the client's request unchanged (headers and body, so the home
+//! replica authenticates and authorizes it again on its own) with the hop's signed headers
+//! ([`auth`]). The home replica answers it exactly as if the client had asked it directly, and
+//! the answer is relayed as it is. A hop request is never forwarded again.
+
+pub mod auth;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+use crate::ledger::{ReplicaInfo, TaskLedger};
+use crate::mcp::codes;
+use crate::mcp::jsonrpc::ErrorObject;
+
+use self::auth::{HopClaims, HopRefusal};
+use super::context::RequestContext;
+use super::respond;
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// The path of the hop endpoint on `--internal-listen`.
+pub const PATH: &str = "/internal/v1/mcp";
+
+/// Name of the ledger secret that keys hop signatures (shared by every replica of a server).
+pub const KEY_SECRET: &str = "internal-hop-key";
+
+/// Nonces remembered (each for twice the accepted skew); beyond it the oldest half is dropped
+/// and requests older than that are refused as stale by their time anyway.
+const MAX_NONCES: usize = 100_000;
+
+/// The hop as this replica uses it: the shared key, a pooled client, and the memory of the
+/// nonces it has accepted.
+pub struct Hop {
+    key: [u8; 32],
+    me: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+    seen: Mutex<HashMap<String, i64>>,
+}
+
+/// Why a forward did not produce the home replica's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The home replica has no live heartbeat (or never said where its hop listens).
+    #[error("the home replica {0} is gone")]
+    HomeGone(String),
+    #[error("the home replica {replica} did not answer: {reason}")]
+    Unreachable { replica: String, reason: String },
+}
+
+impl Hop {
+    /// Reads (creating on first use) the shared key from the ledger.
+    pub async fn new(ledger: &dyn TaskLedger, timeout: Duration) -> crate::ledger::Result<Self> {
+        let key = ledger.secret(KEY_SECRET).await?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Ok(Self {
+            key,
+            me: ledger.scope().replica.clone(),
+            client,
+            timeout,
+            seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sends the client's request in `ctx` to `home` and returns its answer as received.
+    pub async fn forward(
+        &self,
+        ledger: &dyn TaskLedger,
+        home: &str,
+        ctx: &RequestContext,
+    ) -> Result<Response, ForwardError> {
+        let now = now_ms();
+        let replica = ledger
+            .replica(home)
+            .await
+            .map_err(|e| ForwardError::Unreachable {
+                replica: home.to_owned(),
+                reason: format!("looking up its address: {e}"),
+            })?;
+        let address = match replica {
+            Some(ReplicaInfo {
+                address: Some(address),
+                expires_at,
+                ..
+            }) if expires_at > now => address,
+            _ => return Err(ForwardError::HomeGone(home.to_owned())),
+        };
+        let unreachable = |reason: String| ForwardError::Unreachable {
+            replica: home.to_owned(),
+            reason,
+        };
+        let uri: Uri = format!("http://{address}{PATH}")
+            .parse()
+            .map_err(|e| unreachable(format!("bad address {address:?}: {e}")))?;
+        let headers = self.signed_headers(home, &ctx.headers, &ctx.body, now);
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .body(Full::new(ctx.body.clone()))
+            .map_err(|e| unreachable(e.to_string()))?;
+        *request.headers_mut() = headers;
+        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let (parts, body) = response.into_parts();
+        let mut relayed = Response::new(Body::new(body));
+        *relayed.status_mut() = parts.status;
+        for name in [
+            header::CONTENT_TYPE,
+            header::RETRY_AFTER,
+            header::WWW_AUTHENTICATE,
+        ] {
+            if let Some(value) = parts.headers.get(&name) {
+                relayed.headers_mut().insert(name, value.clone());
+            }
+        }
+        Ok(relayed)
+    }
+
+    /// The client's headers (minus hop-by-hop headers and any hop headers it sent) with the
+    /// hop's signed claims.
+    fn signed_headers(&self, to: &str, incoming: &HeaderMap, body: &[u8], now: i64) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(incoming.len() + 5);
+        for (name, value) in incoming {
+            let n = name.as_str();
+            if auth::HOP_HEADERS.contains(&n)
+                || matches!(
+                    n,
+                    "host"
+                        | "connection"
+                        | "keep-alive"
+                        | "transfer-encoding"
+                        | "content-length"
+                        | "te"
+                        | "trailer"
+                        | "upgrade"
+                        | "proxy-connection"
+                )
+            {
+                continue;
+            }
+            headers.append(name.clone(), value.clone());
+        }
+        let mut nonce = [0u8; 16];
+        let _ = getrandom::fill(&mut nonce);
+        let claims = HopClaims {
+            from: self.me.clone(),
+            to: to.to_owned(),
+            time_ms: now,
+            nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+        };
+        let signature = auth::sign(&self.key, &claims, &headers, body);
+        let mut set = |name: &'static str, value: &str| {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        };
+        set(auth::FROM, &claims.from);
+        set(auth::TO, &claims.to);
+        set(auth::TIME, &claims.time_ms.to_string());
+        set(auth::NONCE, &claims.nonce);
+        set(auth::SIGNATURE, &signature);
+        headers
+    }
+
+    /// Checks a received hop request, remembering its nonce.
+    pub fn accept(&self, headers: &HeaderMap, body: &[u8]) -> Result<HopClaims, HopRefusal> {
+        let now = now_ms();
+        let claims = auth::verify(&self.key, &self.me, now, headers, body)?;
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, at| now - *at <= 2 * auth::MAX_SKEW_MS);
+        if seen.len() >= MAX_NONCES {
+            return Err(HopRefusal::Replayed);
+        }
+        if seen.insert(claims.nonce.clone(), now).is_some() {
+            return Err(HopRefusal::Replayed);
+        }
+        Ok(claims)
+    }
+}
+
+/// The answer when the home replica cannot be reached: retry later (the task is neither lost
+/// nor revealed).
+pub fn unreachable_answer(ctx: &RequestContext) -> Response {
+    let mut response = respond::rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &ctx.id(),
+        &ErrorObject::new(
+            codes::INTERNAL_ERROR,
+            "The replica running this task did not answer; try again shortly",
+        )
+        .with_data(json!({"retryable": true})),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}

@@ -1,0 +1,210 @@
+//! This sidecar as one replica of its MCP server: its name, whether it shares the ledger with
+//! other replicas, where its tasks' server state lives, its heartbeat, and the lease that makes
+//! one replica at a time run the server-wide sweeps.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::api::UpstreamTaskState;
+use crate::ledger::{ReplicaBeat, TaskLedger, TaskRecord};
+
+use super::active_policy::ActivePolicy;
+use super::hop::Hop;
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+/// How often a replica records that it is alive.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// A replica whose last heartbeat is older than this is gone: its unfinished tasks (whose
+/// server state died with it) fail. Long enough to ride out a container restart and a few
+/// missed beats; short enough that owners learn of lost work within a minute.
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(30);
+/// How long the sweep lease lasts once taken or renewed.
+pub const LEASE_TTL: Duration = Duration::from_secs(15);
+/// The leader renews once less than this is left; others try to take it at most this often.
+const LEASE_RENEW_MARGIN: Duration = Duration::from_secs(10);
+/// Name of the lease of the server-wide sweeps (deadlines, retention, orphans).
+pub const SWEEP_LEASE: &str = "sweeper";
+
+/// This replica.
+pub struct Replica {
+    pub id: String,
+    /// Whether other replicas share the ledger (PostgreSQL).
+    pub shared: bool,
+    /// The internal hop (shared ledgers only).
+    pub hop: Option<Hop>,
+    lease: Mutex<LeaseState>,
+}
+
+#[derive(Default)]
+struct LeaseState {
+    /// Until when this replica holds the sweep lease (0: not held).
+    held_until: i64,
+    /// When a non-holder last tried to take it.
+    last_try: i64,
+}
+
+impl Replica {
+    pub fn new(ledger: &dyn TaskLedger, hop: Option<Hop>) -> Self {
+        Self {
+            id: ledger.scope().replica.clone(),
+            shared: ledger.is_shared(),
+            hop,
+            lease: Mutex::default(),
+        }
+    }
+
+    /// Where `record`'s server state lives: `Some(home)` when another replica must answer
+    /// requests about it (a shared ledger, per-replica server state, and a home that is not
+    /// this replica); `None` when this replica answers itself.
+    pub fn remote_home<'a>(
+        &self,
+        policy: &ActivePolicy,
+        record: &'a TaskRecord,
+    ) -> Option<&'a str> {
+        remote_home(
+            self.shared,
+            policy.effective.upstream_task_state,
+            &self.id,
+            record,
+        )
+    }
+
+    /// The home whose pending cancellations this replica carries to its server: its own with
+    /// per-replica server state on a shared ledger, every task's otherwise (`None`).
+    pub fn outbox_home(&self, policy: &ActivePolicy) -> Option<&str> {
+        (self.shared && policy.effective.upstream_task_state == UpstreamTaskState::PerReplica)
+            .then_some(self.id.as_str())
+    }
+
+    /// Whether this replica runs the server-wide sweeps now: always on an unshared ledger; on
+    /// a shared one while it holds the sweep lease (taken or renewed here, throttled).
+    pub async fn leads_sweeps(&self, ledger: &dyn TaskLedger) -> bool {
+        if !self.shared {
+            return true;
+        }
+        let now = now_ms();
+        let margin = LEASE_RENEW_MARGIN.as_millis() as i64;
+        {
+            let mut state = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+            if state.held_until - margin > now {
+                return true;
+            }
+            if state.held_until <= now && now - state.last_try < margin {
+                return false;
+            }
+            state.last_try = now;
+        }
+        let until = now + LEASE_TTL.as_millis() as i64;
+        let held = match ledger.try_lease(SWEEP_LEASE, &self.id, now, until).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(error = %e, "taking the sweep lease failed");
+                false
+            }
+        };
+        let mut state = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        // A failed renewal keeps what was held: it still runs until then.
+        if held {
+            state.held_until = until;
+        }
+        state.held_until > now
+    }
+}
+
+/// [`Replica::remote_home`], pure.
+pub fn remote_home<'a>(
+    shared: bool,
+    task_state: UpstreamTaskState,
+    me: &str,
+    record: &'a TaskRecord,
+) -> Option<&'a str> {
+    let remote = shared
+        && task_state == UpstreamTaskState::PerReplica
+        && !record.home.is_empty()
+        && record.home != me;
+    remote.then_some(record.home.as_str())
+}
+
+/// Records this replica's heartbeat now (before serving) and then every
+/// [`HEARTBEAT_INTERVAL`] until shutdown.
+pub async fn beat_once(
+    ledger: &dyn TaskLedger,
+    advertise: Option<&str>,
+) -> crate::ledger::Result<()> {
+    let now = now_ms();
+    let beat = ReplicaBeat {
+        address: advertise.map(str::to_owned),
+        now,
+        expires_at: now + HEARTBEAT_TTL.as_millis() as i64,
+    };
+    ledger.heartbeat(&beat).await
+}
+
+/// Beats every [`HEARTBEAT_INTERVAL`] until shutdown.
+pub async fn heartbeat(
+    ledger: std::sync::Arc<dyn TaskLedger>,
+    advertise: Option<String>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
+        }
+        if let Err(e) = beat_once(ledger.as_ref(), advertise.as_deref()).await {
+            tracing::warn!(error = %e, "recording this replica's heartbeat failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Owner;
+
+    fn task(home: &str) -> TaskRecord {
+        TaskRecord {
+            home: home.into(),
+            ..crate::sidecar::decisions::test_task(Owner {
+                issuer: "https://idp.test".into(),
+                subject: "alice".into(),
+                tenant: String::new(),
+                client: String::new(),
+            })
+        }
+    }
+
+    #[test]
+    fn only_per_replica_state_on_a_shared_ledger_routes_to_another_home() {
+        use UpstreamTaskState::{PerReplica, Shared};
+        let elsewhere = task("pod-b");
+        assert_eq!(
+            remote_home(true, PerReplica, "pod-a", &elsewhere),
+            Some("pod-b")
+        );
+        assert_eq!(
+            remote_home(true, PerReplica, "pod-b", &elsewhere),
+            None,
+            "home"
+        );
+        assert_eq!(
+            remote_home(true, Shared, "pod-a", &elsewhere),
+            None,
+            "shared state"
+        );
+        assert_eq!(
+            remote_home(false, PerReplica, "pod-a", &elsewhere),
+            None,
+            "own ledger"
+        );
+        assert_eq!(
+            remote_home(true, PerReplica, "pod-a", &task("")),
+            None,
+            "no home"
+        );
+    }
+}
