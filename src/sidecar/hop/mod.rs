@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -92,6 +93,33 @@ impl Hop {
         home: &str,
         ctx: &RequestContext,
     ) -> Result<Response, ForwardError> {
+        let response = self
+            .send(ledger, home, &ctx.headers, ctx.body.clone())
+            .await?;
+        let (parts, body) = response.into_parts();
+        let mut relayed = Response::new(Body::new(body));
+        *relayed.status_mut() = parts.status;
+        for name in [
+            header::CONTENT_TYPE,
+            header::RETRY_AFTER,
+            header::WWW_AUTHENTICATE,
+        ] {
+            if let Some(value) = parts.headers.get(&name) {
+                relayed.headers_mut().insert(name, value.clone());
+            }
+        }
+        Ok(relayed)
+    }
+
+    /// Sends a client request (its headers, and `body`) to `home`, signed; the home replica's
+    /// response, its body unread.
+    pub async fn send(
+        &self,
+        ledger: &dyn TaskLedger,
+        home: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<http::Response<Incoming>, ForwardError> {
         let now = now_ms();
         let replica = ledger
             .replica(home)
@@ -115,30 +143,17 @@ impl Hop {
         let uri: Uri = format!("http://{address}{PATH}")
             .parse()
             .map_err(|e| unreachable(format!("bad address {address:?}: {e}")))?;
-        let headers = self.signed_headers(home, &ctx.headers, &ctx.body, now);
+        let headers = self.signed_headers(home, client_headers, &body, now);
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
-            .body(Full::new(ctx.body.clone()))
+            .body(Full::new(body))
             .map_err(|e| unreachable(e.to_string()))?;
         *request.headers_mut() = headers;
-        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+        tokio::time::timeout(self.timeout, self.client.request(request))
             .await
             .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| unreachable(e.to_string()))?;
-        let (parts, body) = response.into_parts();
-        let mut relayed = Response::new(Body::new(body));
-        *relayed.status_mut() = parts.status;
-        for name in [
-            header::CONTENT_TYPE,
-            header::RETRY_AFTER,
-            header::WWW_AUTHENTICATE,
-        ] {
-            if let Some(value) = parts.headers.get(&name) {
-                relayed.headers_mut().insert(name, value.clone());
-            }
-        }
-        Ok(relayed)
+            .map_err(|e| unreachable(e.to_string()))
     }
 
     /// The client's headers (minus hop-by-hop headers and any hop headers it sent) with the

@@ -2,9 +2,10 @@
 //! and the request id, filtered to what the policy allows and the caller owns, and re-checked on
 //! every event.
 
+mod remote;
 mod stream;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,14 +29,14 @@ use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
 
 use super::bounded_body::StreamBounds;
-use super::context::RequestContext;
+use super::context::{Arrival, RequestContext};
 use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
 use super::respond;
 use super::state::AppState;
 use super::task_state::now_ms;
-use super::upstream::UpstreamBody;
+use super::upstream::{EventStream, UpstreamBody};
 
 /// Frames buffered per stream before the listener counts as a slow consumer and is cut off:
 /// memory per stream stays bounded whatever the server emits.
@@ -117,6 +118,8 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
     // Tasks whose tool needs scopes this token lacks are dropped the same way.
     let mut to_sidecar: HashMap<String, TaskId> = HashMap::new();
     let mut task_tools = Vec::new();
+    // Unfinished tasks homed on other replicas (per-replica server state): subscribed there.
+    let mut remote: BTreeMap<String, Vec<TaskId>> = BTreeMap::new();
     let now = now_ms();
     let tasks_rules = ctx.policy.effective.tasks.as_ref();
     for id in std::mem::take(&mut allowed.task_ids) {
@@ -126,6 +129,16 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             && let Some(record) = record
             && holds_scopes(tasks_rules, &ctx.identity, &record.tool)
         {
+            if let Some(home) = app.replica.remote_home(&ctx.policy, &record) {
+                if ctx.arrival == Arrival::Client && !record.status.is_terminal() {
+                    remote
+                        .entry(home.to_owned())
+                        .or_default()
+                        .push(record.id.clone());
+                    task_tools.push(record.tool);
+                }
+                continue;
+            }
             allowed.task_ids.insert(record.upstream_id.clone());
             task_tools.push(record.tool);
             to_sidecar.insert(record.upstream_id, id);
@@ -149,7 +162,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
 
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let subscription_id = ctx.id();
-    if allowed.is_empty() {
+    if allowed.is_empty() && remote.is_empty() {
         // Nothing the caller may receive: acknowledge the empty subscription and end.
         let _ = tx.try_send(acknowledgement(&ListenFilter::default(), &subscription_id));
         let _ = tx.try_send(final_result(&subscription_id));
@@ -159,57 +172,28 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         return sse_response(rx);
     }
 
-    let mut message = ctx.request.message.clone();
-    message["params"]["notifications"] = allowed.to_wire();
-    let mut headers = ctx.upstream_headers();
-    set_mcp_headers(&mut headers, methods::LISTEN, None);
-    headers.insert(
-        header::ACCEPT,
-        HeaderValue::from_static("application/json, text/event-stream"),
-    );
-    let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
-    let upstream = match app
-        .upstream
-        .send_bounded(headers, body, StreamBounds::LISTEN)
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return Error::from(e).respond(&app.metrics, &subscription_id),
-    };
-    let mut events = match upstream.body {
-        UpstreamBody::Sse(events) => events,
-        UpstreamBody::Json(bytes) => {
-            // The server refused the listen request: pass its error on.
-            return respond::raw_json(upstream.status, bytes);
+    let (events, upstream_filter) = if allowed.is_empty() {
+        // Only tasks homed elsewhere: this replica's server is not asked.
+        (None, ListenFilter::default())
+    } else {
+        match subscribe_upstream(&app, &ctx, &allowed, &subscription_id).await {
+            Ok(subscribed) => subscribed,
+            Err(response) => return response,
         }
-        _ => return Error::NoStream.respond(&app.metrics, &subscription_id),
     };
-
-    // The server's acknowledgement must come first; nothing is forwarded before it.
-    let acked = tokio::time::timeout(ACK_TIMEOUT, async {
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { return None };
-            let Some(data) = event.data else { continue };
-            let Ok(frame) = crate::mcp::strict_json::from_str(&data) else {
-                continue;
-            };
-            if classify_event(&frame) == ListenEvent::Acknowledged {
-                return Some(ListenFilter::parse_ack(
-                    frame.pointer("/params/notifications"),
-                ));
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten();
-    let Some(upstream_ack) = acked else {
-        return Error::NoAcknowledgement.respond(&app.metrics, &subscription_id);
-    };
-    let upstream_filter = allowed.intersect(&upstream_ack);
-    let client_filter =
+    let mut client_filter =
         upstream_filter.map_task_ids(|u| to_sidecar.get(u).map(|id| id.as_str().to_owned()));
+    let mut remote_frames = Vec::new();
+    let mut remote_ids = std::collections::BTreeSet::new();
+    for (home, ids) in &remote {
+        if let Some(subscription) = remote::subscribe(&app, &ctx, home, ids).await {
+            client_filter
+                .task_ids
+                .extend(subscription.acknowledged.iter().cloned());
+            remote_ids.extend(subscription.acknowledged);
+            remote_frames.push(subscription.frames);
+        }
+    }
     let _ = tx.try_send(acknowledgement(&client_filter, &subscription_id));
     app.audit.log(
         ctx.audit("listen.opened", Decision::Allow, "accepted")
@@ -235,10 +219,71 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         events,
         upstream_filter,
         client_filter,
+        remote: futures_util::stream::select_all(remote_frames),
+        remote_ids,
         to_sidecar,
         task_tools,
         max_duration: rules.max_stream_duration.get(),
     };
     tokio::spawn(pump.run());
     sse_response(rx)
+}
+
+/// Subscribes at this replica's server to what `allowed` names (in the server's task IDs):
+/// its events, and what it acknowledged of the filter. An error is the answer to give.
+async fn subscribe_upstream(
+    app: &AppState,
+    ctx: &RequestContext,
+    allowed: &ListenFilter,
+    subscription_id: &Value,
+) -> Result<(Option<EventStream>, ListenFilter), Response> {
+    let mut message = ctx.request.message.clone();
+    message["params"]["notifications"] = allowed.to_wire();
+    let mut headers = ctx.upstream_headers();
+    set_mcp_headers(&mut headers, methods::LISTEN, None);
+    headers.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
+    let upstream = match app
+        .upstream
+        .send_bounded(headers, body, StreamBounds::LISTEN)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return Err(Error::from(e).respond(&app.metrics, subscription_id)),
+    };
+    let mut events = match upstream.body {
+        UpstreamBody::Sse(events) => events,
+        UpstreamBody::Json(bytes) => {
+            // The server refused the listen request: pass its error on.
+            return Err(respond::raw_json(upstream.status, bytes));
+        }
+        _ => return Err(Error::NoStream.respond(&app.metrics, subscription_id)),
+    };
+
+    // The server's acknowledgement must come first; nothing is forwarded before it.
+    let acked = tokio::time::timeout(ACK_TIMEOUT, async {
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { return None };
+            let Some(data) = event.data else { continue };
+            let Ok(frame) = crate::mcp::strict_json::from_str(&data) else {
+                continue;
+            };
+            if classify_event(&frame) == ListenEvent::Acknowledged {
+                return Some(ListenFilter::parse_ack(
+                    frame.pointer("/params/notifications"),
+                ));
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(upstream_ack) = acked else {
+        return Err(Error::NoAcknowledgement.respond(&app.metrics, subscription_id));
+    };
+    Ok((Some(events), allowed.intersect(&upstream_ack)))
 }

@@ -2,11 +2,12 @@
 //! subscription, the policy in force and the ledger, and delivers it to the listener, until
 //! something ends the stream.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::stream::SelectAll;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -34,7 +35,13 @@ pub(super) struct Pump {
     pub ctx: Arc<RequestContext>,
     pub slot: StreamSlot,
     pub tx: mpsc::Sender<Value>,
-    pub events: EventStream,
+    /// The server's events; `None` when only tasks homed elsewhere were subscribed.
+    pub events: Option<EventStream>,
+    /// Frames from the home replicas of subscribed tasks homed elsewhere (already in the
+    /// sidecar's task IDs and screened there).
+    pub remote: SelectAll<EventStream>,
+    /// The subscribed tasks homed elsewhere (sidecar IDs).
+    pub remote_ids: BTreeSet<String>,
     /// What the server was asked for and acknowledged, in its task IDs.
     pub upstream_filter: ListenFilter,
     /// What the listener was acknowledged, in the sidecar's task IDs.
@@ -81,7 +88,23 @@ impl Pump {
                     if still { Step::Continue } else { Step::Close(CloseReason::PolicyChanged) }
                 }
                 _ = self.tx.closed() => Step::Close(CloseReason::ClientClosed),
-                event = self.events.next() => match event {
+                Some(event) = self.remote.next() => {
+                    match event.ok().and_then(|e| e.data).and_then(|d| crate::mcp::strict_json::from_str(&d).ok()) {
+                        Some(frame) => match self.remote_frame(frame) {
+                            Some(frame) => match self.tx.try_send(frame) {
+                                Ok(()) => { delivered += 1; Step::Continue }
+                                Err(mpsc::error::TrySendError::Full(_)) => Step::Close(CloseReason::SlowConsumer),
+                                Err(mpsc::error::TrySendError::Closed(_)) => Step::Close(CloseReason::ClientClosed),
+                            },
+                            None => { dropped += 1; Step::Continue }
+                        },
+                        None => { dropped += 1; Step::Continue }
+                    }
+                }
+                _ = std::future::ready(()), if self.events.is_none() && self.remote.is_empty() => {
+                    Step::Close(CloseReason::UpstreamEnded)
+                }
+                event = next_event(&mut self.events) => match event {
                     Some(Ok(event)) => match event.data.and_then(|d| crate::mcp::strict_json::from_str(&d).ok()) {
                         Some(frame) => match self.filter(frame).await {
                             Some(frame) => match self.tx.try_send(frame) {
@@ -121,6 +144,19 @@ impl Pump {
                 .detail("dropped", dropped)
                 .detail("openMs", started.elapsed().as_millis() as u64),
         );
+    }
+
+    /// The frame to deliver for a home replica's frame about a task homed there, or `None` to
+    /// drop it. The home replica authorized, screened and translated it; here it is only
+    /// checked to be about a subscribed task and tagged with this subscription.
+    fn remote_frame(&self, mut frame: Value) -> Option<Value> {
+        match classify_event(&frame) {
+            ListenEvent::Task(id) if self.remote_ids.contains(&id) => {
+                tag(&mut frame, &self.ctx.id());
+                Some(frame)
+            }
+            _ => None,
+        }
     }
 
     /// The frame to deliver for a server event, or `None` to drop it.
@@ -218,6 +254,16 @@ impl Pump {
     /// A terminal state from the ledger, without its result or error.
     fn terminal_params(&self, record: &TaskRecord) -> Value {
         task_view(record, self.ctx.policy.min_poll_ms()).notification_params(None)
+    }
+}
+
+/// The next event of the server's stream; never, without one.
+async fn next_event(
+    events: &mut Option<EventStream>,
+) -> Option<Result<sse_stream::Sse, sse_stream::Error>> {
+    match events {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
     }
 }
 
