@@ -104,6 +104,10 @@ pub struct SidecarArgs {
     /// --internal-listen address when it is a specific one.
     #[arg(long, value_name = "HOST:PORT", env = "LIFEGUARD_INTERNAL_ADVERTISE")]
     pub internal_advertise: Option<String>,
+    /// Shared ledgers: how long a replica may go without a heartbeat before its unfinished
+    /// tasks fail (their server state is gone with it). Replicas beat every sixth of it.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub heartbeat_ttl: lifeguard::api::PolicyDuration,
     /// This replica's name, recorded as the home of the tasks it creates. Default: the pod name
     /// ($POD_NAME), else the host name.
     #[arg(long, value_name = "NAME")]

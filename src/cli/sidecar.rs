@@ -17,6 +17,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         ledger_scope: ledger_scope(args)?,
         internal_listen: args.internal_listen,
         internal_advertise: args.internal_advertise.clone(),
+        heartbeat_ttl: args.heartbeat_ttl.get(),
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),

@@ -186,6 +186,9 @@ pub struct SidecarConfig {
     pub ledger_scope: LedgerScope,
     /// Where the internal hop listens for requests other replicas forward (shared ledgers).
     pub internal_listen: Option<SocketAddr>,
+    /// How long a replica may go without a heartbeat before its unfinished tasks fail (it
+    /// beats every sixth of it).
+    pub heartbeat_ttl: Duration,
     /// How other replicas reach this one's hop (`host:port`); default: `internal_listen` when
     /// it names a specific address.
     pub internal_advertise: Option<String>,
@@ -207,8 +210,8 @@ const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
 const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
 /// Where other replicas reach this one's internal hop, checked against the ledger in use.
-fn hop_address(config: &SidecarConfig) -> Result<Option<String>> {
-    let Some(listen) = config.internal_listen else {
+fn hop_address(config: &SidecarConfig, bound: Option<SocketAddr>) -> Result<Option<String>> {
+    let Some(listen) = bound else {
         if config.internal_advertise.is_some() {
             anyhow::bail!("--internal-advertise needs --internal-listen");
         }
@@ -226,6 +229,7 @@ fn hop_address(config: &SidecarConfig) -> Result<Option<String>> {
             "--internal-listen {listen} listens on every address: say with \
              --internal-advertise (or $LIFEGUARD_INTERNAL_ADVERTISE) which one other replicas use"
         ),
+        // The bound address: a port of 0 says which one the system chose.
         None => Ok(Some(listen.to_string())),
     }
 }
@@ -256,7 +260,20 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         .secret(IDEMPOTENCY_SECRET)
         .await
         .context("reading the idempotency key from the ledger")?;
-    let advertise = hop_address(&config)?;
+    // The hop's port is bound before the heartbeat says where it is.
+    let hop_listener = match config.internal_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the internal hop {addr}"))?,
+        ),
+        None => None,
+    };
+    let hop_bound = hop_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
+    let advertise = hop_address(&config, hop_bound)?;
     let hop = if ledger.is_shared() {
         Some(
             hop::Hop::new(
@@ -269,12 +286,14 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     } else {
         None
     };
-    replica::beat_once(ledger.as_ref(), advertise.as_deref())
+    let heartbeat_ttl = config.heartbeat_ttl;
+    replica::beat_once(ledger.as_ref(), advertise.as_deref(), heartbeat_ttl)
         .await
         .context("recording this replica's heartbeat in the ledger")?;
     tokio::spawn(replica::heartbeat(
         ledger.clone(),
         advertise.clone(),
+        heartbeat_ttl,
         shutdown.clone(),
     ));
     let replica = replica::Replica::new(ledger.as_ref(), hop);
@@ -376,10 +395,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             .await?;
     }
 
-    if let Some(hop_addr) = config.internal_listen {
-        let hop_listener = tokio::net::TcpListener::bind(hop_addr)
-            .await
-            .with_context(|| format!("binding the internal hop {hop_addr}"))?;
+    if let Some(hop_listener) = hop_listener {
         let hop_local = hop_listener.local_addr()?;
         eprintln!("lifeguard: internal hop on http://{hop_local}{}", hop::PATH);
         let router = hop_server::router(app.clone());

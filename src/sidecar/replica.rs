@@ -16,12 +16,6 @@ use super::hop::Hop;
 fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
-/// How often a replica records that it is alive.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
-/// A replica whose last heartbeat is older than this is gone: its unfinished tasks (whose
-/// server state died with it) fail. Long enough to ride out a container restart and a few
-/// missed beats; short enough that owners learn of lost work within a minute.
-pub const HEARTBEAT_TTL: Duration = Duration::from_secs(30);
 /// How long the sweep lease lasts once taken or renewed.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
 /// The leader renews once less than this is left; others try to take it at most this often.
@@ -129,33 +123,34 @@ pub fn remote_home<'a>(
     remote.then_some(record.home.as_str())
 }
 
-/// Records this replica's heartbeat now (before serving) and then every
-/// [`HEARTBEAT_INTERVAL`] until shutdown.
+/// Records this replica's heartbeat, valid for `ttl`, with where its hop listens.
 pub async fn beat_once(
     ledger: &dyn TaskLedger,
     advertise: Option<&str>,
+    ttl: Duration,
 ) -> crate::ledger::Result<()> {
     let now = now_ms();
     let beat = ReplicaBeat {
         address: advertise.map(str::to_owned),
         now,
-        expires_at: now + HEARTBEAT_TTL.as_millis() as i64,
+        expires_at: now + ttl.as_millis() as i64,
     };
     ledger.heartbeat(&beat).await
 }
 
-/// Beats every [`HEARTBEAT_INTERVAL`] until shutdown.
+/// Beats every sixth of `ttl` until shutdown.
 pub async fn heartbeat(
     ledger: std::sync::Arc<dyn TaskLedger>,
     advertise: Option<String>,
+    ttl: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            _ = tokio::time::sleep(ttl / 6) => {}
         }
-        if let Err(e) = beat_once(ledger.as_ref(), advertise.as_deref()).await {
+        if let Err(e) = beat_once(ledger.as_ref(), advertise.as_deref(), ttl).await {
             tracing::warn!(error = %e, "recording this replica's heartbeat failed");
         }
     }

@@ -268,6 +268,8 @@ pub struct SidecarOptions {
     pub approver_keys: Option<PathBuf>,
     /// More command-line arguments of the sidecar (e.g. its connection limits).
     pub args: Vec<String>,
+    /// `--ledger` instead of the SQLite file in the sidecar's directory (e.g. `postgres://…`).
+    pub ledger: Option<String>,
 }
 
 pub struct Sidecar {
@@ -291,6 +293,8 @@ struct Launch {
     source_args: Vec<String>,
     extra_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// `--ledger`, when not the SQLite file in the sidecar's directory.
+    ledger: Option<String>,
 }
 
 /// Options of a test sidecar in cluster mode (`--control-plane`).
@@ -337,6 +341,7 @@ impl Sidecar {
         let launch = Launch {
             source_args: policy_args(&policy_path),
             extra_args,
+            ledger: options.ledger.clone(),
             ..Launch::default()
         };
         let sidecar = Self::spawn(dir, policy_path, upstream, launch);
@@ -377,6 +382,7 @@ impl Sidecar {
             source_args,
             extra_args: options.args,
             env: options.env,
+            ledger: None,
         };
         Self::spawn(dir, policy_path, upstream, launch)
     }
@@ -397,7 +403,10 @@ impl Sidecar {
                 "127.0.0.1:0",
             ])
             .arg("--ledger")
-            .arg(&ledger_path)
+            .arg(match &launch.ledger {
+                Some(location) => location.clone(),
+                None => ledger_path.display().to_string(),
+            })
             .arg("--audit-file")
             .arg(&audit_path)
             .args(&launch.extra_args)
