@@ -250,6 +250,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
             .as_ref()
             .and_then(|u| u.identity)
             .unwrap_or(UpstreamIdentity::IdentityHeaders),
+        upstream_task_state: policy
+            .spec
+            .upstream
+            .as_ref()
+            .and_then(|u| u.task_state)
+            .unwrap_or_default(),
         protocol: ProtocolRules {
             versions: policy
                 .spec
