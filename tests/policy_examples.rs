@@ -212,3 +212,38 @@ fn unreadable_files_are_errors_not_skips() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("cannot read file"), "{out}");
 }
+
+#[test]
+fn shared_upstream_task_state_without_a_ledger_is_a_warning_not_an_error() {
+    let policy = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/policies/valid/mcpserverpolicy.yaml"),
+    )
+    .unwrap()
+    .replace(
+        "    identity: identityHeaders\n",
+        "    identity: identityHeaders\n    taskState: shared\n",
+    );
+    assert!(policy.contains("taskState: shared"));
+    let dir = tempfile::tempdir().unwrap();
+    let without = dir.path().join("without-ledger.yaml");
+    fs::write(&without, &policy).unwrap();
+    let (code, out) = lifeguard(&["policy", "check", without.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: spec.upstream.taskState: is shared but spec.ledger is not set"),
+        "{out}"
+    );
+    assert!(out.contains("0 error(s), 1 warning(s)"), "{out}");
+
+    let with = dir.path().join("with-ledger.yaml");
+    fs::write(
+        &with,
+        format!("{policy}  ledger:\n    connectionSecretRef: {{name: reports-ledger, key: DATABASE_URL}}\n"),
+    )
+    .unwrap();
+    let (code, out) = lifeguard(&["policy", "check", with.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("0 error(s), 0 warning(s)"), "{out}");
+    let doc = documents(&fs::read_to_string(&with).unwrap()).remove(0);
+    assert_eq!(crd_violations(&doc), Vec::<String>::new());
+}

@@ -208,6 +208,59 @@ fn cases() -> Vec<Case> {
             None,
             None,
         ),
+        case(
+            "ledger secret reference",
+            policy(
+                json!({"ledger": {"connectionSecretRef": {"name": "reports-ledger.v2", "key": "DATABASE_URL"}}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            "ledger secret name with capitals and an underscore",
+            policy(
+                json!({"ledger": {"connectionSecretRef": {"name": "Reports_Ledger", "key": "url"}}}),
+            ),
+            None,
+            Some(rules::SECRET_NAME_DNS_SUBDOMAIN),
+        ),
+        case(
+            "ledger secret name ending in a dot",
+            policy(json!({"ledger": {"connectionSecretRef": {"name": "reports.", "key": "url"}}})),
+            None,
+            Some(rules::SECRET_NAME_DNS_SUBDOMAIN),
+        ),
+        case(
+            "ledger secret key with a slash",
+            policy(
+                json!({"ledger": {"connectionSecretRef": {"name": "reports-ledger", "key": "pg/url"}}}),
+            ),
+            None,
+            Some(rules::SECRET_DATA_KEY),
+        ),
+        case(
+            "ledger secret key starting with two dots",
+            policy(
+                json!({"ledger": {"connectionSecretRef": {"name": "reports-ledger", "key": "..data"}}}),
+            ),
+            None,
+            Some(rules::SECRET_DATA_KEY),
+        ),
+        case(
+            "shared upstream task state with a ledger",
+            policy(
+                json!({"upstream": {"taskState": "shared"}, "ledger": {"connectionSecretRef": {"name": "l", "key": "k"}}}),
+            ),
+            None,
+            None,
+        ),
+        case(
+            // Incoherent across replicas but harmless for one: `policy check` warns instead.
+            "shared upstream task state without a ledger",
+            policy(json!({"upstream": {"taskState": "shared"}})),
+            None,
+            None,
+        ),
         case("valid exception", exception(json!({})), None, None),
         case(
             "exception expires before it starts",

@@ -29,11 +29,11 @@ pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,
     RevocationSource, RevocationSourceKind,
 };
-pub use secret_key_ref::SecretKeyRef;
+pub use secret_key_ref::{SecretKeyRef, SecretKeySelector};
 pub use server_policy::{
     AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,
     ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, InjectionSpec, IssuerSpec,
-    JwsAlgorithm, ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec,
+    JwsAlgorithm, LedgerSpec, ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec,
     McpServerPolicyStatus, ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec,
     UpstreamIdentity, UpstreamSpec, UpstreamTaskState,
 };

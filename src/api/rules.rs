@@ -19,3 +19,6 @@ pub const IMMUTABLE_REVOKED_IDENTITY: &str =
 pub const REVOKED_BEFORE_ONLY_LATER: &str = "revokedBefore may only move later";
 pub const SECURITY_EVENT_SOURCE_FIELDS: &str =
     "a securityEvent source needs eventType, issuer and jti";
+pub const SECRET_NAME_DNS_SUBDOMAIN: &str =
+    "name must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-', '.'; at most 253 characters)";
+pub const SECRET_DATA_KEY: &str = "key must be a Secret data key: letters, digits, '-', '_' and '.', not '.' and not starting with '..' (at most 253 characters)";

@@ -1,6 +1,11 @@
-//! References from Lifeguard's configuration files to Secrets.
+//! References to Secrets: [`SecretKeyRef`] from Lifeguard's own configuration files (a Secret
+//! in the component's namespace), [`SecretKeySelector`] from Lifeguard's custom resources (a
+//! Secret in the object's namespace, shaped like a container's `env[].valueFrom.secretKeyRef`).
 
+use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
+
+use super::rules;
 
 /// One key of one Secret in the component's own namespace (`--namespace`), as the operator's
 /// and the webhook's configuration files name it: `{secretName, key}`.
@@ -11,6 +16,53 @@ pub struct SecretKeyRef {
     pub secret_name: String,
     /// Key inside the Secret's `data`.
     pub key: String,
+}
+
+/// One key of one Secret in the namespace of the custom resource that names it, written
+/// `{name, key}` like a container's `env[].valueFrom.secretKeyRef`. Lifeguard never reads it:
+/// it is handed to the kubelet of the pods that need it.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeySelector {
+    /// Name of the Secret: a lowercase RFC 1123 subdomain.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')")
+            .message(rules::SECRET_NAME_DNS_SUBDOMAIN)
+    )]
+    pub name: String,
+    /// Key inside the Secret's `data`: letters, digits, `-`, `_` and `.`.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$') && self != '.' && !self.startsWith('..')")
+            .message(rules::SECRET_DATA_KEY)
+    )]
+    pub key: String,
+}
+
+impl SecretKeySelector {
+    /// Whether `name` is a Secret name the API server accepts (the CEL rule above).
+    pub fn valid_name(name: &str) -> bool {
+        let label = |l: &str| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        !name.is_empty() && name.len() <= 253 && name.split('.').all(label)
+    }
+
+    /// Whether `key` is a Secret data key the API server accepts (the CEL rule above).
+    pub fn valid_key(key: &str) -> bool {
+        !key.is_empty()
+            && key.len() <= 253
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && key != "."
+            && !key.starts_with("..")
+    }
 }
 
 #[cfg(test)]
@@ -40,5 +92,53 @@ mod tests {
             err.to_string().contains("unknown field `namespace`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn selector_names_and_keys_follow_the_api_servers_rules() {
+        for ok in [
+            "ledger",
+            "reports-ledger",
+            "a.b-c.d",
+            "0db",
+            &"a".repeat(253),
+        ] {
+            assert!(SecretKeySelector::valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "Ledger",
+            "a_b",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            &"a".repeat(254),
+        ] {
+            assert!(!SecretKeySelector::valid_name(bad), "{bad}");
+        }
+        for ok in [
+            "url",
+            "DATABASE_URL",
+            "pg.url",
+            "a-b_c.d",
+            ".env",
+            &"k".repeat(253),
+        ] {
+            assert!(SecretKeySelector::valid_key(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "..data",
+            "a/b",
+            "a b",
+            "ключ",
+            &"k".repeat(254),
+        ] {
+            assert!(!SecretKeySelector::valid_key(bad), "{bad}");
+        }
     }
 }

@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::rules;
+use super::secret_key_ref::SecretKeySelector;
 
 /// Policy for one MCP server: who may call it, how its long-running Tasks are bounded, what its
 /// `subscriptions/listen` streams may carry, and whether deprecated server-to-client capabilities
@@ -70,9 +71,16 @@ pub struct McpServerPolicySpec {
     /// Which token issuers are trusted and how their claims map to Lifeguard's owner key.
     pub identity: IdentitySpec,
 
-    /// What the protected container learns about each caller.
+    /// What the protected container learns about each caller, and where it keeps task state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamSpec>,
+
+    /// Where the sidecars of the selected pods keep their task ledger. Absent: each pod's
+    /// sidecar keeps an embedded SQLite ledger of its own (the single-replica default). Set it
+    /// when the server runs several replicas, so they share one PostgreSQL ledger and a task
+    /// created through one replica can be read, updated and cancelled through any of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<LedgerSpec>,
 
     /// MCP protocol versions and browser origins accepted. Defaults accept only 2026-07-28 and
     /// requests without an `Origin` header.
@@ -208,20 +216,38 @@ pub struct UpstreamSpec {
     /// never carry a token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<UpstreamIdentity>,
-    /// Where the container keeps task state: `perReplica` (default) or `shared`.
+
+    /// Where the protected container keeps its task state, which decides who answers a
+    /// request about an existing task when the server runs several replicas. `perReplica`
+    /// (default): each replica's container keeps its own task state, so requests about a task
+    /// are answered by the replica that created it; the other replicas' sidecars forward them
+    /// to it over the internal hop (needs `spec.ledger`, which tells them where the task lives).
+    /// `shared`: the containers share their task state (e.g. backed by Redis), so any replica
+    /// asks its own container. `shared` without `spec.ledger` gets a warning: the per-pod
+    /// SQLite ledgers would still not know each other's tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_state: Option<UpstreamTaskState>,
 }
 
-/// Where the protected container keeps its tasks' state.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where the protected container keeps its task state.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub enum UpstreamTaskState {
-    /// Each replica's container knows only the tasks it created.
     #[default]
     PerReplica,
-    /// Every replica's container knows every task (e.g. kept in Redis).
     Shared,
+}
+
+/// The task ledger shared by the replicas of one MCP server.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerSpec {
+    /// A key of a Secret in the policy's namespace holding the PostgreSQL connection URL
+    /// (`postgres://…`). The admission webhook passes the reference to the injected sidecar
+    /// as `env[].valueFrom.secretKeyRef`; the kubelet of each pod resolves it, and a pod whose
+    /// Secret or key is missing does not start (`CreateContainerConfigError`). Lifeguard
+    /// itself never reads the Secret.
+    pub connection_secret_ref: SecretKeySelector,
 }
 
 /// What identifies the caller to the protected container.

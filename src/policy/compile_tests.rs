@@ -393,3 +393,97 @@ fn standalone_loader_refuses_any_error_and_wrong_policy_counts() {
         Err(StandaloneError::Invalid(_))
     ));
 }
+
+#[test]
+fn upstream_task_state_defaults_to_per_replica_and_compiles_through() {
+    let default = compile_one(&policy(""), &[], &[]).effective.unwrap();
+    assert_eq!(default.upstream_task_state, UpstreamTaskState::PerReplica);
+    let shared = compile_one(
+        &policy(
+            "  upstream: {taskState: shared}\n  ledger: {connectionSecretRef: {name: reports-ledger, key: url}}\n",
+        ),
+        &[],
+        &[],
+    );
+    assert!(shared.problems.is_empty(), "{:?}", shared.problems);
+    let shared = shared.effective.unwrap();
+    assert_eq!(shared.upstream_task_state, UpstreamTaskState::Shared);
+    assert_ne!(shared.hash(), default.hash());
+
+    // Snapshots from operators that predate the field still deserialize.
+    let mut old = serde_json::to_value(&default).unwrap();
+    old.as_object_mut().unwrap().remove("upstreamTaskState");
+    let read: EffectivePolicy = serde_json::from_value(old).unwrap();
+    assert_eq!(read.upstream_task_state, UpstreamTaskState::PerReplica);
+}
+
+#[test]
+fn the_ledger_is_wiring_not_part_of_the_effective_policy() {
+    let without = compile_one(&policy(""), &[], &[]).effective.unwrap();
+    let with = compile_one(
+        &policy("  ledger: {connectionSecretRef: {name: reports-ledger, key: url}}\n"),
+        &[],
+        &[],
+    );
+    assert!(with.problems.is_empty(), "{:?}", with.problems);
+    let with = with.effective.unwrap();
+    assert_eq!(with, without);
+    assert_eq!(with.hash(), without.hash());
+}
+
+#[test]
+fn shared_task_state_without_a_ledger_warns() {
+    let c = compile_one(&policy("  upstream: {taskState: shared}\n"), &[], &[]);
+    assert!(!c.has_errors());
+    assert!(c.effective.is_some());
+    let warnings: Vec<_> = c
+        .problems
+        .iter()
+        .map(|p| (p.problem.severity, p.problem.path.as_str()))
+        .collect();
+    assert_eq!(
+        warnings,
+        vec![(Severity::Warning, "spec.upstream.taskState")],
+        "{:?}",
+        c.problems
+    );
+    assert!(
+        c.problems[0].problem.message.contains("spec.ledger"),
+        "{}",
+        c.problems[0].problem.message
+    );
+    let per_replica = compile_one(&policy("  upstream: {taskState: perReplica}\n"), &[], &[]);
+    assert!(
+        per_replica.problems.is_empty(),
+        "{:?}",
+        per_replica.problems
+    );
+}
+
+#[test]
+fn ledger_secret_references_are_checked_with_the_cel_messages() {
+    let c = compile_one(
+        &policy("  ledger: {connectionSecretRef: {name: Reports_Ledger, key: \"pg/url\"}}\n"),
+        &[],
+        &[],
+    );
+    assert!(c.effective.is_none());
+    let errors: Vec<(&str, &str)> = c
+        .problems
+        .iter()
+        .map(|p| (p.problem.path.as_str(), p.problem.message.as_str()))
+        .collect();
+    assert_eq!(
+        errors,
+        vec![
+            (
+                "spec.ledger.connectionSecretRef.name",
+                crate::api::rules::SECRET_NAME_DNS_SUBDOMAIN
+            ),
+            (
+                "spec.ledger.connectionSecretRef.key",
+                crate::api::rules::SECRET_DATA_KEY
+            ),
+        ]
+    );
+}

@@ -15,6 +15,9 @@ use crate::api::{
     JwsAlgorithm, ListenNotification, PolicyDuration, RevocationReason, UpstreamIdentity,
 };
 
+/// Where the protected container keeps its task state (`spec.upstream.taskState`).
+pub use crate::api::UpstreamTaskState;
+
 use super::uri_pattern::UriPattern;
 
 /// Namespace and name of a Kubernetes object.
@@ -43,8 +46,11 @@ pub struct EffectivePolicy {
     pub issuers: Vec<TrustedIssuer>,
     /// What the protected container learns about callers.
     pub upstream_identity: UpstreamIdentity,
-    /// Where the protected container keeps task state.
-    pub upstream_task_state: crate::api::UpstreamTaskState,
+    /// Who answers requests about an existing task: the replica whose container created it
+    /// (`perReplica`, others forward over the internal hop) or any replica (`shared`).
+    /// Defaulted when absent, so a sidecar reads snapshots of operators that predate it.
+    #[serde(default)]
+    pub upstream_task_state: UpstreamTaskState,
     pub protocol: ProtocolRules,
     /// `None`: no request may become a task.
     pub tasks: Option<TaskRules>,

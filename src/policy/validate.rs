@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::api::{
     AuditSink, CapabilityException, ExceptionCapability, ListenNotification, McpServerPolicy,
-    PolicyDuration, PrincipalRevocation, RevocationSourceKind, rules,
+    PolicyDuration, PrincipalRevocation, RevocationSourceKind, SecretKeySelector,
+    UpstreamTaskState, rules,
 };
 
 use super::jws_shape::parse_detached_jws;
@@ -144,6 +145,7 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
     }
 
     validate_identity(policy, mode, p);
+    validate_ledger(policy, p);
 
     if let Some(protocol) = &spec.protocol {
         if let Some(versions) = &protocol.versions {
@@ -272,6 +274,33 @@ fn validate_identity(policy: &McpServerPolicy, mode: CompileMode, p: &mut Proble
                 "must list at least one algorithm (omit it for the defaults)",
             );
         }
+    }
+}
+
+/// Warning text for `upstream.taskState: shared` without `spec.ledger`.
+pub const SHARED_TASK_STATE_WITHOUT_LEDGER: &str = "is shared but spec.ledger is not set: each pod's sidecar keeps its own SQLite ledger, so with more than one replica a task created through one pod is unknown to the others (harmless with one replica); set spec.ledger.connectionSecretRef";
+
+fn validate_ledger(policy: &McpServerPolicy, p: &mut Problems) {
+    let spec = &policy.spec;
+    if let Some(ledger) = &spec.ledger {
+        let secret = &ledger.connection_secret_ref;
+        if !SecretKeySelector::valid_name(&secret.name) {
+            p.error(
+                "spec.ledger.connectionSecretRef.name",
+                rules::SECRET_NAME_DNS_SUBDOMAIN,
+            );
+        }
+        if !SecretKeySelector::valid_key(&secret.key) {
+            p.error(
+                "spec.ledger.connectionSecretRef.key",
+                rules::SECRET_DATA_KEY,
+            );
+        }
+    }
+    let shared =
+        spec.upstream.as_ref().and_then(|u| u.task_state) == Some(UpstreamTaskState::Shared);
+    if shared && spec.ledger.is_none() {
+        p.warning("spec.upstream.taskState", SHARED_TASK_STATE_WITHOUT_LEDGER);
     }
 }
 

@@ -9,6 +9,7 @@
 //!   native: true                                     # init container with restartPolicy Always
 //!   adminPort: 15020
 //!   upstreamPort: 15080
+//!   internalPort: 15021                              # the hop of policies with spec.ledger
 //!   tokenExpirationSeconds: 600                      # 600..=3600
 //!   dataSizeLimit: 256Mi
 //! controlPlane:
@@ -62,6 +63,11 @@ pub struct SidecarSettings {
     /// The loopback port the MCP container moves to (the first free port from here).
     #[serde(default = "default_upstream_port")]
     pub upstream_port: u16,
+    /// The sidecar's internal hop (container port `lifeguard-hop`), injected only for pods
+    /// whose policy sets `spec.ledger`: the other replicas' sidecars forward requests about
+    /// tasks this replica's container owns to it (the first free port from here).
+    #[serde(default = "default_internal_port")]
+    pub internal_port: u16,
     /// Lifetime of the projected ServiceAccount token (kubelet refreshes it at 80 %).
     #[serde(default = "default_token_expiration")]
     pub token_expiration_seconds: i64,
@@ -125,6 +131,9 @@ fn default_admin_port() -> u16 {
 }
 fn default_upstream_port() -> u16 {
     15080
+}
+fn default_internal_port() -> u16 {
+    15021
 }
 fn default_token_expiration() -> i64 {
     600
@@ -201,6 +210,7 @@ impl WebhookFileConfig {
         for (field, port) in [
             ("sidecar.adminPort", s.admin_port),
             ("sidecar.upstreamPort", s.upstream_port),
+            ("sidecar.internalPort", s.internal_port),
         ] {
             if port == 0 {
                 return Err(format!("{field}: must be a port number from 1 to 65535"));
@@ -208,6 +218,16 @@ impl WebhookFileConfig {
         }
         if s.admin_port == s.upstream_port {
             return Err("sidecar.adminPort and sidecar.upstreamPort must differ".into());
+        }
+        for (field, port) in [
+            ("sidecar.adminPort", s.admin_port),
+            ("sidecar.upstreamPort", s.upstream_port),
+        ] {
+            if s.internal_port == port {
+                return Err(format!(
+                    "sidecar.internalPort and {field} must differ (both are {port}): they share the pod's network namespace"
+                ));
+            }
         }
         let url = &self.control_plane.url;
         if url.scheme() != "https" || url.host_str().is_none() {
@@ -245,6 +265,7 @@ mod tests {
         assert!(c.sidecar.native);
         assert_eq!(c.sidecar.admin_port, 15020);
         assert_eq!(c.sidecar.upstream_port, 15080);
+        assert_eq!(c.sidecar.internal_port, 15021);
         assert_eq!(c.sidecar.token_expiration_seconds, 600);
         assert_eq!(c.sidecar.data_size_limit, Quantity("256Mi".into()));
         assert!(!c.defaults.injection_required);
@@ -253,7 +274,7 @@ mod tests {
 
     #[test]
     fn every_documented_key_parses() {
-        let text = "sidecar:\n  image: ghcr.io/lifeguard-dev/lifeguard:0.1.0\n  imagePullPolicy: IfNotPresent\n  resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}\n  native: false\n  adminPort: 15021\n  upstreamPort: 15081\n  tokenExpirationSeconds: 3600\n  dataSizeLimit: 1Gi\ncontrolPlane:\n  url: https://lifeguard-operator.lifeguard.svc:8443\n  caConfigMap: {name: lifeguard-ca, key: ca.crt}\napproverKeys: {secretName: lifeguard-approvers, key: approvers.jwks.json}\ndefaults: {injectionRequired: true}\n";
+        let text = "sidecar:\n  image: ghcr.io/lifeguard-dev/lifeguard:0.1.0\n  imagePullPolicy: IfNotPresent\n  resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}\n  native: false\n  adminPort: 15021\n  upstreamPort: 15081\n  internalPort: 15022\n  tokenExpirationSeconds: 3600\n  dataSizeLimit: 1Gi\ncontrolPlane:\n  url: https://lifeguard-operator.lifeguard.svc:8443\n  caConfigMap: {name: lifeguard-ca, key: ca.crt}\napproverKeys: {secretName: lifeguard-approvers, key: approvers.jwks.json}\ndefaults: {injectionRequired: true}\n";
         let c = parse(text).unwrap();
         assert!(!c.sidecar.native);
         assert_eq!(c.sidecar.image_pull_policy, Some(PullPolicy::IfNotPresent));
@@ -264,6 +285,14 @@ mod tests {
         assert_eq!(c.approver_keys.unwrap().secret_name, "lifeguard-approvers");
         assert!(c.defaults.injection_required);
         assert_eq!(c.sidecar.token_expiration_seconds, 3600);
+        assert_eq!(
+            (
+                c.sidecar.admin_port,
+                c.sidecar.upstream_port,
+                c.sidecar.internal_port
+            ),
+            (15021, 15081, 15022)
+        );
     }
 
     #[test]
@@ -315,6 +344,22 @@ mod tests {
             (
                 &MINIMAL.replace("image: lifeguard:dev", "image: x, adminPort: 15080"),
                 "differ",
+            ),
+            (
+                &MINIMAL.replace("image: lifeguard:dev", "image: x, internalPort: 15020"),
+                "sidecar.internalPort and sidecar.adminPort must differ",
+            ),
+            (
+                &MINIMAL.replace("image: lifeguard:dev", "image: x, internalPort: 15080"),
+                "sidecar.internalPort and sidecar.upstreamPort must differ",
+            ),
+            (
+                &MINIMAL.replace("image: lifeguard:dev", "image: x, internalPort: 0"),
+                "sidecar.internalPort: must be a port number",
+            ),
+            (
+                &MINIMAL.replace("image: lifeguard:dev", "image: x, internalPort: 70000"),
+                "internalPort",
             ),
             (
                 &MINIMAL.replace(

@@ -152,6 +152,9 @@ fn golden_injection_is_idempotent_and_dry_run_identical() {
         "injected-regular-container",
         "injected-pod-label-opt-in",
         "injected-port-collision",
+        "injected-shared-ledger",
+        "injected-shared-ledger-port-collision",
+        "injected-task-state-shared",
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
         let pod = &case["pod"];
@@ -243,4 +246,58 @@ fn golden_non_pod_or_non_create_requests_pass_untouched() {
     let (response, outcome) = inject_response(&request, |_, _| panic!("not consulted"));
     assert_eq!(outcome, InjectOutcome::Ignored);
     assert!(response.allowed && response.patch.is_none());
+}
+
+#[test]
+fn golden_shared_ledger_comes_from_the_secret_and_the_hop_is_advertised() {
+    let case = yaml(&fixtures().join("cases/injected-shared-ledger.yaml"));
+    let (response, outcome) = admit(&case, &case["pod"], false);
+    assert_eq!(outcome, InjectOutcome::Injected);
+    let pod = apply(&case["pod"], &decoded_patch(&response));
+    let sidecar = &pod["spec"]["initContainers"][0];
+    assert_eq!(sidecar["name"], json!("lifeguard-sidecar"));
+
+    let args: Vec<&str> = sidecar["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        !args.iter().any(|a| a.starts_with("--ledger")),
+        "an argument would override LIFEGUARD_LEDGER: {args:?}"
+    );
+    let listen = args.iter().position(|a| *a == "--internal-listen").unwrap();
+    assert_eq!(args[listen + 1], "0.0.0.0:15021");
+
+    let env = sidecar["env"].as_array().unwrap();
+    let index = |name: &str| env.iter().position(|e| e["name"] == json!(name)).unwrap();
+    let ledger = &env[index("LIFEGUARD_LEDGER")];
+    assert!(ledger.get("value").is_none(), "never the value: {ledger}");
+    assert_eq!(
+        ledger["valueFrom"],
+        json!({"secretKeyRef": {"name": "jobs-ledger", "key": "DATABASE_URL"}})
+    );
+    assert_eq!(
+        env[index("LIFEGUARD_LEDGER_SCOPE")]["value"],
+        json!("team-a/jobs")
+    );
+    assert_eq!(
+        env[index("POD_IP")]["valueFrom"],
+        json!({"fieldRef": {"fieldPath": "status.podIP"}})
+    );
+    assert!(
+        index("POD_IP") < index("LIFEGUARD_INTERNAL_ADVERTISE"),
+        "$(POD_IP) expands only from variables declared before it"
+    );
+    assert_eq!(
+        env[index("LIFEGUARD_INTERNAL_ADVERTISE")]["value"],
+        json!("$(POD_IP):15021")
+    );
+    assert!(
+        sidecar["ports"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "lifeguard-hop", "containerPort": 15021, "protocol": "TCP"}))
+    );
 }

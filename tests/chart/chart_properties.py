@@ -46,7 +46,7 @@ WEBHOOK_NAMESPACE_RULES = {("", "secrets", v, "lifeguard-approvers") for v in RE
 
 WEBHOOK_CONFIG_KEYS = {
     "sidecar": {"image", "imagePullPolicy", "resources", "native", "adminPort", "upstreamPort",
-                "tokenExpirationSeconds", "dataSizeLimit"},
+                "internalPort", "tokenExpirationSeconds", "dataSizeLimit"},
     "controlPlane": {"url", "caConfigMap"},
     "approverKeys": {"secretName", "key"},
     "defaults": {"injectionRequired"},

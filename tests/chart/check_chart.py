@@ -277,6 +277,7 @@ SCHEMA_REFUSALS = [
     ({"logFormat": "xml"}, "/logFormat"),
     ({"webhook": {"antiAffinity": "strict"}}, "/webhook/antiAffinity"),
     ({"sidecar": {"adminPort": 80}}, "/sidecar/adminPort"),
+    ({"sidecar": {"internalPort": 80}}, "/sidecar/internalPort"),
     ({"certificates": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "issuerRef"),
     ({"unknownTopLevel": True}, "unknownTopLevel"),
 ]
@@ -292,6 +293,8 @@ TEMPLATE_REFUSALS = [
         "caBundle": base64.b64encode(b"x").decode()}}},
      "must be a PEM certificate"),
     ({"sidecar": {"adminPort": 15080}}, "sidecar.adminPort and sidecar.upstreamPort must differ"),
+    ({"sidecar": {"internalPort": 15020}}, "sidecar.internalPort must differ"),
+    ({"sidecar": {"internalPort": 15080}}, "sidecar.internalPort must differ"),
 ]
 
 

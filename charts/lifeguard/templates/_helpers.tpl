@@ -222,6 +222,9 @@ them, so whichever template renders first reports the same message.
 {{- if eq (int .Values.sidecar.adminPort) (int .Values.sidecar.upstreamPort) -}}
 {{- fail "sidecar.adminPort and sidecar.upstreamPort must differ: the sidecar's admin listener and the MCP container's loopback port share the pod's network namespace" -}}
 {{- end -}}
+{{- if has (int .Values.sidecar.internalPort) (list (int .Values.sidecar.adminPort) (int .Values.sidecar.upstreamPort)) -}}
+{{- fail "sidecar.internalPort must differ from sidecar.adminPort and sidecar.upstreamPort: the sidecar's internal hop shares the pod's network namespace with both" -}}
+{{- end -}}
 {{- if and (eq .Values.certificates.mode "certManager") .Values.certificates.certManager.issuerRef (not .Values.certificates.certManager.issuerRef.name) -}}
 {{- fail "certificates.certManager.issuerRef needs a name (and usually kind and group), or leave it empty for the chart's own CA" -}}
 {{- end -}}

@@ -20,7 +20,7 @@ use crate::webhook::opt_in::opt_in;
 use crate::webhook::reasons::SkipReason;
 
 use probes::MovedPort;
-use sidecar::{SidecarPlan, UPSTREAM_PORT_ENV};
+use sidecar::{SharedLedgerPlan, SidecarPlan, UPSTREAM_PORT_ENV};
 
 /// Annotation written on injected pods (JSON, see [`InjectionStatus`]).
 pub const STATUS_ANNOTATION: &str = "lifeguard.dev/status";
@@ -196,6 +196,20 @@ fn injected(
         .collect();
     let admin_port = first_free(c.config.sidecar.admin_port, &used, &[]);
     let upstream_port = first_free(c.config.sidecar.upstream_port, &used, &[admin_port]);
+    let shared_ledger = policy.spec.ledger.as_ref().map(|ledger| SharedLedgerPlan {
+        secret_name: ledger.connection_secret_ref.name.clone(),
+        secret_key: ledger.connection_secret_ref.key.clone(),
+        scope: format!(
+            "{}/{}",
+            policy.metadata.namespace.as_deref().unwrap_or(c.namespace),
+            policy.metadata.name.as_deref().unwrap_or_default()
+        ),
+        internal_port: first_free(
+            c.config.sidecar.internal_port,
+            &used,
+            &[admin_port, upstream_port],
+        ),
+    });
     let native = match annotation(NATIVE_ANNOTATION) {
         Some("true") => true,
         Some("false") => false,
@@ -227,6 +241,7 @@ fn injected(
             .to_owned(),
         app_probes,
         native,
+        shared_ledger,
     };
     let container =
         serde_json::to_value(sidecar::container(c.config, &plan)).expect("a Container serializes");

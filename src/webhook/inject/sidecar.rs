@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, Probe, ProjectedVolumeSource,
-    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    SeccompProfile, SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
@@ -21,6 +21,16 @@ pub const ADMIN_PORT_NAME: &str = "lifeguard-admin";
 pub const UPSTREAM_PORT_ENV: &str = "LIFEGUARD_UPSTREAM_PORT";
 /// Env var carrying the probe checks the sidecar runs for rewritten probes.
 pub const APP_PROBES_ENV: &str = "LIFEGUARD_APP_PROBES";
+/// Name of the sidecar's internal hop port (policies with `spec.ledger`).
+pub const HOP_PORT_NAME: &str = "lifeguard-hop";
+/// Env var with the ledger location (`--ledger`), from the policy's Secret.
+pub const LEDGER_ENV: &str = "LIFEGUARD_LEDGER";
+/// Env var naming whose rows of a shared ledger are this server's (`--ledger-scope`).
+pub const LEDGER_SCOPE_ENV: &str = "LIFEGUARD_LEDGER_SCOPE";
+/// Env var with the address other replicas reach the hop at (`--internal-advertise`).
+pub const INTERNAL_ADVERTISE_ENV: &str = "LIFEGUARD_INTERNAL_ADVERTISE";
+/// Env var with the pod's IP (downward API), expanded into [`INTERNAL_ADVERTISE_ENV`].
+pub const POD_IP_ENV: &str = "POD_IP";
 
 pub const TOKEN_VOLUME: &str = "lifeguard-token";
 pub const CA_VOLUME: &str = "lifeguard-ca";
@@ -49,13 +59,29 @@ pub struct SidecarPlan {
     pub app_probes: BTreeMap<String, Value>,
     /// Native sidecar (init container with `restartPolicy: Always`).
     pub native: bool,
+    /// The shared ledger and internal hop of a policy with `spec.ledger`; `None`: the
+    /// embedded SQLite ledger on the data volume, no hop.
+    pub shared_ledger: Option<SharedLedgerPlan>,
+}
+
+/// Wiring for a policy with `spec.ledger.connectionSecretRef`.
+#[derive(Clone, Debug)]
+pub struct SharedLedgerPlan {
+    /// The Secret (in the pod's namespace, which is the policy's) and its key holding the
+    /// connection URL; the kubelet resolves it, the webhook never reads it.
+    pub secret_name: String,
+    pub secret_key: String,
+    /// `<policy namespace>/<policy name>`: the server's rows in the shared database.
+    pub scope: String,
+    /// The internal hop's port.
+    pub internal_port: u16,
 }
 
 /// The sidecar container.
 pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
     let s = &config.sidecar;
     let cp = &config.control_plane;
-    let args = vec![
+    let mut args = vec![
         "sidecar".to_owned(),
         "--control-plane".to_owned(),
         cp.url.as_str().trim_end_matches('/').to_owned(),
@@ -72,15 +98,44 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
         format!("0.0.0.0:{}", plan.port_number),
         "--admin".to_owned(),
         format!("0.0.0.0:{}", plan.admin_port),
-        "--ledger".to_owned(),
-        format!("{DATA_DIR}/ledger.db"),
-        "--log-format".to_owned(),
-        "json".to_owned(),
     ];
     let mut env = vec![
         field_env("POD_NAMESPACE", "metadata.namespace"),
         field_env("POD_NAME", "metadata.name"),
     ];
+    match &plan.shared_ledger {
+        // The embedded SQLite ledger on the pod's data volume.
+        None => args.extend(["--ledger".to_owned(), format!("{DATA_DIR}/ledger.db")]),
+        // No `--ledger` argument: it would win over the env var that carries the Secret.
+        Some(shared) => {
+            args.extend([
+                "--internal-listen".to_owned(),
+                format!("0.0.0.0:{}", shared.internal_port),
+            ]);
+            env.extend([
+                field_env(POD_IP_ENV, "status.podIP"),
+                EnvVar {
+                    name: LEDGER_ENV.into(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: shared.secret_name.clone(),
+                            key: shared.secret_key.clone(),
+                            optional: None,
+                        }),
+                        ..EnvVarSource::default()
+                    }),
+                    ..EnvVar::default()
+                },
+                literal_env(LEDGER_SCOPE_ENV, &shared.scope),
+                // Dependent env var: the kubelet expands `$(POD_IP)`, declared above.
+                literal_env(
+                    INTERNAL_ADVERTISE_ENV,
+                    &format!("$({POD_IP_ENV}):{}", shared.internal_port),
+                ),
+            ]);
+        }
+    }
+    args.extend(["--log-format".to_owned(), "json".to_owned()]);
     if !plan.app_probes.is_empty() {
         env.push(EnvVar {
             name: APP_PROBES_ENV.into(),
@@ -102,26 +157,26 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
         timeout_seconds: Some(2),
         ..Probe::default()
     };
+    let tcp_port = |name: &str, number: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: number,
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    };
+    let mut ports = vec![
+        tcp_port(&plan.port_name, plan.port_number),
+        tcp_port(ADMIN_PORT_NAME, i32::from(plan.admin_port)),
+    ];
+    if let Some(shared) = &plan.shared_ledger {
+        ports.push(tcp_port(HOP_PORT_NAME, i32::from(shared.internal_port)));
+    }
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(s.image.clone()),
         image_pull_policy: s.image_pull_policy.map(|p| p.as_str().to_owned()),
         args: Some(args),
         env: Some(env),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some(plan.port_name.clone()),
-                container_port: plan.port_number,
-                protocol: Some("TCP".into()),
-                ..ContainerPort::default()
-            },
-            ContainerPort {
-                name: Some(ADMIN_PORT_NAME.into()),
-                container_port: i32::from(plan.admin_port),
-                protocol: Some("TCP".into()),
-                ..ContainerPort::default()
-            },
-        ]),
+        ports: Some(ports),
         resources: s.resources.clone(),
         // The pod starts its MCP container only once the sidecar enforces a policy (native
         // sidecars hold the main containers until the startup probe passes): up to 5 minutes
@@ -217,6 +272,14 @@ fn field_env(name: &str, field_path: &str) -> EnvVar {
             }),
             ..EnvVarSource::default()
         }),
+        ..EnvVar::default()
+    }
+}
+
+fn literal_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
         ..EnvVar::default()
     }
 }
