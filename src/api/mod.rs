@@ -29,6 +29,11 @@ pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,
     RevocationSource, RevocationSourceKind,
 };
+/// The name of the injected sidecar's internal hop port (replicas of one server forwarding
+/// task requests to each other): the webhook declares it, the operator's NetworkPolicy opens it
+/// between the server's pods.
+pub const HOP_PORT_NAME: &str = "lifeguard-hop";
+
 pub use secret_key_ref::{SecretKeyRef, SecretKeySelector};
 pub use server_policy::{
     AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,

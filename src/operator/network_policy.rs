@@ -5,13 +5,14 @@
 //! deletes it.
 
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
-use crate::api::McpServerPolicy;
+use crate::api::{HOP_PORT_NAME, McpServerPolicy};
 
 use super::config::{BYPASS_PREVENTION_ANNOTATION, BypassPrevention, NetworkPolicyMode, PortRef};
 
@@ -59,13 +60,37 @@ pub fn desired(policy: &McpServerPolicy, config: &BypassPrevention) -> NetworkPo
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(policy.spec.selector.clone()),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: None,
-                ports: Some(ports),
-            }]),
+            ingress: Some(ingress_rules(policy, ports)),
             egress: None,
         }),
     }
+}
+
+/// Anyone may reach the sidecar ports; with a shared ledger, the replicas of the server (the
+/// pods the policy selects) may also reach each other's internal hop (`lifeguard-hop`), which
+/// authenticates every request itself.
+fn ingress_rules(
+    policy: &McpServerPolicy,
+    ports: Vec<NetworkPolicyPort>,
+) -> Vec<NetworkPolicyIngressRule> {
+    let mut rules = vec![NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(ports),
+    }];
+    if policy.spec.ledger.is_some() {
+        rules.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(policy.spec.selector.clone()),
+                ..Default::default()
+            }]),
+            ports: Some(vec![NetworkPolicyPort {
+                port: Some(IntOrString::String(HOP_PORT_NAME.into())),
+                protocol: Some("TCP".into()),
+                end_port: None,
+            }]),
+        });
+    }
+    rules
 }
 
 /// Identifies what `policy` needs (the desired object, or its absence), so a reconcile can
@@ -186,6 +211,51 @@ mod tests {
         assert_eq!(
             ports,
             vec![IntOrString::String("mcp".into()), IntOrString::Int(9090)]
+        );
+    }
+
+    #[test]
+    fn with_a_shared_ledger_the_replicas_reach_each_others_hop_and_nobody_else_does() {
+        let config = BypassPrevention {
+            network_policy: NetworkPolicyMode::All,
+            sidecar_ports: vec![PortRef::Name("mcp".into())],
+        };
+        let rules = desired(&policy(false), &config)
+            .spec
+            .unwrap()
+            .ingress
+            .unwrap();
+        assert_eq!(rules.len(), 1, "no hop without a shared ledger");
+
+        let mut shared = policy(false);
+        shared.spec.ledger = Some(
+            serde_json::from_value(serde_json::json!(
+                {"connectionSecretRef": {"name": "ledger-db", "key": "url"}}
+            ))
+            .unwrap(),
+        );
+        let rules = desired(&shared, &config).spec.unwrap().ingress.unwrap();
+        assert_eq!(rules.len(), 2);
+        let hop = &rules[1];
+        let from = hop.from.as_ref().unwrap();
+        assert_eq!(
+            from[0]
+                .pod_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["app"],
+            "reports",
+            "only the server's own pods"
+        );
+        assert!(
+            from[0].namespace_selector.is_none(),
+            "of the policy's namespace"
+        );
+        assert_eq!(
+            hop.ports.as_ref().unwrap()[0].port,
+            Some(IntOrString::String(HOP_PORT_NAME.into()))
         );
     }
 }

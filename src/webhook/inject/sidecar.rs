@@ -21,8 +21,7 @@ pub const ADMIN_PORT_NAME: &str = "lifeguard-admin";
 pub const UPSTREAM_PORT_ENV: &str = "LIFEGUARD_UPSTREAM_PORT";
 /// Env var carrying the probe checks the sidecar runs for rewritten probes.
 pub const APP_PROBES_ENV: &str = "LIFEGUARD_APP_PROBES";
-/// Name of the sidecar's internal hop port (policies with `spec.ledger`).
-pub const HOP_PORT_NAME: &str = "lifeguard-hop";
+pub use crate::api::HOP_PORT_NAME;
 /// Env var with the ledger location (`--ledger`), from the policy's Secret.
 pub const LEDGER_ENV: &str = "LIFEGUARD_LEDGER";
 /// Env var naming whose rows of a shared ledger are this server's (`--ledger-scope`).
