@@ -92,6 +92,10 @@ pub struct SidecarArgs {
         hide_env_values = true
     )]
     pub ledger: lifeguard::ledger::LedgerLocation,
+    /// Cluster mode: a directory for the last policy snapshot in force. Default: beside an
+    /// SQLite ledger's file; needed with a postgres:// ledger.
+    #[arg(long, value_name = "DIR", env = "LIFEGUARD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// The MCP server whose tasks this sidecar's ledger rows belong to (one database can hold
     /// many servers' tasks, each scope seeing only its own). Default `local`.
     #[arg(long, value_name = "NAME", env = "LIFEGUARD_LEDGER_SCOPE")]

@@ -86,7 +86,7 @@ fn policy_source(args: &SidecarArgs) -> Result<PolicySourceConfig> {
         token_file: token_file.clone(),
         pod_namespace,
         pod_name,
-        snapshot_path: lifeguard::sidecar::snapshot_path_beside(&args.ledger),
+        snapshot_path: lifeguard::sidecar::snapshot_path(&args.ledger, args.state_dir.as_deref())?,
     })
 }
 

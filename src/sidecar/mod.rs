@@ -66,7 +66,7 @@ mod tasks;
 mod upstream;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,10 +118,19 @@ pub enum PolicySourceConfig {
     },
 }
 
-/// Where cluster mode keeps the last snapshot for a ledger at `ledger`: beside its file.
-pub fn snapshot_path_beside(ledger: &LedgerLocation) -> PathBuf {
+/// Where cluster mode keeps the last snapshot: in `state_dir` when given, else beside an
+/// SQLite ledger's file; a shared (PostgreSQL) ledger has no file, so it needs `state_dir`.
+pub fn snapshot_path(ledger: &LedgerLocation, state_dir: Option<&Path>) -> Result<PathBuf> {
+    if let Some(dir) = state_dir {
+        return Ok(dir.join(snapshot_store::FILE_NAME));
+    }
+    #[allow(unreachable_patterns)]
     match ledger {
-        LedgerLocation::Sqlite(path) => snapshot_store::path_beside(path),
+        LedgerLocation::Sqlite(path) => Ok(snapshot_store::path_beside(path)),
+        _ => anyhow::bail!(
+            "cluster mode with a ledger that is not a local file needs --state-dir (or \
+             $LIFEGUARD_STATE_DIR): a directory for the last policy snapshot"
+        ),
     }
 }
 

@@ -12,6 +12,9 @@ use crate::distribution::Snapshot;
 
 /// Where the snapshot of a sidecar whose ledger file is `ledger` is kept:
 /// `<ledger's directory>/<ledger's file name>.snapshot.json`.
+/// The snapshot's file name in a `--state-dir`.
+pub const FILE_NAME: &str = "snapshot.json";
+
 pub fn path_beside(ledger: &Path) -> PathBuf {
     let mut name = ledger
         .file_name()

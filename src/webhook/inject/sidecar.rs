@@ -110,6 +110,9 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
             args.extend([
                 "--internal-listen".to_owned(),
                 format!("0.0.0.0:{}", shared.internal_port),
+                // The last policy snapshot, which lives beside an SQLite ledger otherwise.
+                "--state-dir".to_owned(),
+                DATA_DIR.to_owned(),
             ]);
             env.extend([
                 field_env(POD_IP_ENV, "status.podIP"),
