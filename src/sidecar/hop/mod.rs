@@ -134,6 +134,18 @@ impl Hop {
                 expires_at,
                 ..
             }) if expires_at > now => address,
+            // Alive, but started without `--internal-listen`: its tasks are not lost, only
+            // unreachable from here.
+            Some(ReplicaInfo {
+                address: None,
+                expires_at,
+                ..
+            }) if expires_at > now => {
+                return Err(ForwardError::Unreachable {
+                    replica: home.to_owned(),
+                    reason: "it serves no internal hop (--internal-listen)".into(),
+                });
+            }
             _ => return Err(ForwardError::HomeGone(home.to_owned())),
         };
         let unreachable = |reason: String| ForwardError::Unreachable {
