@@ -27,9 +27,12 @@ pub async fn reconcile_principal(
     let Ok(active) = app.ledger.active_for(&filter).await else {
         return 0;
     };
+    // Only tasks this replica's server holds: another replica's are its to refresh (asking
+    // this server about them would hear "unknown task" and end them as lost).
     let refreshed = futures_util::future::join_all(
         active
             .iter()
+            .filter(|record| app.replica.remote_home(policy, record).is_none())
             .take(MAX_REFRESHED)
             .map(|record| refresh_from_upstream(app, policy, correlation_id, record, "reconcile")),
     )
