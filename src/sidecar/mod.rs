@@ -14,8 +14,15 @@
 //!   `relay::send_and_relay` with the creation as its [`relay::FinalStep`] → confirm durably via
 //!   `decisions::confirmation_terms` → answer). Relay names no task code.
 //!
-//! Background jobs: [`sweeper`] (deadlines, retention) and [`revocation`] (applying new
-//! revocations). Policy arrives through a `watch` channel fed by a [`policy_source`]: the
+//! - On a shared (PostgreSQL) ledger with per-replica server state, a request about a task
+//!   homed on another replica is authorized here, then forwarded over the signed internal hop
+//!   ([`hop`]) from `tasks::authorized_task`; the home replica's [`hop_server`] runs it through
+//!   `pipeline::serve` as if the client had asked it. Listen subscriptions to such tasks are
+//!   forwarded the same way (`listen::remote`).
+//!
+//! Background jobs: [`sweeper`] (the cancellation outbox; deadlines, retention and orphaned
+//! tasks under the sweep lease), [`revocation`] (applying new revocations) and the heartbeat
+//! ([`replica`]). Policy arrives through a `watch` channel fed by a [`policy_source`]: the
 //! policy file in standalone mode ([`policy_file`]), the operator's distribution stream in a
 //! cluster ([`control_plane`], which keeps the last snapshot with [`snapshot_store`]). The
 //! revocation applier reports on a second `watch` (defined in `policy_source`) when a policy's
@@ -25,12 +32,12 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | entry | `mod.rs` (`run`), `pipeline` |
+//! | entry | `mod.rs` (`run`), `hop_server`, `pipeline` |
 //! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
 //! | background | `sweeper`, `revocation` |
 //! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state` |
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
-//! | shared state | `state`, `context`, `denials` |
+//! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
 //! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
