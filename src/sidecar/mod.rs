@@ -119,6 +119,8 @@ pub enum PolicySourceConfig {
 pub fn snapshot_path_beside(ledger: &LedgerLocation) -> PathBuf {
     match ledger {
         LedgerLocation::Sqlite(path) => snapshot_store::path_beside(path),
+        // TODO(scale-out): state dir
+        LedgerLocation::Postgres(_) => std::env::temp_dir().join("lifeguard-snapshot.json"),
     }
 }
 
