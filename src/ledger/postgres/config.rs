@@ -97,8 +97,8 @@ pub enum RootCert {
 /// A parsed `postgres://` ledger location: connection settings, TLS, pool size.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresLocation {
-    /// Everything tokio-postgres understands, password included.
-    pg: tokio_postgres::Config,
+    /// Everything tokio-postgres understands, password included (boxed: it is large).
+    pg: Box<tokio_postgres::Config>,
     ssl_mode: SslMode,
     root_cert: RootCert,
     passfile: Option<PathBuf>,
@@ -228,7 +228,10 @@ impl PostgresLocation {
         pg.application_name(self.pg.get_application_name().unwrap_or("lifeguard"))
             .ssl_mode(self.pg.get_ssl_mode())
             .connect_timeout(self.connect_timeout());
-        Self { pg, ..self.clone() }
+        Self {
+            pg: Box::new(pg),
+            ..self.clone()
+        }
     }
 
     /// Adds `-c name=value` to the options sent at connection start.
@@ -402,7 +405,7 @@ impl FromStr for PostgresLocation {
         pg.keepalives(true);
         pg.keepalives_idle(Duration::from_secs(30));
         Ok(Self {
-            pg,
+            pg: Box::new(pg),
             ssl_mode,
             root_cert,
             passfile,

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::ops::{self, ConfirmAttempt};
+use super::ops;
 use super::{
-    CONFIRM_ATTEMPTS, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
+    CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     require_nonterminal, spawn, transient,
 };
 use crate::ledger::{
@@ -46,16 +46,13 @@ impl TaskLedger for PostgresLedger {
                 let attempt = retrying!(async {
                     let mut client = client(&pool).await?;
                     let tx = begin(&mut client).await?;
-                    match ops::confirm(&tx, &server, &task, &confirmation, &home).await? {
-                        ConfirmAttempt::Done(done) => {
-                            commit(tx).await?;
-                            Ok(Some(done))
-                        }
-                        ConfirmAttempt::LostRace => {
-                            tx.rollback().await.ctx_rollback()?;
-                            Ok(None)
-                        }
+                    let done = ops::confirm(&tx, &server, &task, &confirmation, &home).await?;
+                    if done.is_some() {
+                        commit(tx).await?;
+                    } else {
+                        tx.rollback().await.ctx("roll back")?;
                     }
+                    Ok(done)
                 })?;
                 if let Some(done) = attempt {
                     return Ok(done);
@@ -319,16 +316,5 @@ impl TaskLedger for PostgresLedger {
             })
         })
         .await
-    }
-}
-
-/// Context for a failed rollback.
-trait RollbackCtx {
-    fn ctx_rollback(self) -> Result<()>;
-}
-
-impl RollbackCtx for std::result::Result<(), tokio_postgres::Error> {
-    fn ctx_rollback(self) -> Result<()> {
-        self.map_err(|e| LedgerError::storage("roll back", e))
     }
 }

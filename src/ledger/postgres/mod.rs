@@ -126,7 +126,10 @@ impl PostgresLedger {
             .pg()
             .connect(tls.clone())
             .await
-            .map_err(|e| LedgerError::storage(format!("connect to the ledger database {shown}"), e))
+            .map_err(|e| {
+                let what = format!("connect to the ledger database {shown}");
+                LedgerError::storage(what, PostgresError(e))
+            })
             .map_err(redact)?;
         let driver = tokio::spawn(connection);
         let setup = async {
@@ -248,6 +251,42 @@ fn lock_key(parts: &[&str]) -> i64 {
     i64::from_be_bytes(key)
 }
 
+/// A PostgreSQL client error, shown with its causes: tokio-postgres shows only its kind ("db
+/// error", "error connecting to server") and keeps the server's message or the I/O error as its
+/// source. The source of this backend's storage errors; [`PostgresError::error`] is the
+/// original.
+#[derive(Debug)]
+pub struct PostgresError(tokio_postgres::Error);
+
+impl PostgresError {
+    pub fn error(&self) -> &tokio_postgres::Error {
+        &self.0
+    }
+
+    /// The SQLSTATE, for an error the server reported.
+    pub fn code(&self) -> Option<&SqlState> {
+        self.0.code()
+    }
+}
+
+impl fmt::Display for PostgresError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(&self.0);
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PostgresError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 /// Attaches context to PostgreSQL errors on their way into [`LedgerError`].
 trait Ctx<T> {
     fn ctx(self, what: &str) -> Result<T>;
@@ -259,17 +298,19 @@ impl<T> Ctx<T> for std::result::Result<T, tokio_postgres::Error> {
             Some(code)
                 if *code == SqlState::DATA_CORRUPTED || *code == SqlState::INDEX_CORRUPTED =>
             {
-                LedgerError::corrupt_because(what, e)
+                LedgerError::corrupt_because(what, PostgresError(e))
             }
-            _ => LedgerError::storage(what, e),
+            _ => LedgerError::storage(what, PostgresError(e)),
         })
     }
 }
 
 async fn client(pool: &Pool) -> Result<deadpool_postgres::Client> {
-    pool.get()
-        .await
-        .map_err(|e| LedgerError::storage("get a ledger database connection", e))
+    const WHAT: &str = "get a ledger database connection";
+    pool.get().await.map_err(|e| match e {
+        deadpool_postgres::PoolError::Backend(e) => LedgerError::storage(WHAT, PostgresError(e)),
+        other => LedgerError::storage(WHAT, other),
+    })
 }
 
 async fn begin(client: &mut deadpool_postgres::Client) -> Result<Transaction<'_>> {

@@ -393,20 +393,15 @@ pub(super) async fn release<C: GenericClient>(c: &C, server: &str, id: &str) -> 
     Ok(!released.is_empty())
 }
 
-/// What a confirmation attempt came to: an answer, or the loss of a race on the upstream ID
-/// index (roll back and try again: the winner is visible then).
-pub(super) enum ConfirmAttempt {
-    Done(Confirmed),
-    LostRace,
-}
-
+/// The confirmation's answer, or `None` when it lost a race on the upstream ID index: the
+/// transaction is aborted; roll it back and try again (the winner is visible then).
 pub(super) async fn confirm(
     tx: &Transaction<'_>,
     server: &str,
     id: &str,
     c: &Confirmation,
     home: &str,
-) -> Result<ConfirmAttempt> {
+) -> Result<Option<Confirmed>> {
     // Locks the reservation: a concurrent confirm, release or sweep of it waits for this one.
     let sql = "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
                FROM lifeguard_tasks WHERE server = $1 AND id = $2 AND NOT confirmed FOR UPDATE";
@@ -440,12 +435,12 @@ pub(super) async fn confirm(
         exec(tx, sql, &[&server, &id], "release reservation").await?;
         notify_settled(tx, server, &settled).await?;
         if holder_owner != owner {
-            return Ok(ConfirmAttempt::Done(Confirmed::HeldByAnotherOwner));
+            return Ok(Some(Confirmed::HeldByAnotherOwner));
         }
         let existing = load_task(tx, server, &holder_id)
             .await?
             .ok_or_else(|| LedgerError::Internal("task holding an upstream ID vanished".into()))?;
-        return Ok(ConfirmAttempt::Done(Confirmed::SameOwner(existing)));
+        return Ok(Some(Confirmed::SameOwner(existing)));
     }
     // The window runs from the task's creation; it never shrinks below the reservation's.
     let until = match (until, window) {
@@ -480,7 +475,7 @@ pub(super) async fn confirm(
     match updated {
         Ok(_) => {}
         Err(e) if sql_state(&e) == Some(&SqlState::UNIQUE_VIOLATION) => {
-            return Ok(ConfirmAttempt::LostRace);
+            return Ok(None);
         }
         Err(e) => return Err(e),
     }
@@ -488,7 +483,7 @@ pub(super) async fn confirm(
     let record = load_task(tx, server, id)
         .await?
         .ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))?;
-    Ok(ConfirmAttempt::Done(Confirmed::New(record)))
+    Ok(Some(Confirmed::New(record)))
 }
 
 /// The SQLSTATE of a storage error from PostgreSQL, if it is one.
@@ -498,7 +493,7 @@ pub(super) fn sql_state(e: &LedgerError) -> Option<&SqlState> {
         | LedgerError::Corrupt {
             source: Some(source),
             ..
-        } => source.downcast_ref::<tokio_postgres::Error>()?.code(),
+        } => source.downcast_ref::<super::PostgresError>()?.code(),
         _ => None,
     }
 }

@@ -6,6 +6,7 @@ mod isolation;
 mod multi_writer;
 mod recovery;
 mod support;
+mod tls;
 
 use futures_util::future::join_all;
 

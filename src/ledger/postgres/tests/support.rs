@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::super::{PasswordSources, PostgresLedger, PostgresLocation, passfile, tls};
+use super::super::{
+    PasswordSources, PostgresError, PostgresLedger, PostgresLocation, passfile, tls,
+};
 use crate::ledger::LedgerScope;
 
 /// Names the test server; every test makes (and drops) a database of its own on it.
@@ -36,6 +38,7 @@ fn random_hex() -> String {
 pub async fn connect(location: &PostgresLocation) -> tokio_postgres::Client {
     let tls = tls::connector(location).expect("TLS configuration");
     let (client, connection) = location.pg().connect(tls).await.unwrap_or_else(|e| {
+        let e = PostgresError(e);
         panic!(
             "PostgreSQL is not reachable at {location}: {e}\n\
              The PostgreSQL ledger tests need a server: run scripts/test.sh (it installs and \
@@ -63,6 +66,10 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("create the test database {name}: {e}"));
         Self { server, name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The test database's location, with a small pool.
