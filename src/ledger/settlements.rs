@@ -83,6 +83,15 @@ impl Settlements {
         }
     }
 
+    /// Wakes every waiter, whatever it waits on: for a backend that may have missed
+    /// settlements (a lost notification connection). Each checks its reservation again.
+    pub(crate) fn settle_all(&self) {
+        let mut waiting = self.lock();
+        for (_, entry) in waiting.drain() {
+            entry.notify.notify_waiters();
+        }
+    }
+
     /// Reservations someone currently waits on.
     #[cfg(test)]
     pub(crate) fn tracked(&self) -> usize {
@@ -148,6 +157,18 @@ mod tests {
             0,
             "entries go with their last waiter"
         );
+    }
+
+    #[test]
+    fn settle_all_wakes_everyone() {
+        let settlements = Settlements::default();
+        let (a, mut a_settled) = register(&settlements, "r1");
+        let (b, mut b_settled) = register(&settlements, "r2");
+        settlements.settle_all();
+        assert!(woken(&mut a_settled) && woken(&mut b_settled));
+        assert_eq!(settlements.tracked(), 0);
+        drop((a, b));
+        assert_eq!(settlements.tracked(), 0);
     }
 
     #[test]

@@ -131,12 +131,11 @@ pub fn snapshot_path(ledger: &LedgerLocation, state_dir: Option<&Path>) -> Resul
     if let Some(dir) = state_dir {
         return Ok(dir.join(snapshot_store::FILE_NAME));
     }
-    #[allow(unreachable_patterns)]
     match ledger {
         LedgerLocation::Sqlite(path) => Ok(snapshot_store::path_beside(path)),
-        _ => anyhow::bail!(
-            "cluster mode with a ledger that is not a local file needs --state-dir (or \
-             $LIFEGUARD_STATE_DIR): a directory for the last policy snapshot"
+        LedgerLocation::Postgres(_) => anyhow::bail!(
+            "cluster mode with a postgres:// ledger needs --state-dir (or $LIFEGUARD_STATE_DIR): \
+             a directory for the last policy snapshot"
         ),
     }
 }

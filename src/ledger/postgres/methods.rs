@@ -1,0 +1,320 @@
+//! [`TaskLedger`] for [`PostgresLedger`]: each method is one transaction (or one statement)
+//! of [`ops`] or [`replicas`]; writes run in tasks of their own ([`spawn`]).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::ops;
+use super::{
+    CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
+    require_nonterminal, spawn, transient,
+};
+use crate::ledger::{
+    BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
+    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
+    ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+};
+use crate::model::ModelError;
+
+#[async_trait]
+impl TaskLedger for PostgresLedger {
+    async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome> {
+        let (pool, server) = self.handles();
+        let (outcome, voided) = spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                let done = ops::reserve(&tx, &server, &reservation).await?;
+                commit(tx).await?;
+                Ok(done)
+            })
+        })
+        .await?;
+        // Local waiters need not wait for the notification's round trip.
+        self.settlements.settle(&voided);
+        Ok(outcome)
+    }
+
+    async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed> {
+        require_nonterminal(confirmation.status, "confirm")?;
+        let (pool, server) = self.handles();
+        let home = self.scope.replica.clone();
+        let task = id.as_str().to_owned();
+        let confirmed = spawn(async move {
+            for _ in 0..CONFIRM_ATTEMPTS {
+                let attempt = retrying!(async {
+                    let mut client = client(&pool).await?;
+                    let tx = begin(&mut client).await?;
+                    let done = ops::confirm(&tx, &server, &task, &confirmation, &home).await?;
+                    if done.is_some() {
+                        commit(tx).await?;
+                    } else {
+                        tx.rollback().await.ctx("roll back")?;
+                    }
+                    Ok(done)
+                })?;
+                if let Some(done) = attempt {
+                    return Ok(done);
+                }
+            }
+            Err(LedgerError::Internal(
+                "a confirmation kept losing races on its upstream task ID".into(),
+            ))
+        })
+        .await?;
+        // Every outcome settles the reservation: confirmed, or released for a taken ID.
+        self.settlements.settle([id.as_str()]);
+        Ok(confirmed)
+    }
+
+    async fn release(&self, id: &TaskId) -> Result<()> {
+        let (pool, server) = self.handles();
+        let task = id.as_str().to_owned();
+        let released = spawn(async move {
+            let client = client(&pool).await?;
+            ops::release(&client, &server, &task).await
+        })
+        .await?;
+        if released {
+            self.settlements.settle([id.as_str()]);
+        }
+        Ok(())
+    }
+
+    async fn wait_settled(&self, id: &TaskId) -> Result<()> {
+        loop {
+            // Interest first, then the check: a settlement committed after the check is
+            // announced to the listener (which listens since open), and wakes us.
+            let (_interest, settled) = self.settlements.interest(id.as_str());
+            // The check runs in a task of its own: a waiter polled once and then left alone
+            // (until its reservation settles) must not keep a pooled connection meanwhile.
+            let (pool, server) = self.handles();
+            let task = id.as_str().to_owned();
+            let reserved = spawn(async move {
+                let client = client(&pool).await?;
+                ops::is_reserved(&client, &server, &task).await
+            })
+            .await?;
+            if !reserved {
+                return Ok(());
+            }
+            settled.await;
+        }
+    }
+
+    async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
+        let client = self.client().await?;
+        ops::load_task(&client, &self.server, id.as_str()).await
+    }
+
+    async fn observe(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        status_message: Option<String>,
+        now: i64,
+    ) -> Result<()> {
+        require_nonterminal(status, "observe")?;
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                ops::observe(&tx, &server, &id, status, status_message.as_deref(), now).await?;
+                commit(tx).await
+            })
+        })
+        .await
+    }
+
+    async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome> {
+        if !finish.status.is_terminal() {
+            return Err(LedgerError::InvalidArgument(format!(
+                "finish takes a terminal status, got {}",
+                finish.status.as_str()
+            )));
+        }
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                let outcome = ops::finish(&tx, &server, &id, &finish).await?;
+                commit(tx).await?;
+                Ok(outcome)
+            })
+        })
+        .await
+    }
+
+    async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest> {
+        if !intent.reason.is_cancellation() {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel takes a cancellation reason (owner_cancel, admin_cancel, \
+                 deadline, revocation), got {}",
+                intent.reason.as_str()
+            )));
+        }
+        if intent.give_up_at < intent.requested_at {
+            return Err(LedgerError::InvalidArgument(format!(
+                "request_cancel: give_up_at ({}) is before requested_at ({})",
+                intent.give_up_at, intent.requested_at
+            )));
+        }
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                let outcome = ops::request_cancel(&tx, &server, &id, &intent).await?;
+                commit(tx).await?;
+                Ok(outcome)
+            })
+        })
+        .await
+    }
+
+    async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
+        let client = self.client().await?;
+        ops::cancels_due(&client, &self.server, None, now, limit).await
+    }
+
+    async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            ops::note_cancel_attempt(&client, &server, &id, next_attempt_at).await
+        })
+        .await
+    }
+
+    async fn note_result_read(&self, id: &TaskId) -> Result<u32> {
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            ops::note_result_read(&client, &server, &id).await
+        })
+        .await
+    }
+
+    async fn forget_payload(&self, id: &TaskId) -> Result<()> {
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            ops::forget_payload(&client, &server, &id).await
+        })
+        .await
+    }
+
+    async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+        let client = self.client().await?;
+        ops::past_deadline(&client, &self.server, now, limit).await
+    }
+
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
+        let (pool, server) = self.handles();
+        let (purged, voided) = spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                let done = ops::purge_expired(&tx, &server, now, limit).await?;
+                commit(tx).await?;
+                Ok(done)
+            })
+        })
+        .await?;
+        self.settlements.settle(&voided);
+        Ok(purged)
+    }
+
+    async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
+        let client = self.client().await?;
+        ops::active_for(&client, &self.server, principal).await
+    }
+
+    async fn secret(&self, name: &str) -> Result<[u8; 32]> {
+        let (pool, server) = self.handles();
+        let name = name.to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            ops::secret(&client, &server, &name, || {
+                let mut fresh = [0u8; 32];
+                getrandom::fill(&mut fresh).map_err(ModelError::Random)?;
+                Ok(fresh)
+            })
+            .await
+        })
+        .await
+    }
+
+    fn scope(&self) -> &LedgerScope {
+        &self.scope
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn cancels_due_for(
+        &self,
+        home: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<PendingCancel>> {
+        let client = self.client().await?;
+        ops::cancels_due(&client, &self.server, Some(home), now, limit).await
+    }
+
+    async fn heartbeat(&self, beat: &ReplicaBeat) -> Result<()> {
+        let (pool, server) = self.handles();
+        let replica = self.scope.replica.clone();
+        let beat = beat.clone();
+        spawn(async move {
+            let client = client(&pool).await?;
+            replicas::heartbeat(&client, &server, &replica, &beat).await
+        })
+        .await
+    }
+
+    async fn replica(&self, replica: &str) -> Result<Option<ReplicaInfo>> {
+        let client = self.client().await?;
+        replicas::replica(&client, &self.server, replica).await
+    }
+
+    async fn orphaned(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
+        let client = self.client().await?;
+        replicas::orphaned(&client, &self.server, now, limit).await
+    }
+
+    async fn try_lease(&self, name: &str, holder: &str, now: i64, until: i64) -> Result<bool> {
+        let (pool, server) = self.handles();
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        spawn(async move {
+            let client = client(&pool).await?;
+            replicas::try_lease(&client, &server, &name, &holder, now, until).await
+        })
+        .await
+    }
+
+    async fn spend_budget(&self, spend: &BudgetSpend) -> Result<BudgetOutcome> {
+        let (pool, server) = self.handles();
+        let spend = spend.clone();
+        spawn(async move {
+            retrying!(async {
+                let mut client = client(&pool).await?;
+                let tx = begin(&mut client).await?;
+                let outcome = replicas::spend_budget(&tx, &server, &spend).await?;
+                commit(tx).await?;
+                Ok(outcome)
+            })
+        })
+        .await
+    }
+}
