@@ -423,6 +423,18 @@ pub trait TaskLedger: Send + Sync {
     /// reports the winner's owner, never an error).
     async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed>;
 
+    /// [`TaskLedger::confirm`] for a server whose replicas keep their task state apart
+    /// (per-replica server state): the upstream task ID is recorded in this replica's space, so
+    /// the servers of two replicas may hand out the same ID for different tasks (a counter
+    /// each, say) without the second being taken for the first. The one-owner rule holds among
+    /// the upstream IDs of this replica. A ledger that only one replica uses has one space, so
+    /// this is `confirm`.
+    async fn confirm_in_replica(
+        &self,
+        id: &TaskId,
+        confirmation: Confirmation,
+    ) -> Result<Confirmed>;
+
     /// Drops a reservation (the upstream answered without a task, or failed). Idempotent: an ID
     /// that is not a reservation (already released, voided, unknown) is a no-op, and confirmed
     /// tasks are never touched.

@@ -67,10 +67,17 @@ impl Replica {
         )
     }
 
-    /// The home whose pending cancellations this replica carries to its server: its own with
-    /// per-replica server state on a shared ledger, every task's otherwise (`None`).
+    /// Whether the replicas' servers keep their task state apart: a shared ledger and
+    /// per-replica server state. Then each server knows only the tasks homed on its replica,
+    /// and numbers them on its own.
+    pub fn separate_server_state(&self, policy: &ActivePolicy) -> bool {
+        self.shared && policy.effective.upstream_task_state == UpstreamTaskState::PerReplica
+    }
+
+    /// The home whose pending cancellations this replica carries to its server: its own when
+    /// the servers keep their state apart, every task's otherwise (`None`).
     pub fn outbox_home(&self, policy: &ActivePolicy) -> Option<&str> {
-        (self.shared && policy.effective.upstream_task_state == UpstreamTaskState::PerReplica)
+        self.separate_server_state(policy)
             .then_some(self.id.as_str())
     }
 

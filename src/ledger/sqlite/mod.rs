@@ -212,6 +212,15 @@ impl TaskLedger for SqliteLedger {
             .await
     }
 
+    async fn confirm_in_replica(
+        &self,
+        id: &TaskId,
+        confirmation: Confirmation,
+    ) -> Result<Confirmed> {
+        // One file, one replica: one space of upstream IDs.
+        self.confirm(id, confirmation).await
+    }
+
     async fn release(&self, id: &TaskId) -> Result<()> {
         let id = id.as_str().to_owned();
         let settlements = Arc::clone(&self.settlements);

@@ -23,6 +23,22 @@ pub const SIGNATURE: &str = "lifeguard-hop-signature";
 /// The hop's own headers: never taken from a client, never covered by the header digest.
 pub const HOP_HEADERS: [&str; 5] = [FROM, TO, TIME, NONCE, SIGNATURE];
 
+/// Headers the transport sets or changes on the way (the HTTP client adds `host` and
+/// `content-length`; proxies may rewrite the others): left out of the signed text on both
+/// sides. The body is covered by its digest, the hop by its own headers.
+pub const UNSIGNED: [&str; 10] = [
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+    "accept-encoding",
+];
+
 /// Largest accepted difference between the sender's clock and the receiver's.
 pub const MAX_SKEW_MS: i64 = 30_000;
 
@@ -70,7 +86,9 @@ fn mac(key: &[u8; 32]) -> Hmac<Sha256> {
 fn canonical(claims: &HopClaims, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
     let mut lines: Vec<String> = headers
         .iter()
-        .filter(|(name, _)| !HOP_HEADERS.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !HOP_HEADERS.contains(&name.as_str()) && !UNSIGNED.contains(&name.as_str())
+        })
         .map(|(name, value)| {
             let value: String = value
                 .as_bytes()
@@ -251,6 +269,11 @@ mod tests {
                 "{name}"
             );
         }
+        // What the transport adds or changes is not signed.
+        let mut transported = headers.clone();
+        transported.insert("host", HeaderValue::from_static("10.0.0.7:15021"));
+        transported.insert("content-length", HeaderValue::from_static("2"));
+        assert!(verify(&KEY, "pod-a", at, &transported, b"{}").is_ok());
         let mut dropped = headers.clone();
         dropped.remove("mcp-method");
         assert_eq!(

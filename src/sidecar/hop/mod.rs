@@ -174,20 +174,7 @@ impl Hop {
         let mut headers = HeaderMap::with_capacity(incoming.len() + 5);
         for (name, value) in incoming {
             let n = name.as_str();
-            if auth::HOP_HEADERS.contains(&n)
-                || matches!(
-                    n,
-                    "host"
-                        | "connection"
-                        | "keep-alive"
-                        | "transfer-encoding"
-                        | "content-length"
-                        | "te"
-                        | "trailer"
-                        | "upgrade"
-                        | "proxy-connection"
-                )
-            {
+            if auth::HOP_HEADERS.contains(&n) || auth::UNSIGNED.contains(&n) {
                 continue;
             }
             headers.append(name.clone(), value.clone());

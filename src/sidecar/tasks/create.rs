@@ -328,7 +328,15 @@ impl TaskCreation {
             now_ms(),
         );
         let started = Instant::now();
-        let confirmed = app.ledger.confirm(&pending.id, terms.confirmation).await;
+        // With per-replica server state on a shared ledger, this replica's server numbers its
+        // tasks on its own: its upstream IDs live in this replica's space.
+        let confirmed = if app.replica.separate_server_state(&ctx.policy) {
+            app.ledger
+                .confirm_in_replica(&pending.id, terms.confirmation)
+                .await
+        } else {
+            app.ledger.confirm(&pending.id, terms.confirmation).await
+        };
         app.metrics
             .ledger_write_seconds
             .observe(started.elapsed().as_secs_f64());
