@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::ops;
 use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     require_nonterminal, spawn, transient,
 };
+use super::{lifecycle, ops};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
     FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
@@ -122,7 +122,8 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                ops::observe(&tx, &server, &id, status, status_message.as_deref(), now).await?;
+                lifecycle::observe(&tx, &server, &id, status, status_message.as_deref(), now)
+                    .await?;
                 commit(tx).await
             })
         })
@@ -142,7 +143,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let outcome = ops::finish(&tx, &server, &id, &finish).await?;
+                let outcome = lifecycle::finish(&tx, &server, &id, &finish).await?;
                 commit(tx).await?;
                 Ok(outcome)
             })
@@ -170,7 +171,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let outcome = ops::request_cancel(&tx, &server, &id, &intent).await?;
+                let outcome = lifecycle::request_cancel(&tx, &server, &id, &intent).await?;
                 commit(tx).await?;
                 Ok(outcome)
             })
@@ -180,7 +181,7 @@ impl TaskLedger for PostgresLedger {
 
     async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
         let client = self.client().await?;
-        ops::cancels_due(&client, &self.server, None, now, limit).await
+        lifecycle::cancels_due(&client, &self.server, None, now, limit).await
     }
 
     async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
@@ -188,7 +189,7 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::note_cancel_attempt(&client, &server, &id, next_attempt_at).await
+            lifecycle::note_cancel_attempt(&client, &server, &id, next_attempt_at).await
         })
         .await
     }
@@ -198,7 +199,7 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::note_result_read(&client, &server, &id).await
+            lifecycle::note_result_read(&client, &server, &id).await
         })
         .await
     }
@@ -208,14 +209,14 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::forget_payload(&client, &server, &id).await
+            lifecycle::forget_payload(&client, &server, &id).await
         })
         .await
     }
 
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
         let client = self.client().await?;
-        ops::past_deadline(&client, &self.server, now, limit).await
+        lifecycle::past_deadline(&client, &self.server, now, limit).await
     }
 
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
@@ -224,7 +225,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let done = ops::purge_expired(&tx, &server, now, limit).await?;
+                let done = lifecycle::purge_expired(&tx, &server, now, limit).await?;
                 commit(tx).await?;
                 Ok(done)
             })
@@ -236,7 +237,7 @@ impl TaskLedger for PostgresLedger {
 
     async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
         let client = self.client().await?;
-        ops::active_for(&client, &self.server, principal).await
+        lifecycle::active_for(&client, &self.server, principal).await
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32]> {
@@ -269,7 +270,7 @@ impl TaskLedger for PostgresLedger {
         limit: usize,
     ) -> Result<Vec<PendingCancel>> {
         let client = self.client().await?;
-        ops::cancels_due(&client, &self.server, Some(home), now, limit).await
+        lifecycle::cancels_due(&client, &self.server, Some(home), now, limit).await
     }
 
     async fn heartbeat(&self, beat: &ReplicaBeat) -> Result<()> {

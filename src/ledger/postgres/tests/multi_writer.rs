@@ -12,7 +12,7 @@ use crate::ledger::conformance::{FAR, NOW, UNLIMITED, confirmation, fresh_owner,
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason,
     Ending, Finish, FinishOutcome, IdempotencyClaim, PrincipalFilter, QuotaLimits, QuotaScope,
-    Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    ReplicaBeat, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 const SERVER: &str = "ns/replicated";
@@ -237,10 +237,30 @@ async fn revocation_sweeps_across_replicas_record_one_intent_each() {
     assert!(recorded.values().all(|n| *n == 1), "{recorded:?}");
 }
 
-/// A lease has one holder among both replicas; budgets are spent once across them.
+/// A lease has one holder among both replicas; budgets are spent once across them; both
+/// agree on secrets and see each other's heartbeats.
 #[tokio::test(flavor = "multi_thread")]
-async fn leases_and_budgets_across_replicas() {
+async fn leases_budgets_secrets_and_beats_across_replicas() {
     let (_db, [a, b]) = replicas().await;
+    let (from_a, from_b) = tokio::join!(a.secret("audit"), b.secret("audit"));
+    assert_eq!(
+        from_a.unwrap(),
+        from_b.unwrap(),
+        "one secret, whoever made it"
+    );
+    let beat = ReplicaBeat {
+        address: Some("10.0.0.1:15021".into()),
+        now: NOW,
+        expires_at: NOW + 30_000,
+    };
+    a.heartbeat(&beat).await.unwrap();
+    let seen = b.replica("replica-a").await.unwrap().expect("a's beat");
+    assert_eq!(seen.address.as_deref(), Some("10.0.0.1:15021"));
+    let task = create(&*a, &fresh_owner()).await;
+    let orphans = b.orphaned(NOW + 30_000, 100).await.unwrap();
+    assert!(orphans.iter().any(|t| t.id == task.id), "a's beat expired");
+    assert!(b.orphaned(NOW + 29_999, 100).await.unwrap().is_empty());
+
     let takes = join_all((0..16).map(|i| {
         let ledger = if i % 2 == 0 { &a } else { &b };
         let holder = format!("holder-{i}");
