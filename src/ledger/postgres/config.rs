@@ -29,6 +29,9 @@ use tokio_postgres::config::Host;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long opening one connection may take unless `connect_timeout` says otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive idle time unless `keepalives_idle` says otherwise (the kernel's default, two
+/// hours, would leave a dead peer unnoticed for that long).
+const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
 /// The PostgreSQL port when the URL names none.
 const DEFAULT_PORT: u16 = 5432;
 
@@ -401,9 +404,14 @@ impl FromStr for PostgresLocation {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
         }
-        // A dead peer is noticed within minutes, not the kernel's two hours.
-        pg.keepalives(true);
-        pg.keepalives_idle(Duration::from_secs(30));
+        let given = |key: &str| {
+            passthrough
+                .iter()
+                .any(|pair| pair.split('=').next() == Some(key))
+        };
+        if !given("keepalives_idle") {
+            pg.keepalives_idle(DEFAULT_KEEPALIVES_IDLE);
+        }
         Ok(Self {
             pg: Box::new(pg),
             ssl_mode,

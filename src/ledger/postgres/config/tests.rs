@@ -18,6 +18,10 @@ fn urls_parse_with_libpq_defaults() {
     assert_eq!(l.connect_timeout(), DEFAULT_CONNECT_TIMEOUT);
     assert!(l.has_password());
     assert_eq!(l.pg().get_application_name(), Some("lifeguard"));
+    assert_eq!(l.pg().get_keepalives_idle(), DEFAULT_KEEPALIVES_IDLE);
+    let own = parse("postgres://h/db?keepalives_idle=600&keepalives=0");
+    assert_eq!(own.pg().get_keepalives_idle(), Duration::from_secs(600));
+    assert!(!own.pg().get_keepalives());
 
     let l = parse(
         "PostgreSQL://u@h1:1,h2:2/db?sslmode=verify-full&sslrootcert=/ca.pem\
