@@ -5,17 +5,59 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::ops;
 use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     require_nonterminal, spawn, transient,
 };
+use super::{lifecycle, ops};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
     FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
     ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 use crate::model::ModelError;
+
+impl PostgresLedger {
+    /// `confirm`, with the upstream ID unique within `space` ('' for servers sharing task
+    /// state, the replica for per-replica state).
+    async fn confirm_in_space(
+        &self,
+        id: &TaskId,
+        confirmation: Confirmation,
+        space: String,
+    ) -> Result<Confirmed> {
+        require_nonterminal(confirmation.status, "confirm")?;
+        let (pool, server) = self.handles();
+        let home = self.scope.replica.clone();
+        let task = id.as_str().to_owned();
+        let confirmed = spawn(async move {
+            for _ in 0..CONFIRM_ATTEMPTS {
+                let attempt = retrying!(async {
+                    let mut client = client(&pool).await?;
+                    let tx = begin(&mut client).await?;
+                    let done =
+                        ops::confirm(&tx, &server, &task, &confirmation, &home, &space).await?;
+                    if done.is_some() {
+                        commit(tx).await?;
+                    } else {
+                        tx.rollback().await.ctx("roll back")?;
+                    }
+                    Ok(done)
+                })?;
+                if let Some(done) = attempt {
+                    return Ok(done);
+                }
+            }
+            Err(LedgerError::Internal(
+                "a confirmation kept losing races on its upstream task ID".into(),
+            ))
+        })
+        .await?;
+        // Every outcome settles the reservation: confirmed, or released for a taken ID.
+        self.settlements.settle([id.as_str()]);
+        Ok(confirmed)
+    }
+}
 
 #[async_trait]
 impl TaskLedger for PostgresLedger {
@@ -37,35 +79,16 @@ impl TaskLedger for PostgresLedger {
     }
 
     async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed> {
-        require_nonterminal(confirmation.status, "confirm")?;
-        let (pool, server) = self.handles();
-        let home = self.scope.replica.clone();
-        let task = id.as_str().to_owned();
-        let confirmed = spawn(async move {
-            for _ in 0..CONFIRM_ATTEMPTS {
-                let attempt = retrying!(async {
-                    let mut client = client(&pool).await?;
-                    let tx = begin(&mut client).await?;
-                    let done = ops::confirm(&tx, &server, &task, &confirmation, &home).await?;
-                    if done.is_some() {
-                        commit(tx).await?;
-                    } else {
-                        tx.rollback().await.ctx("roll back")?;
-                    }
-                    Ok(done)
-                })?;
-                if let Some(done) = attempt {
-                    return Ok(done);
-                }
-            }
-            Err(LedgerError::Internal(
-                "a confirmation kept losing races on its upstream task ID".into(),
-            ))
-        })
-        .await?;
-        // Every outcome settles the reservation: confirmed, or released for a taken ID.
-        self.settlements.settle([id.as_str()]);
-        Ok(confirmed)
+        self.confirm_in_space(id, confirmation, String::new()).await
+    }
+
+    async fn confirm_in_replica(
+        &self,
+        id: &TaskId,
+        confirmation: Confirmation,
+    ) -> Result<Confirmed> {
+        let space = self.scope.replica.clone();
+        self.confirm_in_space(id, confirmation, space).await
     }
 
     async fn release(&self, id: &TaskId) -> Result<()> {
@@ -122,7 +145,8 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                ops::observe(&tx, &server, &id, status, status_message.as_deref(), now).await?;
+                lifecycle::observe(&tx, &server, &id, status, status_message.as_deref(), now)
+                    .await?;
                 commit(tx).await
             })
         })
@@ -142,7 +166,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let outcome = ops::finish(&tx, &server, &id, &finish).await?;
+                let outcome = lifecycle::finish(&tx, &server, &id, &finish).await?;
                 commit(tx).await?;
                 Ok(outcome)
             })
@@ -170,7 +194,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let outcome = ops::request_cancel(&tx, &server, &id, &intent).await?;
+                let outcome = lifecycle::request_cancel(&tx, &server, &id, &intent).await?;
                 commit(tx).await?;
                 Ok(outcome)
             })
@@ -180,7 +204,7 @@ impl TaskLedger for PostgresLedger {
 
     async fn cancels_due(&self, now: i64, limit: usize) -> Result<Vec<PendingCancel>> {
         let client = self.client().await?;
-        ops::cancels_due(&client, &self.server, None, now, limit).await
+        lifecycle::cancels_due(&client, &self.server, None, now, limit).await
     }
 
     async fn note_cancel_attempt(&self, id: &TaskId, next_attempt_at: i64) -> Result<()> {
@@ -188,7 +212,7 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::note_cancel_attempt(&client, &server, &id, next_attempt_at).await
+            lifecycle::note_cancel_attempt(&client, &server, &id, next_attempt_at).await
         })
         .await
     }
@@ -198,7 +222,7 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::note_result_read(&client, &server, &id).await
+            lifecycle::note_result_read(&client, &server, &id).await
         })
         .await
     }
@@ -208,14 +232,14 @@ impl TaskLedger for PostgresLedger {
         let id = id.as_str().to_owned();
         spawn(async move {
             let client = client(&pool).await?;
-            ops::forget_payload(&client, &server, &id).await
+            lifecycle::forget_payload(&client, &server, &id).await
         })
         .await
     }
 
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
         let client = self.client().await?;
-        ops::past_deadline(&client, &self.server, now, limit).await
+        lifecycle::past_deadline(&client, &self.server, now, limit).await
     }
 
     async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
@@ -224,7 +248,7 @@ impl TaskLedger for PostgresLedger {
             retrying!(async {
                 let mut client = client(&pool).await?;
                 let tx = begin(&mut client).await?;
-                let done = ops::purge_expired(&tx, &server, now, limit).await?;
+                let done = lifecycle::purge_expired(&tx, &server, now, limit).await?;
                 commit(tx).await?;
                 Ok(done)
             })
@@ -236,7 +260,7 @@ impl TaskLedger for PostgresLedger {
 
     async fn active_for(&self, principal: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
         let client = self.client().await?;
-        ops::active_for(&client, &self.server, principal).await
+        lifecycle::active_for(&client, &self.server, principal).await
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32]> {
@@ -269,7 +293,7 @@ impl TaskLedger for PostgresLedger {
         limit: usize,
     ) -> Result<Vec<PendingCancel>> {
         let client = self.client().await?;
-        ops::cancels_due(&client, &self.server, Some(home), now, limit).await
+        lifecycle::cancels_due(&client, &self.server, Some(home), now, limit).await
     }
 
     async fn heartbeat(&self, beat: &ReplicaBeat) -> Result<()> {

@@ -42,11 +42,13 @@
 //! same instance works again once it can be reached.
 
 mod config;
+mod lifecycle;
 mod notify;
 mod ops;
 mod passfile;
 mod replicas;
 mod schema;
+mod sql;
 mod tls;
 
 #[cfg(test)]
@@ -300,6 +302,11 @@ impl<T> Ctx<T> for std::result::Result<T, tokio_postgres::Error> {
             {
                 LedgerError::corrupt_because(what, PostgresError(e))
             }
+            // PostgreSQL text cannot hold NUL characters (SQLite's can): the request is refused
+            // as it is, and nothing was written.
+            Some(code) if *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE => {
+                LedgerError::InvalidArgument(format!("{what}: {}", PostgresError(e)))
+            }
             _ => LedgerError::storage(what, PostgresError(e)),
         })
     }
@@ -328,7 +335,7 @@ async fn commit(tx: Transaction<'_>) -> Result<()> {
 
 /// Whether a failed transaction may simply be run again.
 fn transient(e: &LedgerError) -> bool {
-    ops::sql_state(e).is_some_and(|code| {
+    sql::sql_state(e).is_some_and(|code| {
         *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
     })
 }

@@ -8,8 +8,8 @@
 //! ([`Settlements::settle`]) on the IDs of its own server.
 //!
 //! A lost connection is reconnected with backoff. Notifications sent while it was down are
-//! lost, so once the new connection LISTENs every waiter is woken to check again
-//! ([`Settlements::settle_all`]): a waiter registers interest, then checks, then waits, so it
+//! lost, so every waiter is woken to check again ([`Settlements::settle_all`]) when the
+//! connection is lost and once the new one LISTENs: a waiter registers interest, then checks, then waits, so it
 //! either saw the settlement in its check or is woken by the notification or by the reconnect.
 //! A quiet connection is pinged so a dead peer is noticed.
 
@@ -124,6 +124,8 @@ async fn run(setup: Setup, ready: Ready) {
             let _ = ready.send(Err(error));
             return;
         }
+        // Waiters check again now (and fail if the database is gone) and once listening again.
+        setup.settlements.settle_all();
         tracing::warn!(
             ledger = %setup.shown,
             %error,

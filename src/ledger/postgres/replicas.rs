@@ -3,7 +3,7 @@
 use deadpool_postgres::{GenericClient, Transaction};
 
 use super::lock_key;
-use super::ops::{exec, one_row, opt_row, records, rows, sql_limit, task_columns, task_from};
+use super::sql::{exec, one_row, opt_row, records, rows, sql_limit, task_columns, task_from};
 use crate::ledger::{
     BUDGET_USE_HORIZON_MS, BudgetOutcome, BudgetSpend, LedgerError, ReplicaBeat, ReplicaInfo,
     Result, TaskId, TaskRecord,

@@ -29,8 +29,8 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1];
 ///
 /// One `lifeguard_tasks` row per reservation or confirmed task (confirming is an UPDATE; quotas
 /// are one count over both). "Active" (holding a quota slot) is `ended_at IS NULL`. The partial
-/// unique indexes make an upstream task ID belong to one task of a server (reservations have
-/// none) and an idempotency key map to one task. Cancel intents go with their task (`ON DELETE
+/// unique indexes make an upstream task ID belong to one task of a server, or of one replica's
+/// server with per-replica state (reservations have none) and an idempotency key map to one task. Cancel intents go with their task (`ON DELETE
 /// CASCADE`). JSON values (scopes, owners, payloads) are stored as text, exactly as serialized.
 const V1: &str = "
 CREATE TABLE lifeguard_tasks (
@@ -38,6 +38,9 @@ CREATE TABLE lifeguard_tasks (
     id                     TEXT NOT NULL,
     confirmed              BOOLEAN NOT NULL DEFAULT FALSE,
     upstream_id            TEXT,
+    -- Where the upstream ID is unique: '' for servers sharing task state, the home replica
+    -- for per-replica state (each replica's server numbers its own tasks).
+    upstream_space         TEXT NOT NULL DEFAULT '',
     issuer                 TEXT NOT NULL,
     subject                TEXT NOT NULL,
     tenant                 TEXT NOT NULL,
@@ -87,8 +90,8 @@ CREATE INDEX lifeguard_tasks_reservation_expiry ON lifeguard_tasks (server, rese
     WHERE NOT confirmed;
 CREATE UNIQUE INDEX lifeguard_tasks_idempotency ON lifeguard_tasks (server, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE UNIQUE INDEX lifeguard_tasks_upstream ON lifeguard_tasks (server, upstream_id)
-    WHERE upstream_id IS NOT NULL;
+CREATE UNIQUE INDEX lifeguard_tasks_upstream
+    ON lifeguard_tasks (server, upstream_space, upstream_id) WHERE upstream_id IS NOT NULL;
 
 CREATE TABLE lifeguard_cancel_intents (
     server          TEXT NOT NULL,

@@ -335,12 +335,7 @@ impl TaskLedger for SqliteLedger {
         let (purged, _voided) = self
             .writer
             .call_then(
-                move |conn| {
-                    let (purged, voided) = ops::purge_expired(conn, now, limit)?;
-                    // Same transaction: a purged task's budget uses go with it.
-                    replicas::forget_budget_uses(conn, &purged, now)?;
-                    Ok((purged, voided))
-                },
+                move |conn| ops::purge_expired(conn, now, limit),
                 move |(_, voided)| settlements.settle(voided),
             )
             .await?;

@@ -5,9 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Ctx;
 use crate::ledger::{
-    CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome,
-    LedgerError, Owner, PendingCancel, PrincipalFilter, QuotaScope, Reservation, ReserveOutcome,
-    Result, TaskId, TaskRecord, TaskStatus,
+    BUDGET_USE_HORIZON_MS, CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason, Ending,
+    Finish, FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, QuotaScope,
+    Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
 };
 
 /// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
@@ -713,7 +713,25 @@ pub(super) fn purge_expired(
     let purged: Vec<TaskId> = ids
         .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
         .collect::<Result<_>>()?;
+    forget_budget_uses(conn, &purged, now)?;
     Ok((purged, voided))
+}
+
+/// Deletes the budget uses of purged tasks, and uses outside tasks older than any window.
+fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<()> {
+    let mut by_task = conn
+        .prepare_cached("DELETE FROM budget_uses WHERE task_id = ?1")
+        .ctx("prepare budget use delete")?;
+    for id in purged {
+        by_task
+            .execute([id.as_str()])
+            .ctx("delete budget uses of a purged task")?;
+    }
+    conn.prepare_cached("DELETE FROM budget_uses WHERE task_id IS NULL AND at <= ?1")
+        .ctx("prepare old budget use delete")?
+        .execute([now.saturating_sub(BUDGET_USE_HORIZON_MS)])
+        .ctx("delete old budget uses")?;
+    Ok(())
 }
 
 pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {

@@ -7,8 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::Ctx;
 use super::ops::{TASK_COLUMNS, TASK_FROM, collect, raw_task, sql_limit};
 use crate::ledger::{
-    BUDGET_USE_HORIZON_MS, BudgetOutcome, BudgetSpend, ReplicaBeat, ReplicaInfo, Result, TaskId,
-    TaskRecord,
+    BudgetOutcome, BudgetSpend, ReplicaBeat, ReplicaInfo, Result, TaskId, TaskRecord,
 };
 
 pub(super) fn heartbeat(conn: &Connection, replica: &str, beat: &ReplicaBeat) -> Result<()> {
@@ -130,21 +129,4 @@ pub(super) fn spend_budget(conn: &Connection, spend: &BudgetSpend) -> Result<Bud
         iterations_left: spend.max_iterations - (iterations as u32) - 1,
         per_minute_left: spend.max_per_minute - (last_minute as u32) - 1,
     })
-}
-
-/// Deletes the budget uses of purged tasks, and uses outside tasks older than any window.
-pub(super) fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<()> {
-    let mut by_task = conn
-        .prepare_cached("DELETE FROM budget_uses WHERE task_id = ?1")
-        .ctx("prepare budget use delete")?;
-    for id in purged {
-        by_task
-            .execute([id.as_str()])
-            .ctx("delete budget uses of a purged task")?;
-    }
-    conn.prepare_cached("DELETE FROM budget_uses WHERE task_id IS NULL AND at <= ?1")
-        .ctx("prepare old budget use delete")?
-        .execute([now.saturating_sub(BUDGET_USE_HORIZON_MS)])
-        .ctx("delete old budget uses")?;
-    Ok(())
 }

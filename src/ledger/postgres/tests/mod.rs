@@ -205,3 +205,28 @@ async fn ledger_location_opens_postgres() {
     let confirmed = ledger.confirm(&id, confirmation(NOW)).await.unwrap();
     assert!(matches!(confirmed, Confirmed::New(_)));
 }
+
+/// Text with a NUL character cannot be stored in PostgreSQL: refused as an invalid request,
+/// nothing written.
+#[tokio::test(flavor = "multi_thread")]
+async fn nul_characters_are_refused() {
+    let db = TestDb::create().await;
+    let ledger = db.open(SERVER, "r").await;
+    let r = reservation(&fresh_owner(), UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let Confirmed::New(task) = ledger.confirm(&id, confirmation(NOW)).await.unwrap() else {
+        panic!("a fresh upstream ID");
+    };
+    let err = ledger
+        .observe(
+            &task.id,
+            crate::ledger::TaskStatus::Working,
+            Some("a\0b".into()),
+            NOW + 1,
+        )
+        .await
+        .expect_err("NUL refused");
+    assert!(matches!(err, LedgerError::InvalidArgument(_)), "{err}");
+    assert_eq!(ledger.get(&task.id).await.unwrap(), Some(task));
+}

@@ -12,7 +12,7 @@ use crate::ledger::conformance::{FAR, NOW, UNLIMITED, confirmation, fresh_owner,
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason,
     Ending, Finish, FinishOutcome, IdempotencyClaim, PrincipalFilter, QuotaLimits, QuotaScope,
-    Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    ReplicaBeat, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 const SERVER: &str = "ns/replicated";
@@ -80,6 +80,57 @@ async fn one_upstream_id_one_task_across_replicas() {
             Confirmed::HeldByAnotherOwner => assert_ne!(owner, &winner),
         }
     }
+}
+
+/// With per-replica server state, each replica's server numbers its own tasks: the same
+/// upstream ID confirmed on two replicas is two tasks, one per replica; on one replica the
+/// one-owner rule still holds; and a shared-state confirmation lives in a space of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_ids_are_per_replica_when_the_servers_keep_their_state_apart() {
+    let (_db, [a, b]) = replicas().await;
+    let (alice, bob) = (fresh_owner(), fresh_owner());
+    let task_1 = || Confirmation {
+        upstream_id: "task-1".into(),
+        ..confirmation(NOW)
+    };
+    let reserve = async |ledger: &dyn TaskLedger, owner| {
+        let r = reservation(owner, UNLIMITED);
+        let id = r.id.clone();
+        assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+        id
+    };
+    let on_a = reserve(a.as_ref(), &alice).await;
+    let on_b = reserve(b.as_ref(), &bob).await;
+    let (first, second) = futures_util::join!(
+        a.confirm_in_replica(&on_a, task_1()),
+        b.confirm_in_replica(&on_b, task_1())
+    );
+    let (Confirmed::New(first), Confirmed::New(second)) = (first.unwrap(), second.unwrap()) else {
+        panic!("two replicas' task-1 are two tasks");
+    };
+    assert_eq!(
+        (first.home.as_str(), second.home.as_str()),
+        ("replica-a", "replica-b")
+    );
+    assert_eq!(first.upstream_id, second.upstream_id);
+
+    // Within a replica, one upstream task still has one owner.
+    let again = reserve(a.as_ref(), &bob).await;
+    assert_eq!(
+        a.confirm_in_replica(&again, task_1()).await.unwrap(),
+        Confirmed::HeldByAnotherOwner
+    );
+    let same = reserve(a.as_ref(), &alice).await;
+    assert_eq!(
+        a.confirm_in_replica(&same, task_1()).await.unwrap(),
+        Confirmed::SameOwner(first.clone())
+    );
+    // Shared server state is its own space: task-1 there is a third task.
+    let shared = reserve(b.as_ref(), &alice).await;
+    assert!(matches!(
+        b.confirm(&shared, task_1()).await.unwrap(),
+        Confirmed::New(_)
+    ));
 }
 
 /// A principal quota of 5 holds across replicas: 2 × 12 reservations at once, 5 granted.
@@ -237,10 +288,30 @@ async fn revocation_sweeps_across_replicas_record_one_intent_each() {
     assert!(recorded.values().all(|n| *n == 1), "{recorded:?}");
 }
 
-/// A lease has one holder among both replicas; budgets are spent once across them.
+/// A lease has one holder among both replicas; budgets are spent once across them; both
+/// agree on secrets and see each other's heartbeats.
 #[tokio::test(flavor = "multi_thread")]
-async fn leases_and_budgets_across_replicas() {
+async fn leases_budgets_secrets_and_beats_across_replicas() {
     let (_db, [a, b]) = replicas().await;
+    let (from_a, from_b) = tokio::join!(a.secret("audit"), b.secret("audit"));
+    assert_eq!(
+        from_a.unwrap(),
+        from_b.unwrap(),
+        "one secret, whoever made it"
+    );
+    let beat = ReplicaBeat {
+        address: Some("10.0.0.1:15021".into()),
+        now: NOW,
+        expires_at: NOW + 30_000,
+    };
+    a.heartbeat(&beat).await.unwrap();
+    let seen = b.replica("replica-a").await.unwrap().expect("a's beat");
+    assert_eq!(seen.address.as_deref(), Some("10.0.0.1:15021"));
+    let task = create(&*a, &fresh_owner()).await;
+    let orphans = b.orphaned(NOW + 30_000, 100).await.unwrap();
+    assert!(orphans.iter().any(|t| t.id == task.id), "a's beat expired");
+    assert!(b.orphaned(NOW + 29_999, 100).await.unwrap().is_empty());
+
     let takes = join_all((0..16).map(|i| {
         let ledger = if i % 2 == 0 { &a } else { &b };
         let holder = format!("holder-{i}");

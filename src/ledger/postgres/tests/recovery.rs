@@ -44,7 +44,22 @@ async fn survives_the_database_going_away() {
         panic!("a fresh upstream ID");
     };
 
+    // A waiter from before the outage does not hang through it: woken when the listener loses
+    // its connection, it checks again and fails.
+    let r = reservation(&owner, UNLIMITED);
+    let held = r.id.clone();
+    assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+    let mut waiter = ledger.wait_settled(&held);
+    assert!(poll!(&mut waiter).is_pending());
+
     proxy.stop().await;
+    let waited = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("woken by the lost connection");
+    assert!(
+        matches!(waited, Err(LedgerError::Storage { .. })),
+        "{waited:?}"
+    );
     // Fail closed: reads, writes and waits all fail, and say why without the password.
     let failures: Vec<LedgerError> = vec![
         ledger.get(&task.id).await.expect_err("get while down"),

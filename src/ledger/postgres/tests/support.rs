@@ -2,9 +2,11 @@
 //! proxy to cut the ledger off from it.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::super::{
@@ -50,14 +52,22 @@ pub async fn connect(location: &PostgresLocation) -> tokio_postgres::Client {
     client
 }
 
+/// Test databases alive at once, whatever `--test-threads` says: each test holds a few
+/// connections, and the server allows 100 by default.
+const CONCURRENT_DATABASES: usize = 8;
+static SLOTS: LazyLock<Arc<Semaphore>> =
+    LazyLock::new(|| Arc::new(Semaphore::new(CONCURRENT_DATABASES)));
+
 /// A database of its own, dropped (`WITH (FORCE)`) with the guard.
 pub struct TestDb {
     server: PostgresLocation,
     name: String,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl TestDb {
     pub async fn create() -> Self {
+        let slot = Arc::clone(&SLOTS).acquire_owned().await.expect("open");
         let server = server();
         let name = format!("lifeguard_test_{}", random_hex());
         connect(&server)
@@ -65,7 +75,11 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap_or_else(|e| panic!("create the test database {name}: {e}"));
-        Self { server, name }
+        Self {
+            server,
+            name,
+            _slot: slot,
+        }
     }
 
     pub fn name(&self) -> &str {
