@@ -1,4 +1,4 @@
-//! The performance benchmarks (`examples/sidecar_bench`, `examples/operator_bench`,
+//! The performance benchmarks (`examples/sidecar_bench`, `examples/operator_bench`, `examples/scale_out_bench`,
 //! `examples/admission_bench`, docs/performance.md) in smoke mode: every phase runs, tiny, against the binaries of this
 //! build profile. They fail only when a request fails or a process does not start — never on
 //! timing, which is the full run's job.
@@ -190,4 +190,44 @@ fn admission_benchmark_smoke_run_checks_every_answer() {
         json["targets"][0]["verdict"], "N/A",
         "smoke runs make no claim"
     );
+}
+
+#[test]
+fn scale_out_benchmark_smoke_run_has_no_errors() {
+    let mut command = Command::new(example_binary("scale_out_bench"));
+    command
+        .arg("--smoke")
+        .env("LIFEGUARD_BENCH_POSTGRES", support::postgres::server_url());
+    let output = run_to_completion(command, "the scale-out benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "creation latency",
+        "PostgreSQL, other",
+        "creation throughput: one replica",
+        "poll through a non-home replica added p50",
+        "errors: 0",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/scale-out-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["errors"], 0);
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(4));
+    assert!(json["creation"]["postgres"]["n"].as_u64() > Some(0));
+    assert!(json["polls"]["postgres_other"]["n"].as_u64() > Some(0));
 }

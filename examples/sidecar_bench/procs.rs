@@ -232,9 +232,12 @@ impl Sidecar {
             .arg(&policy)
             .arg("--upstream")
             .arg(format!("http://{}{}", upstream.addr, upstream.path))
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--ledger")
-            .arg(&ledger)
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+        // The SQLite file in `dir`, unless `args` name another ledger.
+        if !args.iter().any(|a| a == "--ledger") {
+            command.arg("--ledger").arg(&ledger);
+        }
+        command
             .arg("--audit-file")
             .arg(dir.join("audit.jsonl"))
             .args(args)
