@@ -84,14 +84,17 @@ pub struct SidecarArgs {
     /// Address clients connect to; the MCP endpoint is /mcp.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
-    /// Task ledger: a SQLite file path (created if missing), also written sqlite://PATH.
+    /// Task ledger: a SQLite file path (created if missing), also written sqlite://PATH, or a
+    /// postgres:// URL shared by the replicas of one server.
     #[arg(
         long,
         value_name = "LOCATION",
         env = "LIFEGUARD_LEDGER",
         hide_env_values = true
     )]
-    pub ledger: lifeguard::ledger::LedgerLocation,
+    // Parsed after clap (see `sidecar::ledger_location`): clap's error for an invalid value
+    // repeats it, and a database URL may carry a password.
+    pub ledger: String,
     /// Cluster mode: a directory for the last policy snapshot in force. Default: beside an
     /// SQLite ledger's file; needed with a postgres:// ledger.
     #[arg(long, value_name = "DIR", env = "LIFEGUARD_STATE_DIR")]

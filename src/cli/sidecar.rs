@@ -1,7 +1,7 @@
 //! `lifeguard sidecar`.
 
 use anyhow::{Context, Result, bail, ensure};
-use lifeguard::ledger::LedgerScope;
+use lifeguard::ledger::{LedgerLocation, LedgerScope};
 use lifeguard::runtime::http::ServerLimits;
 use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 
@@ -9,11 +9,12 @@ use super::SidecarArgs;
 
 pub fn run(args: &SidecarArgs) -> Result<()> {
     lifeguard::telemetry::init_logging(args.log_format);
+    let ledger = ledger_location(args)?;
     let config = SidecarConfig {
         policy: policy_source(args)?,
         upstream: args.upstream.clone(),
         listen: args.listen,
-        ledger: args.ledger.clone(),
+        ledger: ledger.clone(),
         ledger_scope: ledger_scope(args)?,
         internal_listen: args.internal_listen,
         internal_advertise: args.internal_advertise.clone(),
@@ -35,6 +36,14 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         let shutdown = lifeguard::runtime::shutdown_on_signals();
         lifeguard::sidecar::run(config, shutdown).await
     })
+}
+
+/// `--ledger`, parsed. The error names what is wrong, never the value: a database URL may
+/// carry a password.
+fn ledger_location(args: &SidecarArgs) -> Result<LedgerLocation> {
+    args.ledger
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--ledger (or $LIFEGUARD_LEDGER) refused: {e}"))
 }
 
 /// The ledger scope from `--ledger-scope` and `--replica-id` (or their defaults).
@@ -86,7 +95,10 @@ fn policy_source(args: &SidecarArgs) -> Result<PolicySourceConfig> {
         token_file: token_file.clone(),
         pod_namespace,
         pod_name,
-        snapshot_path: lifeguard::sidecar::snapshot_path(&args.ledger, args.state_dir.as_deref())?,
+        snapshot_path: lifeguard::sidecar::snapshot_path(
+            &ledger_location(args)?,
+            args.state_dir.as_deref(),
+        )?,
     })
 }
 
