@@ -1,16 +1,26 @@
 //! Micro-benchmark of one ledger read (`TaskLedger::get` on SQLite), the read every
 //! `tasks/get` makes: 2,000 confirmed tasks, then 20,000 reads in three rounds.
-//! `cargo run --release --example ledger_read_bench`. Measured 2026-11-30 on the 2-core VM:
+//! `cargo run --release --example ledger_read_bench [LOCATION]` (default: a temporary SQLite
+//! file; a `postgres://` URL measures the PostgreSQL ledger there). Measured 2026-11-30 on the 2-core VM:
 //! 3.9 µs per read at `b49c59e` (schema v2); 30 µs with schema v3 read through a join
 //! (re-prepared at every call), 6.1 µs with two primary-key lookups (the fix).
 
 use std::time::Instant;
 
 use lifeguard::ledger::*;
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+    let location: LedgerLocation = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| dir.path().join("l.db").display().to_string())
+        .parse()
+        .unwrap();
+    let scope = LedgerScope {
+        server: format!("bench/read-{}", std::process::id()),
+        replica: "r0".into(),
+    };
+    let ledger = location.open(scope).await.unwrap();
     let owner = Owner {
         issuer: "i".into(),
         subject: "s".into(),

@@ -385,3 +385,114 @@ async fn exception_budgets_hold_in_aggregate_across_replicas() {
         "{states:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_administrator_cancels_through_any_replica_and_the_home_server_stops() {
+    let spec = "  tasks:\n    adminCancelScope: lifeguard:tasks:admin\n    minPollInterval: 10ms\n";
+    let r = Replicas::start(3, options(spec)).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let admin = User::new("ops", "tenant-a", "ops-console")
+        .with_scopes("lifeguard:tasks:admin")
+        .token();
+    let task = long_task(r.client(0), &alice, "admin").await;
+    let ack = r.client(2).cancel_task(&admin, &task).await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    let read = r.client(1).wait_terminal(&alice, &task, 20_000).await;
+    assert_eq!(read.result()["status"], "cancelled", "{read:?}");
+    assert_eq!(upstream_statuses(&r.servers[0]).await, ["cancelled"]);
+    // The home replica carried it out (and audited who asked).
+    let audited = r.sidecars[0]
+        .audit_event(|e| e["event"] == "task.admin_cancelled")
+        .await;
+    assert!(audited.is_some(), "{}", r.sidecars[0].logs());
+}
+
+/// Events of one kind in all the replicas' audit trails.
+fn all_events(r: &Replicas, matches: impl Fn(&Value) -> bool) -> Vec<Value> {
+    r.sidecars
+        .iter()
+        .flat_map(|s| s.audit())
+        .filter(|e| matches(e))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadlines_and_retention_run_once_per_server_and_outlive_the_replica_running_them() {
+    let spec = "  tasks:\n    deadline: {default: 2s}\n    retention: {defaultTtl: 30s, maxTtl: 30s}\n    minPollInterval: 10ms\n";
+    let mut r = Replicas::start(
+        3,
+        ReplicaOptions {
+            heartbeat_ttl: Some("3s".into()),
+            ..options(spec)
+        },
+    )
+    .await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    // The replica holding the sweeps' lease dies before any deadline passes.
+    let holder = support::eventually(WAIT, async || lease_holder(&r).await)
+        .await
+        .expect("a replica takes the sweep lease");
+    let dead: usize = holder.trim_start_matches("replica-").parse().unwrap();
+    r.sidecars[dead].kill_hard();
+    let alive: Vec<usize> = (0..3).filter(|i| *i != dead).collect();
+    let mut tasks = Vec::new();
+    for (n, home) in alive.iter().cycle().take(4).enumerate() {
+        tasks.push((
+            *home,
+            long_task(r.client(*home), &alice, &format!("d{home}-{n}")).await,
+        ));
+    }
+    // Every deadline is enforced by whichever replica holds the lease now: each task is
+    // cancelled once, by its own home's server.
+    for (home, task) in &tasks {
+        let read = r.client(*home).wait_terminal(&alice, task, 60_000).await;
+        assert_eq!(read.result()["status"], "failed", "{read:?}");
+        let message = read.result()["statusMessage"].as_str().unwrap_or_default();
+        assert!(message.starts_with("Deadline exceeded"), "{read:?}");
+    }
+    for home in &alive {
+        assert_eq!(
+            upstream_statuses(&r.servers[*home]).await,
+            ["cancelled", "cancelled"],
+            "home {home}"
+        );
+    }
+    assert_ne!(lease_holder(&r).await, Some(holder), "the lease moved on");
+    let requested = all_events(&r, |e| {
+        e["event"] == "task.cancel_requested" && e["reason"] == "deadline"
+    });
+    assert_eq!(
+        requested.len(),
+        tasks.len(),
+        "one deadline cancel per task: {requested:?}"
+    );
+    // Retention ends 30 s after creation (after the lease changed hands and the deadlines
+    // were enforced): each task is purged once, then unknown.
+    let purged = support::eventually(Duration::from_secs(60), async || {
+        let purged = all_events(&r, |e| e["event"] == "task.expired");
+        (purged.len() >= tasks.len()).then_some(purged)
+    })
+    .await
+    .expect("every task purged");
+    assert_eq!(purged.len(), tasks.len(), "purged once each: {purged:?}");
+    let (home, task) = &tasks[0];
+    let gone = r.client(*home).get_task(&alice, task).await;
+    assert_eq!(gone.error_code(), Some(-32602), "{gone:?}");
+}
+
+/// The replica holding the sweep lease now, from the database.
+async fn lease_holder(r: &Replicas) -> Option<String> {
+    let (client, connection) = tokio_postgres::connect(&r.db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let now = jiff::Timestamp::now().as_millisecond();
+    client
+        .query_opt(
+            "SELECT holder FROM lifeguard_leases WHERE name = 'sweeper' AND held_until > $1",
+            &[&now],
+        )
+        .await
+        .unwrap()
+        .map(|row| row.get(0))
+}

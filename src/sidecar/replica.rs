@@ -2,13 +2,15 @@
 //! other replicas, where its tasks' server state lives, its heartbeat, and the lease that makes
 //! one replica at a time run the server-wide sweeps.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::api::UpstreamTaskState;
 use crate::ledger::{ReplicaBeat, TaskLedger, TaskRecord};
+use crate::model::TaskId;
 
 use super::active_policy::ActivePolicy;
 use super::hop::Hop;
@@ -31,7 +33,14 @@ pub struct Replica {
     /// The internal hop (shared ledgers only).
     pub hop: Option<Hop>,
     lease: Mutex<LeaseState>,
+    /// Unfinished tasks homed elsewhere, as last read: what a request about them needs here
+    /// (owner, tool, home, retention) never changes, so their next requests are authorized
+    /// and forwarded without reading the ledger first.
+    remote_tasks: Mutex<HashMap<TaskId, Arc<TaskRecord>>>,
 }
+
+/// Most remote tasks remembered; beyond it the memory starts over.
+const MAX_REMOTE_TASKS: usize = 50_000;
 
 #[derive(Default)]
 struct LeaseState {
@@ -48,6 +57,7 @@ impl Replica {
             shared: ledger.is_shared(),
             hop,
             lease: Mutex::default(),
+            remote_tasks: Mutex::default(),
         }
     }
 
@@ -72,6 +82,36 @@ impl Replica {
     /// and numbers them on its own.
     pub fn separate_server_state(&self, policy: &ActivePolicy) -> bool {
         self.shared && policy.effective.upstream_task_state == UpstreamTaskState::PerReplica
+    }
+
+    /// A remembered task homed elsewhere, unless its retention ended. Its mutable state
+    /// (status, intent) may be stale: use it only to authorize and route a request to its home,
+    /// which answers from its own read.
+    pub fn remembered_remote(&self, id: &TaskId, now: i64) -> Option<Arc<TaskRecord>> {
+        let mut tasks = self.remote_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        match tasks.get(id) {
+            Some(record) if record.expires_at() > now => Some(Arc::clone(record)),
+            Some(_) => {
+                tasks.remove(id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Remembers an unfinished task homed elsewhere (see [`Replica::remembered_remote`]).
+    pub fn remember_remote(&self, record: &TaskRecord) {
+        let mut tasks = self.remote_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if tasks.len() >= MAX_REMOTE_TASKS {
+            tasks.clear();
+        }
+        tasks.insert(record.id.clone(), Arc::new(record.clone()));
+    }
+
+    /// Forgets a remembered task (it ended, or its home is gone).
+    pub fn forget_remote(&self, id: &TaskId) {
+        let mut tasks = self.remote_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.remove(id);
     }
 
     /// The home whose pending cancellations this replica carries to its server: its own when

@@ -53,6 +53,26 @@ async fn authorized_task(
     op: Operation,
 ) -> Result<(TaskRecord, Access), Response> {
     let id = TaskId::from_string(task_id);
+    let tasks = ctx.policy.effective.tasks.as_ref();
+    let admin_scope = tasks.and_then(|t| t.admin_cancel_scope.as_deref());
+    // A task homed on another replica that this one has forwarded requests about before: what
+    // authorizing and routing needs never changes, so a request its owner (or an
+    // administrator) may make goes straight to the home. Anything else — including every
+    // refusal — takes the ledger path below, so refusals cost the same whatever was cached.
+    if ctx.arrival == Arrival::Client
+        && let Some(remembered) = app.replica.remembered_remote(&id, now_ms())
+        && app.replica.remote_home(&ctx.policy, &remembered).is_some()
+        && let Ok(access) = authorize(Some(&remembered), &ctx.identity, op, admin_scope, now_ms())
+        && (access == Access::Admin
+            || tasks.is_none_or(|t| {
+                missing_scopes(t.scopes_for(&remembered.tool), &ctx.identity).is_empty()
+            }))
+    {
+        return match route_to_home(app, ctx, (*remembered).clone()).await {
+            Routed::Here(record) => Ok((*record, access)),
+            Routed::Answered(response) => Err(response),
+        };
+    }
     // Every ID goes through the same lookup, minted-looking or not, so the answer for a forged
     // ID and for a foreign one take the same path.
     let record = app
@@ -60,8 +80,6 @@ async fn authorized_task(
         .get(&id)
         .await
         .map_err(|e| Error::from(e).respond(&app.metrics, &ctx.id()))?;
-    let tasks = ctx.policy.effective.tasks.as_ref();
-    let admin_scope = tasks.and_then(|t| t.admin_cancel_scope.as_deref());
     let access = match authorize(record.as_ref(), &ctx.identity, op, admin_scope, now_ms()) {
         Ok(access) => access,
         Err(reason) => {
@@ -138,10 +156,12 @@ async fn route_to_home(app: &AppState, ctx: &RequestContext, record: TaskRecord)
     match hop.forward(app.ledger.as_ref(), home, ctx).await {
         Ok(response) => {
             outcome("answered");
+            app.replica.remember_remote(&record);
             Routed::Answered(response)
         }
         Err(ForwardError::HomeGone(_)) => {
             outcome("home_gone");
+            app.replica.forget_remote(&record.id);
             match fail_orphaned(app, &ctx.policy, &ctx.correlation_id, &record).await {
                 Some(settled) => Routed::Here(Box::new(settled.record)),
                 None => Routed::Answered(hop_unreachable(ctx)),
