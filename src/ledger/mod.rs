@@ -404,6 +404,9 @@ pub enum BudgetOutcome {
 pub trait TaskLedger: Send + Sync {
     /// Holds a slot for a task about to be created upstream, enforcing quotas and idempotency
     /// in one atomic step. Counts non-terminal confirmed tasks plus unexpired reservations.
+    /// Unlike the other writes, its `Ok` need not be durable yet (PostgreSQL does not wait for
+    /// the flush): a reservation lost in a crash only frees a slot nobody was told about, and
+    /// [`TaskLedger::confirm`]'s durable commit covers it.
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome>;
 
     /// Turns a reservation into a confirmed task, unless its upstream task ID is already
