@@ -14,6 +14,7 @@
 //!
 //! Times are Unix milliseconds (`i64`); the caller supplies `now` so decisions are testable.
 
+mod checks;
 #[cfg(test)]
 pub mod conformance;
 mod error;

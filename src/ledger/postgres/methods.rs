@@ -7,9 +7,10 @@ use async_trait::async_trait;
 
 use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
-    require_nonterminal, spawn, transient,
+    spawn, transient,
 };
 use super::{lifecycle, ops};
+use crate::ledger::checks::{check_finish, check_intent, require_nonterminal};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
     FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
@@ -154,12 +155,7 @@ impl TaskLedger for PostgresLedger {
     }
 
     async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome> {
-        if !finish.status.is_terminal() {
-            return Err(LedgerError::InvalidArgument(format!(
-                "finish takes a terminal status, got {}",
-                finish.status.as_str()
-            )));
-        }
+        check_finish(&finish)?;
         let (pool, server) = self.handles();
         let id = id.as_str().to_owned();
         spawn(async move {
@@ -175,19 +171,7 @@ impl TaskLedger for PostgresLedger {
     }
 
     async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest> {
-        if !intent.reason.is_cancellation() {
-            return Err(LedgerError::InvalidArgument(format!(
-                "request_cancel takes a cancellation reason (owner_cancel, admin_cancel, \
-                 deadline, revocation), got {}",
-                intent.reason.as_str()
-            )));
-        }
-        if intent.give_up_at < intent.requested_at {
-            return Err(LedgerError::InvalidArgument(format!(
-                "request_cancel: give_up_at ({}) is before requested_at ({})",
-                intent.give_up_at, intent.requested_at
-            )));
-        }
+        check_intent(&intent)?;
         let (pool, server) = self.handles();
         let id = id.as_str().to_owned();
         spawn(async move {

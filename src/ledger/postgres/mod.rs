@@ -69,7 +69,7 @@ pub use self::config::{
 };
 pub use self::passfile::PasswordSources;
 use super::settlements::Settlements;
-use super::{LedgerError, LedgerScope, Result, TaskStatus};
+use super::{LedgerError, LedgerScope, Result};
 
 /// How long an operation waits for a free pooled connection before it fails.
 const POOL_WAIT: Duration = Duration::from_secs(10);
@@ -369,16 +369,6 @@ async fn spawn<T: Send + 'static>(
             Err(e) => Err(LedgerError::Internal(format!("ledger write stopped: {e}"))),
         },
     }
-}
-
-fn require_nonterminal(status: TaskStatus, operation: &str) -> Result<()> {
-    if status.is_terminal() {
-        return Err(LedgerError::InvalidArgument(format!(
-            "{operation} takes a non-terminal status, got {}; use finish",
-            status.as_str()
-        )));
-    }
-    Ok(())
 }
 
 mod methods;

@@ -22,6 +22,7 @@ use rusqlite::{Connection, ErrorCode};
 
 pub use self::writer::WriteStats;
 use self::writer::Writer;
+use super::checks::{check_finish, check_intent, require_nonterminal};
 use super::settlements::Settlements;
 use super::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
@@ -172,16 +173,6 @@ impl<T> Ctx<T> for rusqlite::Result<T> {
     }
 }
 
-fn require_nonterminal(status: TaskStatus, operation: &str) -> Result<()> {
-    if status.is_terminal() {
-        return Err(LedgerError::InvalidArgument(format!(
-            "{operation} takes a non-terminal status, got {}; use finish",
-            status.as_str()
-        )));
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl TaskLedger for SqliteLedger {
     async fn reserve(&self, reservation: Reservation) -> Result<ReserveOutcome> {
@@ -267,12 +258,7 @@ impl TaskLedger for SqliteLedger {
     }
 
     async fn finish(&self, id: &TaskId, finish: Finish) -> Result<FinishOutcome> {
-        if !finish.status.is_terminal() {
-            return Err(LedgerError::InvalidArgument(format!(
-                "finish takes a terminal status, got {}",
-                finish.status.as_str()
-            )));
-        }
+        check_finish(&finish)?;
         let id = id.as_str().to_owned();
         self.writer
             .call(move |conn| ops::finish(conn, &id, &finish))
@@ -280,19 +266,7 @@ impl TaskLedger for SqliteLedger {
     }
 
     async fn request_cancel(&self, id: &TaskId, intent: CancelIntent) -> Result<CancelRequest> {
-        if !intent.reason.is_cancellation() {
-            return Err(LedgerError::InvalidArgument(format!(
-                "request_cancel takes a cancellation reason (owner_cancel, admin_cancel, \
-                 deadline, revocation), got {}",
-                intent.reason.as_str()
-            )));
-        }
-        if intent.give_up_at < intent.requested_at {
-            return Err(LedgerError::InvalidArgument(format!(
-                "request_cancel: give_up_at ({}) is before requested_at ({})",
-                intent.give_up_at, intent.requested_at
-            )));
-        }
+        check_intent(&intent)?;
         let id = id.as_str().to_owned();
         self.writer
             .call(move |conn| ops::request_cancel(conn, &id, &intent))
