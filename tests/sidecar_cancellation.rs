@@ -161,3 +161,38 @@ async fn a_server_that_never_confirms_gets_the_task_ended_as_unconfirmed() {
     support::create_task(&client, &alice, "write_rows", json!({"count": 1})).await;
     assert!(!events(&sidecar).contains(&"task.cancelled".to_owned()));
 }
+
+#[tokio::test]
+async fn a_poll_in_flight_when_the_deadline_cancels_reads_the_deadline_not_a_plain_cancel() {
+    let server = ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: "  tasks:\n    deadline: {default: 1s}\n    minPollInterval: 1ms\n".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let id = support::create_task(
+        &client,
+        &alice,
+        "write_rows",
+        json!({"count": 1000, "intervalMs": 50, "slowPolls": true}),
+    )
+    .await;
+    // The poll was read from the ledger before the deadline; the server answers it only once
+    // the deadline's cancel reached it, with its own plain "cancelled". The sidecar records
+    // the end it asked for.
+    let read = client.get_task(&alice, &id).await;
+    assert_eq!(read.result()["status"], "failed", "{read:?}");
+    let message = read.result()["statusMessage"].as_str().unwrap_or_default();
+    assert!(message.starts_with("Deadline exceeded"), "{read:?}");
+    assert_eq!(upstream_task(&server).await["status"], "cancelled");
+    let ended = sidecar
+        .audit_event(|e| e["event"] == "task.cancelled")
+        .await
+        .expect("the end is audited");
+    assert_eq!(ended["reason"], "deadline", "{ended}");
+}

@@ -194,6 +194,9 @@ async fn dispatch(
             if !ctx.tasks_ext {
                 return Err(RpcError::tasks_extension_required());
             }
+            if method == "tasks/get" {
+                wait_if_slow(state, params).await;
+            }
             task_method(state, method, params).map(Reply::Result)
         }
         "subscriptions/listen" => Ok(Reply::Stream(listen::listen(state, id, params, ctx)?)),
@@ -305,11 +308,17 @@ async fn tools_call(
     if as_task {
         let (task_id, created, wake) = state.store.create();
         if let ToolCall::WriteRows {
-            ignore_cancel: true,
+            ignore_cancel,
+            slow_polls,
             ..
         } = &call
         {
-            state.store.ignore_cancel(&task_id);
+            if *ignore_cancel {
+                state.store.ignore_cancel(&task_id);
+            }
+            if *slow_polls {
+                state.store.slow_polls(&task_id);
+            }
         }
         jobs::spawn_task(state.store.clone(), task_id, wake, call);
         return Ok(Reply::Result(created));
@@ -339,6 +348,31 @@ pub fn rpc_error_from(error: &Value) -> RpcError {
     let mut e = RpcError::new(code, message);
     e.data = error.get("data").cloned();
     e
+}
+
+/// Paces `tasks/get` on a `slowPolls` task: a poll that arrives before the task is cancelled
+/// is answered the moment it is (at most 30 s later); one that arrives after waits 200 ms, so
+/// the poll that was in flight answers first.
+async fn wait_if_slow(state: &AppState, params: &Value) {
+    let Some(task_id) = params.get("taskId").and_then(Value::as_str) else {
+        return;
+    };
+    let mut changes = state.store.subscribe();
+    match state.store.slow_poll_cancelled(task_id) {
+        None => return,
+        Some(true) => {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            return;
+        }
+        Some(false) => {}
+    }
+    let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while state.store.slow_poll_cancelled(task_id) == Some(false) {
+        match tokio::time::timeout_at(give_up, changes.recv()).await {
+            Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
+            Ok(_) => {}
+        }
+    }
 }
 
 fn task_method(state: &AppState, method: &str, params: &Value) -> Result<Value, RpcError> {

@@ -1,7 +1,7 @@
 //! In-memory task store, the rows table written by `write_rows`, and the broadcast channel that
 //! feeds `subscriptions/listen` streams.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Map, Value, json};
@@ -86,6 +86,8 @@ struct Inner {
     /// Tasks whose tool ignores `tasks/cancel` (a deliberately uncooperative worker), with how
     /// many cancels each ignored.
     ignores_cancel: HashMap<String, u64>,
+    /// Tasks whose `tasks/get` waits for a cancellation (`slowPolls`).
+    slow_polls: HashSet<String>,
     tasks: HashMap<String, Task>,
     /// Creation order, for `/_example/tasks`.
     order: Vec<String>,
@@ -226,6 +228,23 @@ impl Store {
     /// Marks a task as one whose tool ignores `tasks/cancel`.
     pub fn ignore_cancel(&self, id: &str) {
         self.lock().ignores_cancel.insert(id.to_owned(), 0);
+    }
+
+    /// Marks a task whose `tasks/get` answers only once it was cancelled.
+    pub fn slow_polls(&self, id: &str) {
+        self.lock().slow_polls.insert(id.to_owned());
+    }
+
+    /// How `tasks/get` on the task is paced: `None` without `slowPolls`, else whether the
+    /// task was cancelled yet.
+    pub fn slow_poll_cancelled(&self, id: &str) -> Option<bool> {
+        let inner = self.lock();
+        inner.slow_polls.contains(id).then(|| {
+            inner
+                .tasks
+                .get(id)
+                .is_none_or(|t| t.status == Status::Cancelled)
+        })
     }
 
     /// Requests cancellation. `None` when the task is unknown; a terminal task is left alone,

@@ -16,6 +16,9 @@ pub enum ToolCall {
         label: String,
         /// The worker ignores `tasks/cancel` and writes on (deliberately uncooperative).
         ignore_cancel: bool,
+        /// `tasks/get` answers only once the task was cancelled (or after 30 s): a poll in
+        /// flight while a cancellation reaches the server.
+        slow_polls: bool,
     },
     SlowCompute {
         seconds: f64,
@@ -92,7 +95,9 @@ pub fn list() -> Value {
                     "intervalMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 200},
                     "label": {"type": "string", "default": ""},
                     "ignoreCancel": {"type": "boolean", "default": false,
-                                     "description": "The worker ignores tasks/cancel and writes on"}
+                                     "description": "The worker ignores tasks/cancel and writes on"},
+                    "slowPolls": {"type": "boolean", "default": false,
+                                  "description": "tasks/get answers only once the task was cancelled (at most 30 s); later ones 200 ms late"}
                 }),
                 &[]
             )
@@ -238,6 +243,7 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
             interval_ms: a.uint("intervalMs", 200, 60_000)?,
             label: a.string("label", Some(""))?,
             ignore_cancel: a.flag("ignoreCancel")?,
+            slow_polls: a.flag("slowPolls")?,
         },
         "slow_compute" => ToolCall::SlowCompute {
             seconds: a.number("seconds", 1.0, 86_400.0)?,

@@ -11,10 +11,10 @@ use crate::mcp::task::{set_input_responses, sidecar_task_request};
 
 use super::active_policy::ActivePolicy;
 use super::context::sidecar_request_id;
-use super::decisions::{Report, TaskReply, end_for_report, interpret_task_reply};
+use super::decisions::{Report, TaskReply, interpret_task_reply};
 use super::forward::{set_mcp_headers, sidecar_request_headers};
 use super::state::AppState;
-use super::task_state::{now_ms, observe_if_changed, settle_terminal};
+use super::task_state::{end_for_server_report, observe_if_changed, settle_terminal};
 use super::upstream::Upstream;
 
 /// The owner of a task as an identity for requests the sidecar makes about it.
@@ -77,7 +77,7 @@ pub async fn refresh_from_upstream(
     let reply = ask_state(app, correlation_id, record, reason).await?;
     let state = match interpret_task_reply(&reply) {
         TaskReply::Lost => {
-            let end = end_for_report(record, Report::Lost, now_ms())?;
+            let end = end_for_server_report(app, record, Report::Lost).await?;
             return settle_terminal(app, policy, correlation_id, record, end)
                 .await
                 .map(|s| s.record);
@@ -85,7 +85,7 @@ pub async fn refresh_from_upstream(
         TaskReply::State(state) => state,
         TaskReply::Error | TaskReply::NoResult | TaskReply::Malformed => return None,
     };
-    match end_for_report(record, Report::State(&state), now_ms()) {
+    match end_for_server_report(app, record, Report::State(&state)).await {
         Some(end) => settle_terminal(app, policy, correlation_id, record, end)
             .await
             .map(|s| s.record),

@@ -10,7 +10,7 @@ use crate::mcp::task::ReportedState;
 use crate::telemetry::metrics::TerminalLabels;
 
 use super::active_policy::ActivePolicy;
-use super::decisions::lifecycle_event;
+use super::decisions::{Report, end_for_report, lifecycle_event, may_confirm_unseen_intent};
 use super::state::AppState;
 
 /// The sidecar's clock: Unix milliseconds.
@@ -24,6 +24,28 @@ pub struct Settled {
     pub record: TaskRecord,
     /// Whether this call ended the task (false: it was already terminal; first write wins).
     pub applied: bool,
+}
+
+/// The end a server report gives `record`, if it ends it. A report that may confirm a
+/// cancellation the record does not show (a `cancelled` state, a forgotten task) is judged
+/// against the record as the ledger holds it now: the cancel was recorded before the server
+/// was asked to stop, so the intended end (e.g. "Deadline exceeded") is kept rather than the
+/// server's plain "cancelled".
+pub async fn end_for_server_report(
+    app: &AppState,
+    record: &TaskRecord,
+    report: Report<'_>,
+) -> Option<Finish> {
+    if may_confirm_unseen_intent(record, report) {
+        match app.ledger.get(&record.id).await {
+            Ok(Some(fresh)) => return end_for_report(&fresh, report, now_ms()),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "re-reading a task before recording its end failed")
+            }
+        }
+    }
+    end_for_report(record, report, now_ms())
 }
 
 /// Records a terminal state; returns the state to report from now on (the earlier terminal

@@ -79,6 +79,18 @@ pub fn end_for_report(record: &TaskRecord, report: Report<'_>, now_ms: i64) -> O
     }
 }
 
+/// Whether `report` could be the server confirming a cancellation that `record` (as read
+/// before the server was asked) does not show yet: a cancel recorded meanwhile (by another
+/// request, the deadline sweep or another replica) is committed before the server is asked to
+/// stop, so a record read again after this report shows it.
+pub fn may_confirm_unseen_intent(record: &TaskRecord, report: Report<'_>) -> bool {
+    record.cancel.is_none()
+        && match report {
+            Report::Lost => true,
+            Report::State(s) => s.status == TaskStatus::Cancelled,
+        }
+}
+
 /// The end of a task whose server never confirmed its cancellation before `give_up_at`.
 pub fn unconfirmed_end(intent: &CancelIntent, now_ms: i64) -> Finish {
     intended_end(intent, now_ms, NOT_CONFIRMED)
@@ -201,6 +213,30 @@ mod tests {
             end.ending.payload.as_ref().unwrap()["message"],
             "Deadline exceeded"
         );
+    }
+
+    #[test]
+    fn only_reports_that_could_confirm_a_cancel_send_the_caller_back_to_the_ledger() {
+        let bare = record(None);
+        assert!(may_confirm_unseen_intent(&bare, Report::Lost));
+        assert!(may_confirm_unseen_intent(
+            &bare,
+            Report::State(&state(TaskStatus::Cancelled))
+        ));
+        for status in [
+            TaskStatus::Working,
+            TaskStatus::InputRequired,
+            TaskStatus::Completed,
+            TaskStatus::Failed,
+        ] {
+            assert!(!may_confirm_unseen_intent(
+                &bare,
+                Report::State(&state(status))
+            ));
+        }
+        // An intent already seen is what end_for_report confirms: no second read.
+        let pending = record(Some(intent_for(&owner_cancel(), 10, 70)));
+        assert!(!may_confirm_unseen_intent(&pending, Report::Lost));
     }
 
     #[test]

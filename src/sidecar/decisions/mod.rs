@@ -10,7 +10,9 @@ mod reads;
 mod replies;
 
 pub use access::{Access, Operation, authorize, holds_scopes, missing_scopes};
-pub use cancellation::{Report, end_for_report, intent_for, next_attempt_at, unconfirmed_end};
+pub use cancellation::{
+    Report, end_for_report, intent_for, may_confirm_unseen_intent, next_attempt_at, unconfirmed_end,
+};
 pub use creation::confirmation_terms;
 pub use endings::{
     cancellation, capability_refused, deadline_exceeded, home_replica_gone, lifecycle_event,

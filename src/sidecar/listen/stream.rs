@@ -22,12 +22,10 @@ use crate::telemetry::metrics::ReasonLabels;
 use super::super::bounded_body::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
-use super::super::decisions::{
-    Operation, Report, authorize, end_for_report, holds_scopes, task_view,
-};
+use super::super::decisions::{Operation, Report, authorize, holds_scopes, task_view};
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
-use super::super::task_state::{now_ms, settle_terminal};
+use super::super::task_state::{end_for_server_report, now_ms, settle_terminal};
 use super::super::upstream::EventStream;
 
 pub(super) struct Pump {
@@ -201,10 +199,14 @@ impl Pump {
         }
         let params = frame.get("params").cloned().unwrap_or(Value::Null);
         // The server reporting an end teaches the ledger (first terminal write wins).
-        if !record.status.is_terminal()
-            && let Some(finish) = parse_reported_state(&params)
-                .as_ref()
-                .and_then(|state| end_for_report(&record, Report::State(state), now_ms()))
+        let reported = parse_reported_state(&params);
+        let finish = match (&reported, record.status.is_terminal()) {
+            (Some(state), false) => {
+                end_for_server_report(&self.app, &record, Report::State(state)).await
+            }
+            _ => None,
+        };
+        if let Some(finish) = finish
             && let Some(settled) = settle_terminal(
                 &self.app,
                 &self.ctx.policy,

@@ -13,13 +13,15 @@ use crate::model::TaskStatus;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{
-    Operation, ReadPlan, Report, TaskReply, deliver_result, end_for_report, interpret_task_reply,
-    plan_read, task_view,
+    Operation, ReadPlan, Report, TaskReply, deliver_result, interpret_task_reply, plan_read,
+    task_view,
 };
 use super::super::error::Error;
 use super::super::respond;
 use super::super::state::AppState;
-use super::super::task_state::{now_ms, observe_if_changed, settle_terminal};
+use super::super::task_state::{
+    end_for_server_report, now_ms, observe_if_changed, settle_terminal,
+};
 use super::super::upstream::UpstreamError;
 use super::{authorized_task, forwarded_task_message};
 
@@ -52,7 +54,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         TaskReply::Lost => {
             // The server forgot a task the ledger says is running (it restarted, or purged it;
             // or it confirms a pending cancellation).
-            if let Some(lost) = end_for_report(&record, Report::Lost, now_ms())
+            if let Some(lost) = end_for_server_report(app, &record, Report::Lost).await
                 && let Some(settled) =
                     settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, lost).await
             {
@@ -70,7 +72,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
             return Error::MalformedTask.respond(&app.metrics, &ctx.id());
         }
     };
-    if let Some(finish) = end_for_report(&record, Report::State(&state), now_ms()) {
+    if let Some(finish) = end_for_server_report(app, &record, Report::State(&state)).await {
         let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
         return match settled {
             Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
