@@ -387,6 +387,50 @@ async fn exception_budgets_hold_in_aggregate_across_replicas() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_home_answers_its_owners_polls_from_a_recent_read_and_never_anyone_elses() {
+    let r = Replicas::start(2, options(SPEC)).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let bob = User::new("bob", "tenant-a", "console").token();
+    let task = long_task(r.client(0), &alice, "memory").await;
+    let home = &r.sidecars[0];
+    let answers = "lifeguard_home_memory_answers_total";
+    // Polls in quick succession: after the first read, the home answers from memory.
+    let mut remembered = false;
+    for _ in 0..20 {
+        let read = r.client(0).get_task(&alice, &task).await;
+        assert_eq!(read.result()["status"], "working", "{read:?}");
+        if home.metric(answers).await >= 1.0 {
+            remembered = true;
+            break;
+        }
+    }
+    assert!(remembered, "no poll was answered from memory");
+    // Someone else's request never is: it gets the uniform answer by the ledger path.
+    let before = home.metric(answers).await;
+    let unknown = r.client(0).get_task(&bob, "lgt_no-such-task").await;
+    let foreign = r.client(0).get_task(&bob, &task).await;
+    assert_eq!(foreign.status, unknown.status);
+    assert_eq!(foreign.body_without_id(), unknown.body_without_id());
+    assert_eq!(
+        home.metric(answers).await,
+        before,
+        "bob was not answered from memory"
+    );
+    // A change this replica writes is seen by the very next request.
+    let ack = r.client(0).cancel_task(&alice, &task).await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    let after = r.client(0).get_task(&alice, &task).await;
+    let shown = after.result()["statusMessage"].as_str().unwrap_or_default();
+    assert!(
+        after.result()["status"] == "cancelled" || shown.contains("cancellation requested"),
+        "{after:?}"
+    );
+    // Through the other replica, the forwarded request is answered by the home the same way.
+    let via = r.client(1).get_task(&alice, &task).await;
+    assert_ne!(via.result()["statusMessage"], json!(null), "{via:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_administrator_cancels_through_any_replica_and_the_home_server_stops() {
     let spec = "  tasks:\n    adminCancelScope: lifeguard:tasks:admin\n    minPollInterval: 10ms\n";
     let r = Replicas::start(3, options(spec)).await;

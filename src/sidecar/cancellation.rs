@@ -48,7 +48,9 @@ pub async fn request(
     let now = now_ms();
     let give_up_at = now + app.cancel_confirm_timeout.as_millis() as i64;
     let intent = intent_for(&end, now, give_up_at);
-    let recorded = match app.ledger.request_cancel(&record.id, intent.clone()).await {
+    let requested = app.ledger.request_cancel(&record.id, intent.clone()).await;
+    app.replica.forget_home(&record.id);
+    let recorded = match requested {
         Ok(CancelRequest::Recorded(record)) => record,
         Ok(CancelRequest::AlreadyRequested(_) | CancelRequest::AlreadyTerminal(_)) => {
             return Requested::Already;

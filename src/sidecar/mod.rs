@@ -37,7 +37,7 @@
 //! | background | `sweeper`, `revocation` |
 //! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state` |
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
-//! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease), `hop` (the signed internal hop's client), `context`, `denials` |
+//! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
 //! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
@@ -53,6 +53,7 @@ mod decisions;
 mod denials;
 mod error;
 mod forward;
+mod home_memory;
 mod hop;
 mod hop_server;
 mod listen;
@@ -302,16 +303,23 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         None
     };
     let heartbeat_ttl = config.heartbeat_ttl;
-    replica::beat_once(ledger.as_ref(), advertise.as_deref(), heartbeat_ttl)
-        .await
-        .context("recording this replica's heartbeat in the ledger")?;
+    let home_tasks = Arc::new(home_memory::HomeMemory::default());
+    replica::beat_once(
+        ledger.as_ref(),
+        advertise.as_deref(),
+        heartbeat_ttl,
+        &home_tasks,
+    )
+    .await
+    .context("recording this replica's heartbeat in the ledger")?;
     tokio::spawn(replica::heartbeat(
         ledger.clone(),
         advertise.clone(),
         heartbeat_ttl,
+        home_tasks.clone(),
         shutdown.clone(),
     ));
-    let replica = replica::Replica::new(ledger.as_ref(), hop);
+    let replica = replica::Replica::new(ledger.as_ref(), hop, home_tasks);
     let initial_target = match &config.audit_file {
         Some(path) => AuditTarget::File(path.clone()),
         None => AuditTarget::Stdout,

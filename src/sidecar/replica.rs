@@ -13,6 +13,7 @@ use crate::ledger::{ReplicaBeat, TaskLedger, TaskRecord};
 use crate::model::TaskId;
 
 use super::active_policy::ActivePolicy;
+use super::home_memory::{HomeMemory, ReadStart};
 use super::hop::Hop;
 
 fn now_ms() -> i64 {
@@ -37,6 +38,8 @@ pub struct Replica {
     /// (owner, tool, home, retention) never changes, so their next requests are authorized
     /// and forwarded without reading the ledger first.
     remote_tasks: Mutex<HashMap<TaskId, Arc<TaskRecord>>>,
+    /// Unfinished tasks homed here, as last read (see [`HomeMemory`]).
+    home_tasks: Arc<HomeMemory>,
 }
 
 /// Most remote tasks remembered; beyond it the memory starts over.
@@ -51,14 +54,48 @@ struct LeaseState {
 }
 
 impl Replica {
-    pub fn new(ledger: &dyn TaskLedger, hop: Option<Hop>) -> Self {
+    /// This replica; `home_tasks` is the memory its heartbeat keeps trusted.
+    pub fn new(ledger: &dyn TaskLedger, hop: Option<Hop>, home_tasks: Arc<HomeMemory>) -> Self {
         Self {
             id: ledger.scope().replica.clone(),
             shared: ledger.is_shared(),
             hop,
             lease: Mutex::default(),
             remote_tasks: Mutex::default(),
+            home_tasks,
         }
+    }
+
+    /// A remembered unfinished task homed here that may answer without reading the ledger
+    /// (per-replica server state on a shared ledger only; see [`HomeMemory`]).
+    pub fn recall_home(
+        &self,
+        policy: &ActivePolicy,
+        id: &TaskId,
+        now: i64,
+    ) -> Option<Arc<TaskRecord>> {
+        if !self.separate_server_state(policy) {
+            return None;
+        }
+        self.home_tasks.recall(id, now)
+    }
+
+    /// Call before reading a task from the ledger, for [`Replica::remember_home`].
+    pub fn home_read_start(&self) -> ReadStart {
+        self.home_tasks.read_start(now_ms())
+    }
+
+    /// Remembers `record`, read from the ledger in a read that began at `start`, when it is an
+    /// unfinished task homed here and memory is in use.
+    pub fn remember_home(&self, policy: &ActivePolicy, record: &TaskRecord, start: ReadStart) {
+        if self.separate_server_state(policy) && record.home == self.id {
+            self.home_tasks.remember(record, start);
+        }
+    }
+
+    /// Forgets a task homed here: this replica has just changed it in the ledger.
+    pub fn forget_home(&self, id: &TaskId) {
+        self.home_tasks.forget(id);
     }
 
     /// Where `record`'s server state lives: `Some(home)` when another replica must answer
@@ -170,11 +207,13 @@ pub fn remote_home<'a>(
     remote.then_some(record.home.as_str())
 }
 
-/// Records this replica's heartbeat, valid for `ttl`, with where its hop listens.
+/// Records this replica's heartbeat, valid for `ttl`, with where its hop listens; once
+/// recorded, `memory` may be trusted for a while longer.
 pub async fn beat_once(
     ledger: &dyn TaskLedger,
     advertise: Option<&str>,
     ttl: Duration,
+    memory: &HomeMemory,
 ) -> crate::ledger::Result<()> {
     let now = now_ms();
     let beat = ReplicaBeat {
@@ -182,7 +221,9 @@ pub async fn beat_once(
         now,
         expires_at: now + ttl.as_millis() as i64,
     };
-    ledger.heartbeat(&beat).await
+    ledger.heartbeat(&beat).await?;
+    memory.note_heartbeat(beat.expires_at, ttl);
+    Ok(())
 }
 
 /// Beats every sixth of `ttl` until shutdown.
@@ -190,6 +231,7 @@ pub async fn heartbeat(
     ledger: std::sync::Arc<dyn TaskLedger>,
     advertise: Option<String>,
     ttl: Duration,
+    memory: Arc<HomeMemory>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -197,7 +239,7 @@ pub async fn heartbeat(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(ttl / 6) => {}
         }
-        if let Err(e) = beat_once(ledger.as_ref(), advertise.as_deref(), ttl).await {
+        if let Err(e) = beat_once(ledger.as_ref(), advertise.as_deref(), ttl, &memory).await {
             tracing::warn!(error = %e, "recording this replica's heartbeat failed");
         }
     }

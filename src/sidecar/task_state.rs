@@ -149,6 +149,7 @@ async fn record_finish(
     };
     let started = Instant::now();
     let outcome = app.ledger.finish(&record.id, finish).await;
+    app.replica.forget_home(&record.id);
     app.metrics
         .ledger_write_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -165,7 +166,7 @@ pub async fn observe_if_changed(app: &AppState, record: &TaskRecord, state: &Rep
     if state.status == record.status && state.status_message == record.status_message {
         return;
     }
-    if let Err(e) = app
+    let written = app
         .ledger
         .observe(
             &record.id,
@@ -173,8 +174,9 @@ pub async fn observe_if_changed(app: &AppState, record: &TaskRecord, state: &Rep
             state.status_message.clone(),
             now_ms(),
         )
-        .await
-    {
+        .await;
+    app.replica.forget_home(&record.id);
+    if let Err(e) = written {
         tracing::warn!(error = %e, "caching a task status failed");
     }
 }

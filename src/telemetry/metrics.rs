@@ -59,6 +59,9 @@ pub struct SidecarMetrics {
     pub hop_received: Counter,
     /// Tasks failed because their home replica stopped beating.
     pub tasks_orphaned: Counter,
+    /// Requests about tasks homed here authorized from the home replica's memory of a recent
+    /// read instead of a ledger read.
+    pub home_memory_answers: Counter,
 }
 
 impl Default for SidecarMetrics {
@@ -86,6 +89,12 @@ impl SidecarMetrics {
         let hop_forwarded = Family::<ReasonLabels, Counter>::default();
         let hop_received = Counter::default();
         let tasks_orphaned = Counter::default();
+        let home_memory_answers = Counter::default();
+        registry.register(
+            "home_memory_answers",
+            "Requests about tasks homed here authorized from a read of the last second instead of a ledger read",
+            home_memory_answers.clone(),
+        );
         registry.register(
             "hop_forwarded",
             "Requests about tasks homed on another replica, forwarded there, by outcome (answered, unreachable, home_gone)",
@@ -180,6 +189,7 @@ impl SidecarMetrics {
             hop_forwarded,
             hop_received,
             tasks_orphaned,
+            home_memory_answers,
         }
     }
 

@@ -73,8 +73,22 @@ async fn authorized_task(
             Routed::Answered(response) => Err(response),
         };
     }
+    // An unfinished task homed here, read moments ago (see `home_memory`): answered without
+    // reading the ledger again when it authorizes the request; anything else (including every
+    // refusal) takes the ledger path below.
+    if let Some(known) = app.replica.recall_home(&ctx.policy, &id, now_ms())
+        && let Ok(access) = authorize(Some(&known), &ctx.identity, op, admin_scope, now_ms())
+        && (access == Access::Admin
+            || tasks.is_none_or(|t| {
+                missing_scopes(t.scopes_for(&known.tool), &ctx.identity).is_empty()
+            }))
+    {
+        app.metrics.home_memory_answers.inc();
+        return Ok(((*known).clone(), access));
+    }
     // Every ID goes through the same lookup, minted-looking or not, so the answer for a forged
     // ID and for a foreign one take the same path.
+    let read_start = app.replica.home_read_start();
     let record = app
         .ledger
         .get(&id)
@@ -99,6 +113,7 @@ async fn authorized_task(
     let Some(record) = record else {
         return Err(respond::task_not_found(&ctx.id()));
     };
+    app.replica.remember_home(&ctx.policy, &record, read_start);
     if access == Access::Owner
         && let Some(tasks) = tasks
     {
