@@ -276,7 +276,7 @@ pub(super) async fn purge_expired(
 ) -> Result<(Vec<TaskId>, Vec<String>)> {
     // SKIP LOCKED: rows another transaction holds are left for the next purge, so two purges
     // (or a purge and a finish) never wait on each other in opposite orders.
-    let voided = void_expired(tx, server, now, true).await?;
+    let voided = void_expired(tx, server, now).await?;
     notify_settled(tx, server, &voided).await?;
     // Their cancellation intents go with them (ON DELETE CASCADE).
     let sql = "DELETE FROM lifeguard_tasks WHERE server = $1 AND id IN (SELECT id \

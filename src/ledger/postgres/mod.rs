@@ -29,6 +29,11 @@
 //! - `try_lease`: one `INSERT … ON CONFLICT DO UPDATE … WHERE` (the conflict's row lock
 //!   decides). `spend_budget`: an advisory transaction lock per (server, exception), then
 //!   count and insert. `secret`: `INSERT … ON CONFLICT DO NOTHING`, then read.
+//! - The two statements on every task creation's path send their independent statements as
+//!   one pipeline (`reserve`: the lock, the sweep, the lookup and the counts; `confirm`: the
+//!   row lock with the upstream ID lookup, then the update with its notice and read): the
+//!   database still runs them one after the other, each with its own snapshot, so the order
+//!   above holds, at two round trips per transaction instead of one per statement.
 //! - Sweeps (`purge_expired`) lock with `SKIP LOCKED`: rows another transaction is settling are
 //!   left for the next sweep, so sweeps never wait on anyone in an order that could deadlock.
 //!   A transaction that fails with a serialization failure or a deadlock anyway is retried.

@@ -3,14 +3,16 @@
 //! how they stay atomic across replicas.
 
 use deadpool_postgres::{GenericClient, Transaction};
+use futures_util::future::{join3, try_join, try_join4};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
-use super::lock_key;
 use super::sql::{
-    col, exec, notify_settled, one_row, opt_row, record, rows, sql_state, task_columns, task_from,
-    to_json,
+    NOTIFY_SETTLED, col, exec, notify_settled, one_row, opt_row, prepared, record, rows, sql_state,
+    task_columns, task_from, to_json,
 };
+use super::{Ctx, lock_key};
 use crate::ledger::{
     Confirmation, Confirmed, LedgerError, Owner, QuotaScope, Reservation, ReserveOutcome, Result,
     TaskId, TaskRecord,
@@ -22,14 +24,7 @@ pub(super) async fn load_task<C: GenericClient>(
     server: &str,
     id: &str,
 ) -> Result<Option<TaskRecord>> {
-    let sql = concat!(
-        "SELECT ",
-        task_columns!(),
-        " FROM ",
-        task_from!(),
-        " WHERE t.server = $1 AND t.id = $2 AND t.confirmed"
-    );
-    opt_row(c, sql, &[&server, &id], "look up task")
+    opt_row(c, LOAD_TASK, &[&server, &id], "look up task")
         .await?
         .as_ref()
         .map(record)
@@ -55,27 +50,51 @@ pub(super) async fn is_reserved<C: GenericClient>(c: &C, server: &str, id: &str)
     col(&row, 0)
 }
 
-/// Deletes reservations whose expiry is at or before `now`; returns their IDs. `skip_locked`:
-/// leave reservations another transaction is settling right now.
+/// Deletes reservations whose expiry is at or before `now`, leaving those another transaction
+/// is settling right now; returns their IDs. (A reservation, which holds the server's
+/// reservation lock, voids them all with [`VOID_EXPIRED_LOCKED`].)
 pub(super) async fn void_expired(
     tx: &Transaction<'_>,
     server: &str,
     now: i64,
-    skip_locked: bool,
 ) -> Result<Vec<String>> {
-    let sql = if skip_locked {
-        "DELETE FROM lifeguard_tasks WHERE server = $1 AND id IN (SELECT id FROM lifeguard_tasks \
+    let sql = "DELETE FROM lifeguard_tasks WHERE server = $1 AND id IN (SELECT id FROM lifeguard_tasks \
          WHERE server = $1 AND NOT confirmed AND reservation_expires_at <= $2 \
-         FOR UPDATE SKIP LOCKED) RETURNING id"
-    } else {
-        "DELETE FROM lifeguard_tasks WHERE server = $1 AND NOT confirmed \
-         AND reservation_expires_at <= $2 RETURNING id"
-    };
+         FOR UPDATE SKIP LOCKED) RETURNING id";
     let voided = rows(tx, sql, &[&server, &now], "void expired reservations").await?;
     voided.iter().map(|r| col(r, 0)).collect()
 }
 
+/// Every reservation of a server, from any replica, takes this lock first. (`set_config(…,
+/// true)` is `SET LOCAL`, in the same statement.)
+const LOCK_RESERVATIONS: &str =
+    "SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock($1)";
+/// Expired reservations, deleted by the reservation that finds them (it holds the lock).
+const VOID_EXPIRED_LOCKED: &str = "DELETE FROM lifeguard_tasks WHERE server = $1 \
+    AND NOT confirmed AND reservation_expires_at <= $2 RETURNING id";
+const IDEMPOTENCY_HOLDER: &str = "SELECT id, confirmed, idempotency_until FROM lifeguard_tasks \
+    WHERE server = $1 AND idempotency_key = $2";
+/// The four counts of active tasks in one statement; each uses its own partial index. An empty
+/// tenant (client) has no group to share a quota with: not counted.
+const COUNT_ACTIVE: &str = "SELECT \
+    (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 AND issuer = $2 \
+        AND subject = $3 AND ended_at IS NULL), \
+    CASE WHEN $4::text <> '' THEN (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 \
+        AND issuer = $2 AND tenant = $4 AND ended_at IS NULL) ELSE 0 END, \
+    CASE WHEN $5::text <> '' THEN (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 \
+        AND issuer = $2 AND client = $5 AND ended_at IS NULL) ELSE 0 END, \
+    (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 AND ended_at IS NULL)";
+const INSERT_RESERVATION: &str = "INSERT INTO lifeguard_tasks (server, id, confirmed, issuer, \
+    subject, tenant, client, tool, scopes, idempotency_key, idempotency_until, \
+    idempotency_window_ms, reservation_expires_at, token_issued_at) \
+    VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
 /// Returns the outcome and the IDs of the expired reservations it voided on the way.
+///
+/// Two round trips inside the transaction: the lock, the void, the idempotency lookup and the
+/// counts in one pipeline (each statement starts after the one before it ended, so all of them
+/// see every reservation committed before the lock was granted, and nobody else's can commit
+/// before this one does), then the insert with the settlement notices.
 pub(super) async fn reserve(
     tx: &Transaction<'_>,
     server: &str,
@@ -85,91 +104,105 @@ pub(super) async fn reserve(
     // slot nobody was told about (the client got no task), and the confirmation that makes it
     // a task is a synchronous commit, which flushes the write-ahead log up to and including
     // this transaction. Not waiting for the flush here keeps the server's reservation lock
-    // (below) held for microseconds instead of a disk flush: creations serialize on it.
-    // Every reservation of this server, from any replica, takes this lock first: the counts and
-    // the idempotency lookup below see every reservation committed before, and nobody else's
-    // can commit before this one does. (`set_config(…, true)` is `SET LOCAL`, in the same
-    // round trip.)
-    exec(
-        tx,
-        "SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock($1)",
-        &[&lock_key(&["reserve", server])],
-        "lock the server's reservations",
+    // held for microseconds instead of a disk flush: creations serialize on it.
+    const LOCKING: &str = "lock the server's reservations";
+    const VOIDING: &str = "void expired reservations";
+    const HOLDER: &str = "look up idempotency key";
+    const COUNTING: &str = "count active tasks";
+    let lock = prepared(tx, LOCK_RESERVATIONS, LOCKING).await?;
+    let void = prepared(tx, VOID_EXPIRED_LOCKED, VOIDING).await?;
+    let holder = prepared(tx, IDEMPOTENCY_HOLDER, HOLDER).await?;
+    let count = prepared(tx, COUNT_ACTIVE, COUNTING).await?;
+    let key = lock_key(&["reserve", server]);
+    let claim = r.idempotency.as_ref().map(|c| &c.key_hash[..]);
+    let o = &r.owner;
+    let (_, voided, holder, counts) = try_join4(
+        async { tx.execute(&lock, &[&key]).await.ctx(LOCKING) },
+        async { tx.query(&void, &[&server, &r.now]).await.ctx(VOIDING) },
+        async {
+            match claim {
+                Some(claim) => tx.query_opt(&holder, &[&server, &claim]).await.ctx(HOLDER),
+                None => Ok(None),
+            }
+        },
+        async {
+            let params: [&(dyn ToSql + Sync); 5] =
+                [&server, &o.issuer, &o.subject, &o.tenant, &o.client];
+            tx.query_one(&count, &params).await.ctx(COUNTING)
+        },
     )
     .await?;
-    let voided = void_expired(tx, server, r.now, false).await?;
-    notify_settled(tx, server, &voided).await?;
-    let outcome = reserve_slot(tx, server, r).await?;
+    let voided: Vec<String> = voided.iter().map(|r| col(r, 0)).collect::<Result<_>>()?;
+    let outcome = reserve_slot(tx, server, r, holder, &counts, &voided).await?;
     Ok((outcome, voided))
 }
 
+/// The rest of [`reserve`] once the lock is held: `holder` is the task holding the claimed
+/// idempotency key, `counts` the active tasks, `voided` the reservations just voided (their
+/// notices go with the insert).
 async fn reserve_slot(
     tx: &Transaction<'_>,
     server: &str,
     r: &Reservation,
+    holder: Option<Row>,
+    counts: &Row,
+    voided: &[String],
 ) -> Result<ReserveOutcome> {
-    if let Some(claim) = &r.idempotency {
-        let key = &claim.key_hash[..];
-        let sql = "SELECT id, confirmed, idempotency_until FROM lifeguard_tasks \
-                   WHERE server = $1 AND idempotency_key = $2";
-        let holder = opt_row(tx, sql, &[&server, &key], "look up idempotency key").await?;
-        if let Some(holder) = holder {
-            let id: String = col(&holder, 0)?;
-            let confirmed: bool = col(&holder, 1)?;
-            let until: i64 = col(&holder, 2)?;
-            if until > r.now {
-                if !confirmed {
-                    return Ok(ReserveOutcome::InFlight(TaskId::from_string(id)));
-                }
-                let record = load_task(tx, server, &id)
-                    .await?
-                    .ok_or_else(|| LedgerError::corrupt("idempotency key of a lost task"))?;
-                return Ok(ReserveOutcome::Existing(Box::new(record)));
+    if let Some(holder) = holder {
+        notify_settled(tx, server, voided).await?;
+        let id: String = col(&holder, 0)?;
+        let confirmed: bool = col(&holder, 1)?;
+        let until: i64 = col(&holder, 2)?;
+        if until > r.now {
+            if !confirmed {
+                return Ok(ReserveOutcome::InFlight(TaskId::from_string(id)));
             }
-            // The window lapsed: the key no longer means that task; free it for this claim.
-            let sql = "UPDATE lifeguard_tasks SET idempotency_key = NULL, \
-                       idempotency_until = NULL, idempotency_window_ms = NULL \
-                       WHERE server = $1 AND id = $2";
-            exec(tx, sql, &[&server, &id], "clear lapsed idempotency key").await?;
+            let record = load_task(tx, server, &id)
+                .await?
+                .ok_or_else(|| LedgerError::corrupt("idempotency key of a lost task"))?;
+            return Ok(ReserveOutcome::Existing(Box::new(record)));
         }
+        // The window lapsed: the key no longer means that task; free it for this claim.
+        let sql = "UPDATE lifeguard_tasks SET idempotency_key = NULL, \
+                   idempotency_until = NULL, idempotency_window_ms = NULL \
+                   WHERE server = $1 AND id = $2";
+        exec(tx, sql, &[&server, &id], "clear lapsed idempotency key").await?;
+        return insert_reservation(tx, server, r, counts, &[]).await;
     }
+    insert_reservation(tx, server, r, counts, voided).await
+}
 
+/// Inserts the reservation when `counts` leave room under every quota, announcing `voided` in
+/// the same round trip.
+async fn insert_reservation(
+    tx: &Transaction<'_>,
+    server: &str,
+    r: &Reservation,
+    counts: &Row,
+    voided: &[String],
+) -> Result<ReserveOutcome> {
     let o = &r.owner;
-    // One round trip for the four counts; each uses its own partial index. An empty tenant
-    // (client) has no group to share a quota with: not counted.
-    let sql = "SELECT \
-        (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 AND issuer = $2 \
-            AND subject = $3 AND ended_at IS NULL), \
-        CASE WHEN $4::text <> '' THEN (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 \
-            AND issuer = $2 AND tenant = $4 AND ended_at IS NULL) ELSE 0 END, \
-        CASE WHEN $5::text <> '' THEN (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 \
-            AND issuer = $2 AND client = $5 AND ended_at IS NULL) ELSE 0 END, \
-        (SELECT count(*) FROM lifeguard_tasks WHERE server = $1 AND ended_at IS NULL)";
-    let counts = one_row(
-        tx,
-        sql,
-        &[&server, &o.issuer, &o.subject, &o.tenant, &o.client],
-        "count active tasks",
-    )
-    .await?;
     let (principal, tenant, client, all): (i64, i64, i64, i64) = (
-        col(&counts, 0)?,
-        col(&counts, 1)?,
-        col(&counts, 2)?,
-        col(&counts, 3)?,
+        col(counts, 0)?,
+        col(counts, 1)?,
+        col(counts, 2)?,
+        col(counts, 3)?,
     );
     let limits = &r.limits;
-    if principal >= i64::from(limits.per_principal) {
-        return Ok(ReserveOutcome::OverQuota(QuotaScope::Principal));
-    }
-    if !o.tenant.is_empty() && tenant >= i64::from(limits.per_tenant) {
-        return Ok(ReserveOutcome::OverQuota(QuotaScope::Tenant));
-    }
-    if !o.client.is_empty() && client >= i64::from(limits.per_client) {
-        return Ok(ReserveOutcome::OverQuota(QuotaScope::Client));
-    }
-    if all >= i64::from(limits.per_server) {
-        return Ok(ReserveOutcome::OverQuota(QuotaScope::Server));
+    let over = if principal >= i64::from(limits.per_principal) {
+        Some(QuotaScope::Principal)
+    } else if !o.tenant.is_empty() && tenant >= i64::from(limits.per_tenant) {
+        Some(QuotaScope::Tenant)
+    } else if !o.client.is_empty() && client >= i64::from(limits.per_client) {
+        Some(QuotaScope::Client)
+    } else if all >= i64::from(limits.per_server) {
+        Some(QuotaScope::Server)
+    } else {
+        None
+    };
+    if let Some(scope) = over {
+        notify_settled(tx, server, voided).await?;
+        return Ok(ReserveOutcome::OverQuota(scope));
     }
 
     let (key, until, window) = match &r.idempotency {
@@ -181,31 +214,37 @@ async fn reserve_slot(
         None => (None, None, None),
     };
     let scopes = to_json(&r.scopes, "scopes")?;
-    let sql = "INSERT INTO lifeguard_tasks (server, id, confirmed, issuer, subject, tenant, \
-               client, tool, scopes, idempotency_key, idempotency_until, idempotency_window_ms, \
-               reservation_expires_at, token_issued_at) \
-               VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
-    exec(
-        tx,
-        sql,
-        &[
-            &server,
-            &r.id.as_str(),
-            &o.issuer,
-            &o.subject,
-            &o.tenant,
-            &o.client,
-            &r.tool,
-            &scopes,
-            &key,
-            &until,
-            &window,
-            &r.reservation_expires_at,
-            &r.token_issued_at,
-        ],
-        "insert reservation",
-    )
-    .await?;
+    const INSERTING: &str = "insert reservation";
+    let insert = prepared(tx, INSERT_RESERVATION, INSERTING).await?;
+    let params: [&(dyn ToSql + Sync); 13] = [
+        &server,
+        &r.id.as_str(),
+        &o.issuer,
+        &o.subject,
+        &o.tenant,
+        &o.client,
+        &r.tool,
+        &scopes,
+        &key,
+        &until,
+        &window,
+        &r.reservation_expires_at,
+        &r.token_issued_at,
+    ];
+    if voided.is_empty() {
+        tx.execute(&insert, &params).await.ctx(INSERTING)?;
+    } else {
+        let notify = prepared(tx, NOTIFY_SETTLED, "announce settled reservations").await?;
+        try_join(
+            async { tx.execute(&insert, &params).await.ctx(INSERTING) },
+            async {
+                tx.execute(&notify, &[&server, &voided])
+                    .await
+                    .ctx("announce settled reservations")
+            },
+        )
+        .await?;
+    }
     Ok(ReserveOutcome::Reserved)
 }
 
@@ -220,8 +259,31 @@ pub(super) async fn release<C: GenericClient>(c: &C, server: &str, id: &str) -> 
     Ok(!released.is_empty())
 }
 
+/// Locks the reservation: a concurrent confirm, release or sweep of it waits for this one.
+const LOCK_RESERVATION: &str = "SELECT idempotency_until, idempotency_window_ms, issuer, \
+    subject, tenant, client FROM lifeguard_tasks \
+    WHERE server = $1 AND id = $2 AND NOT confirmed FOR UPDATE";
+const UPSTREAM_HOLDER: &str = "SELECT id, issuer, subject, tenant, client FROM lifeguard_tasks \
+    WHERE server = $1 AND upstream_space = $3 AND upstream_id = $2 AND confirmed";
+const CONFIRM: &str = "UPDATE lifeguard_tasks SET confirmed = TRUE, upstream_id = $3, \
+    status = $4, status_message = $5, created_at = $6, last_updated_at = $6, ttl_ms = $7, \
+    expires_at = $8, deadline_at = $9, poll_interval_ms = $10, idempotency_until = $11, \
+    reservation_expires_at = NULL, home = $12, upstream_space = $13 \
+    WHERE server = $1 AND id = $2 AND NOT confirmed";
+const LOAD_TASK: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM ",
+    task_from!(),
+    " WHERE t.server = $1 AND t.id = $2 AND t.confirmed"
+);
+
 /// The confirmation's answer, or `None` when it lost a race on the upstream ID index: the
 /// transaction is aborted; roll it back and try again (the winner is visible then).
+///
+/// Two round trips inside the transaction: the reservation's lock with the upstream ID's
+/// lookup, then the update with its notice and the read of the task it made (see
+/// [`prepared`] for pipelines).
 pub(super) async fn confirm(
     tx: &Transaction<'_>,
     server: &str,
@@ -230,10 +292,22 @@ pub(super) async fn confirm(
     home: &str,
     space: &str,
 ) -> Result<Option<Confirmed>> {
-    // Locks the reservation: a concurrent confirm, release or sweep of it waits for this one.
-    let sql = "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
-               FROM lifeguard_tasks WHERE server = $1 AND id = $2 AND NOT confirmed FOR UPDATE";
-    let Some(reservation) = opt_row(tx, sql, &[&server, &id], "look up reservation").await? else {
+    const LOCKING: &str = "look up reservation";
+    const HOLDER: &str = "look up upstream ID";
+    let lock = prepared(tx, LOCK_RESERVATION, LOCKING).await?;
+    let lookup = prepared(tx, UPSTREAM_HOLDER, HOLDER).await?;
+    // One upstream task, one owner. The unique index is the backstop for a concurrent
+    // confirmation of the same upstream ID that this lookup cannot see yet.
+    let (reservation, holder) = try_join(
+        async { tx.query_opt(&lock, &[&server, &id]).await.ctx(LOCKING) },
+        async {
+            tx.query_opt(&lookup, &[&server, &c.upstream_id, &space])
+                .await
+                .ctx(HOLDER)
+        },
+    )
+    .await?;
+    let Some(reservation) = reservation else {
         return Err(LedgerError::NoReservation);
     };
     let until: Option<i64> = col(&reservation, 0)?;
@@ -246,17 +320,6 @@ pub(super) async fn confirm(
     };
     let settled = [id.to_owned()];
 
-    // One upstream task, one owner. The unique index is the backstop for a concurrent
-    // confirmation of the same upstream ID that this lookup cannot see yet.
-    let sql = "SELECT id, issuer, subject, tenant, client FROM lifeguard_tasks \
-               WHERE server = $1 AND upstream_space = $3 AND upstream_id = $2 AND confirmed";
-    let holder = opt_row(
-        tx,
-        sql,
-        &[&server, &c.upstream_id, &space],
-        "look up upstream ID",
-    )
-    .await?;
     if let Some(holder) = holder {
         let holder_id: String = col(&holder, 0)?;
         let holder_owner = Owner {
@@ -281,30 +344,38 @@ pub(super) async fn confirm(
         (Some(until), Some(window)) => Some(until.max(c.created_at.saturating_add(window))),
         (until, _) => until,
     };
-    let sql = "UPDATE lifeguard_tasks SET confirmed = TRUE, upstream_id = $3, status = $4, \
-               status_message = $5, created_at = $6, last_updated_at = $6, ttl_ms = $7, \
-               expires_at = $8, deadline_at = $9, poll_interval_ms = $10, \
-               idempotency_until = $11, reservation_expires_at = NULL, home = $12, \
-               upstream_space = $13 WHERE server = $1 AND id = $2 AND NOT confirmed";
-    let updated = exec(
-        tx,
-        sql,
-        &[
-            &server,
-            &id,
-            &c.upstream_id,
-            &c.status.as_str(),
-            &c.status_message,
-            &c.created_at,
-            &c.ttl_ms,
-            &c.created_at.saturating_add(c.ttl_ms),
-            &c.deadline_at,
-            &c.poll_interval_ms,
-            &until,
-            &home,
-            &space,
-        ],
-        "confirm task",
+    const CONFIRMING: &str = "confirm task";
+    const NOTIFYING: &str = "announce settled reservations";
+    const LOADING: &str = "look up task";
+    let update = prepared(tx, CONFIRM, CONFIRMING).await?;
+    let notify = prepared(tx, NOTIFY_SETTLED, NOTIFYING).await?;
+    let load = prepared(tx, LOAD_TASK, LOADING).await?;
+    let expires_at = c.created_at.saturating_add(c.ttl_ms);
+    let params: [&(dyn ToSql + Sync); 13] = [
+        &server,
+        &id,
+        &c.upstream_id,
+        &c.status.as_str(),
+        &c.status_message,
+        &c.created_at,
+        &c.ttl_ms,
+        &expires_at,
+        &c.deadline_at,
+        &c.poll_interval_ms,
+        &until,
+        &home,
+        &space,
+    ];
+    // Not `try_join3`: when the update loses the race on the upstream ID index, the statements
+    // after it fail only because the transaction is aborted; the update's answer decides.
+    let (updated, notified, loaded) = join3(
+        async { tx.execute(&update, &params).await.ctx(CONFIRMING) },
+        async {
+            tx.execute(&notify, &[&server, &&settled[..]])
+                .await
+                .ctx(NOTIFYING)
+        },
+        async { tx.query_opt(&load, &[&server, &id]).await.ctx(LOADING) },
     )
     .await;
     match updated {
@@ -314,9 +385,11 @@ pub(super) async fn confirm(
         }
         Err(e) => return Err(e),
     }
-    notify_settled(tx, server, &settled).await?;
-    let record = load_task(tx, server, id)
-        .await?
+    notified?;
+    let record = loaded?
+        .as_ref()
+        .map(record)
+        .transpose()?
         .ok_or_else(|| LedgerError::Internal("confirmed task vanished".into()))?;
     Ok(Some(Confirmed::New(record)))
 }

@@ -38,6 +38,22 @@ pub(super) const TASK_COLUMN_COUNT: usize = 27;
 
 pub(super) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
+/// `sql` prepared on `c` (cached per connection), for a pipeline: prepare every statement of a
+/// pipeline before sending any of it. A statement prepared on the way would wait for its Parse
+/// while the ones after it are sent, and run before it.
+///
+/// A pipeline is several statements of one transaction sent without waiting for each answer
+/// (`futures_util::future::join*`, which polls its futures in order, so they are sent in
+/// order); PostgreSQL runs them one after the other, and in READ COMMITTED each sees what was
+/// committed before it started. One round trip instead of one each.
+pub(super) async fn prepared<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    what: &str,
+) -> Result<tokio_postgres::Statement> {
+    c.prepare_cached(sql).await.ctx(what)
+}
+
 /// Runs a cached statement; returns its rows.
 pub(super) async fn rows<C: GenericClient>(
     c: &C,
@@ -177,6 +193,11 @@ pub(super) fn sql_limit(limit: usize) -> i64 {
 
 /// Sends the settlement of reservations `ids` to every listening ledger instance (delivered
 /// when the transaction commits).
+/// Announces settled reservations: one notification per ID (`$2`, a text array), `server \n
+/// id`, on the channel every listener LISTENs to.
+pub(super) const NOTIFY_SETTLED: &str = "SELECT pg_notify('lifeguard_settled', \
+    $1::text || E'\\n' || id) FROM unnest($2::text[]) AS id";
+
 pub(super) async fn notify_settled<C: GenericClient>(
     c: &C,
     server: &str,
@@ -185,10 +206,13 @@ pub(super) async fn notify_settled<C: GenericClient>(
     if ids.is_empty() {
         return Ok(());
     }
-    // One notification per ID, `server \n id`, on the channel every listener LISTENs to.
-    let sql = "SELECT pg_notify('lifeguard_settled', $1::text || E'\\n' || id) \
-               FROM unnest($2::text[]) AS id";
-    rows(c, sql, &[&server, &ids], "announce settled reservations").await?;
+    rows(
+        c,
+        NOTIFY_SETTLED,
+        &[&server, &ids],
+        "announce settled reservations",
+    )
+    .await?;
     Ok(())
 }
 
