@@ -294,7 +294,7 @@ async fn a_cluster_scoped_revocation_is_created_read_and_deleted() {
     assert_eq!(created.metadata.namespace, None, "cluster-scoped");
     assert_eq!(created.metadata.generation, Some(1));
     let read = revocations.get("alice-left").await.unwrap();
-    assert_eq!(read.spec.subject, "alice");
+    assert_eq!(read.spec.subject.as_deref(), Some("alice"));
     assert_eq!(read.metadata.uid, created.metadata.uid);
     assert_eq!(
         revocations

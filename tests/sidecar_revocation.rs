@@ -1,12 +1,14 @@
 //! Revocation, black box: a PrincipalRevocation added to the standalone policy file refuses the
-//! principal's old tokens, cancels the work they started and stops its writes.
+//! principal's old tokens, cancels the work they started and stops its writes; one naming a
+//! whole tenant or a client application does the same for everyone it covers.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::json;
-use support::{Sidecar, User};
+use support::listen::ListenStream;
+use support::{McpClient, Sidecar, User};
 
 const SPEC: &str = "  tasks:\n    minPollInterval: 50ms\n";
 
@@ -208,4 +210,163 @@ async fn owner_cancel_stops_writes_before_the_task_reads_cancelled_plus_one_inte
             "round {round}"
         );
     }
+}
+
+/// A revocation of everyone a `scope` (YAML lines under `spec:`) covers.
+fn scoped_revocation(name: &str, scope: &str, revoked_before: jiff::Timestamp) -> String {
+    format!(
+        r#"---
+apiVersion: lifeguard.dev/v1alpha1
+kind: PrincipalRevocation
+metadata: {{name: {name}}}
+spec:
+  issuer: {}
+{scope}
+  revokedBefore: "{revoked_before}"
+  reason: adminAction
+  source: {{kind: manual}}
+"#,
+        support::ISSUER
+    )
+}
+
+async fn start_writing(client: &McpClient, token: &str, label: &str) -> String {
+    let created = client
+        .call_tool(
+            token,
+            "write_rows",
+            json!({"count": 1000, "intervalMs": 20, "label": label}),
+        )
+        .await;
+    created.result()["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{label}: no task: {created:?}"))
+        .to_owned()
+}
+
+async fn reads_cancelled(client: &McpClient, token: &str, task: &str) -> bool {
+    support::eventually(Duration::from_secs(10), async || {
+        let r = client.get_task(token, task).await;
+        (r.result()["status"] == "cancelled").then_some(())
+    })
+    .await
+    .is_some()
+}
+
+#[tokio::test]
+async fn a_tenant_revocation_cancels_every_subjects_tasks_and_streams_in_that_tenant_only() {
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let now = jiff::Timestamp::now().as_second();
+    let alice = User::new("alice", "tenant-a", "console");
+    let bob = User::new("bob", "tenant-a", "cli");
+    let carol = User::new("carol", "tenant-b", "console");
+    let (alice_old, bob_old, carol_old) = (
+        with_iat(&alice, now - 60),
+        with_iat(&bob, now - 60),
+        with_iat(&carol, now - 60),
+    );
+    let alice_task = start_writing(&client, &alice_old, "alice").await;
+    let bob_task = start_writing(&client, &bob_old, "bob").await;
+    let carol_task = start_writing(&client, &carol_old, "carol").await;
+    let mut bob_stream = ListenStream::open(
+        &client.url,
+        &bob_old,
+        json!("b"),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    let mut carol_stream = ListenStream::open(
+        &client.url,
+        &carol_old,
+        json!("c"),
+        json!({"toolsListChanged": true}),
+        true,
+    )
+    .await;
+    bob_stream.next(Duration::from_secs(5)).await.expect("ack");
+    carol_stream
+        .next(Duration::from_secs(5))
+        .await
+        .expect("ack");
+
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    append(
+        &sidecar,
+        &scoped_revocation("tenant-a-offboarded", "  tenant: tenant-a", revoked_before),
+    );
+
+    // Both subjects of tenant-a: old tokens refused, tasks cancelled, stream closed.
+    let refused = support::eventually(Duration::from_secs(10), async || {
+        let r = client.get_task(&bob_old, &bob_task).await;
+        (r.status == 401).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "bob's old token still accepted");
+    assert!(reads_cancelled(&client, &alice.token(), &alice_task).await);
+    assert!(reads_cancelled(&client, &bob.token(), &bob_task).await);
+    let frames = bob_stream.drain(Duration::from_secs(3)).await;
+    assert_eq!(
+        frames.last().map(|f| f["id"].clone()),
+        Some(json!("b")),
+        "{frames:?}"
+    );
+    // tenant-b is untouched: the same kind of old token still works, the task runs.
+    let carols = client.get_task(&carol_old, &carol_task).await;
+    assert_eq!(carols.status, 200, "{carols:?}");
+    assert_eq!(carols.result()["status"], "working");
+
+    let applied = sidecar
+        .audit_event(|e| e["event"] == "revocation.applied")
+        .await
+        .expect("revocation.applied audited");
+    assert_eq!(applied["detail"]["tasksCancelled"], 2);
+    assert_eq!(applied["detail"]["streamsClosed"], 1);
+    assert_eq!(applied["detail"]["tenant"], "tenant-a");
+    assert_eq!(applied["detail"]["subject"], json!(null));
+    // One stream closed (bob's): carol's, opened with a token as old, stays open.
+    assert!(
+        carol_stream
+            .next(Duration::from_millis(300))
+            .await
+            .is_none(),
+        "carol's stream ended"
+    );
+    client.cancel_task(&carol_old, &carol_task).await;
+}
+
+#[tokio::test]
+async fn a_client_application_revocation_cancels_the_work_started_through_it_only() {
+    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let now = jiff::Timestamp::now().as_second();
+    let alice_console = User::new("alice", "tenant-a", "console");
+    let alice_cli = User::new("alice", "tenant-a", "cli");
+    let dave_console = User::new("dave", "tenant-b", "console");
+    let via_console = start_writing(&client, &with_iat(&alice_console, now - 60), "a1").await;
+    let via_cli_token = with_iat(&alice_cli, now - 60);
+    let via_cli = start_writing(&client, &via_cli_token, "a2").await;
+    let daves = start_writing(&client, &with_iat(&dave_console, now - 60), "d").await;
+
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    append(
+        &sidecar,
+        &scoped_revocation(
+            "console-consent-withdrawn",
+            "  client: console",
+            revoked_before,
+        ),
+    );
+
+    assert!(reads_cancelled(&client, &alice_console.token(), &via_console).await);
+    assert!(reads_cancelled(&client, &dave_console.token(), &daves).await);
+    let untouched = client.get_task(&via_cli_token, &via_cli).await;
+    assert_eq!(untouched.status, 200, "{untouched:?}");
+    assert_eq!(untouched.result()["status"], "working");
+    let applied = sidecar
+        .audit_event(|e| e["event"] == "revocation.applied")
+        .await
+        .expect("revocation.applied audited");
+    assert_eq!(applied["detail"]["tasksCancelled"], 2);
+    assert_eq!(applied["detail"]["client"], "console");
+    client.cancel_task(&via_cli_token, &via_cli).await;
 }

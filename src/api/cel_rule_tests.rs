@@ -310,6 +310,30 @@ fn cases() -> Vec<Case> {
             None,
         ),
         case(
+            "revocation naming nobody",
+            revocation(json!({"subject": null})),
+            None,
+            Some(rules::REVOCATION_NAMES_SOMEONE),
+        ),
+        case(
+            "a whole tenant",
+            revocation(json!({"subject": null, "tenant": "t1"})),
+            None,
+            None,
+        ),
+        case(
+            "a client application",
+            revocation(json!({"subject": null, "client": "c1"})),
+            None,
+            None,
+        ),
+        case(
+            "revoked subject removed",
+            revocation(json!({"subject": null, "tenant": "t1"})),
+            Some(revocation(json!({"tenant": "t1"}))),
+            Some(rules::IMMUTABLE_REVOKED_IDENTITY),
+        ),
+        case(
             "revoked subject changed",
             revocation(json!({"subject": "bob"})),
             Some(revocation(json!({}))),

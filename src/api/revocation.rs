@@ -7,10 +7,13 @@ use serde::{Deserialize, Serialize};
 
 use super::rules;
 
-/// Revokes one principal (issuer + subject, optionally narrowed to a tenant or client) on every
-/// MCP server Lifeguard protects: tokens issued at or before `revokedBefore` are refused, the
-/// principal's unfinished tasks are cancelled and its listen streams closed. Written by people,
-/// GitOps, or the operator's security-event (SSF/CAEP/RISC) receiver.
+/// Revokes identities on every MCP server Lifeguard protects: tokens issued at or before
+/// `revokedBefore` are refused, their unfinished tasks are cancelled and their listen streams
+/// closed. What it covers, always within one issuer: one principal (`subject`, optionally
+/// narrowed to a `tenant` or `client`), a whole tenant (`tenant` without `subject`), or a
+/// client application (`client` without `subject`, e.g. withdrawn consent; with `tenant`, that
+/// application in that tenant). Written by people, GitOps, or the operator's security-event
+/// (SSF/CAEP/RISC) receiver.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "lifeguard.dev",
@@ -29,6 +32,18 @@ use super::rules;
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(name = "Subject", type_ = "string", json_path = ".spec.subject"),
+    printcolumn(
+        name = "Tenant",
+        type_ = "string",
+        json_path = ".spec.tenant",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Client",
+        type_ = "string",
+        json_path = ".spec.client",
+        priority = 1
+    ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".spec.reason"),
     printcolumn(
         name = "Acked",
@@ -55,7 +70,9 @@ use super::rules;
     )
 )]
 #[x_kube(
-    validation = Rule::new("self.issuer == oldSelf.issuer && self.subject == oldSelf.subject && has(self.tenant) == has(oldSelf.tenant) && (!has(self.tenant) || self.tenant == oldSelf.tenant) && has(self.client) == has(oldSelf.client) && (!has(self.client) || self.client == oldSelf.client)")
+    validation = Rule::new("has(self.subject) || has(self.tenant) || has(self.client)")
+        .message(rules::REVOCATION_NAMES_SOMEONE),
+    validation = Rule::new("self.issuer == oldSelf.issuer && has(self.subject) == has(oldSelf.subject) && (!has(self.subject) || self.subject == oldSelf.subject) && has(self.tenant) == has(oldSelf.tenant) && (!has(self.tenant) || self.tenant == oldSelf.tenant) && has(self.client) == has(oldSelf.client) && (!has(self.client) || self.client == oldSelf.client)")
         .message(rules::IMMUTABLE_REVOKED_IDENTITY),
     validation = Rule::new("self.revokedBefore >= oldSelf.revokedBefore")
         .message(rules::REVOKED_BEFORE_ONLY_LATER)
@@ -67,16 +84,20 @@ pub struct PrincipalRevocationSpec {
     #[schemars(length(min = 1, max = 2048))]
     pub issuer: String,
 
-    /// Subject (`sub`, or the policy's subject claim) of the revoked principal.
+    /// Subject (`sub`, or the policy's subject claim) of the revoked principal. Without it the
+    /// revocation covers every subject of the `tenant` and/or `client` it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
-    pub subject: String,
+    pub subject: Option<String>,
 
-    /// When set, only the principal's tokens and tasks in this tenant are revoked.
+    /// The tenant (the policy's tenant claim): with `subject`, only the principal's tokens and
+    /// tasks in this tenant are revoked; without it, the whole tenant's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub tenant: Option<String>,
 
-    /// When set, only the principal's tokens and tasks through this OAuth client are revoked.
+    /// The OAuth client (the policy's client claim): with `subject`, only the principal's tokens
+    /// and tasks through this client are revoked; without it, everyone's through this client.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub client: Option<String>,

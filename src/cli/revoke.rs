@@ -34,13 +34,16 @@ pub struct RevokeArgs {
     /// Token issuer (`iss`) of the principal, exactly as in its tokens.
     #[arg(long, value_name = "ISSUER")]
     pub issuer: String,
-    /// Subject of the principal (`sub`, or the policy's subject claim).
+    /// Subject of the principal (`sub`, or the policy's subject claim). Without it, every
+    /// subject of the --tenant and/or --client given is revoked.
     #[arg(long, value_name = "SUBJECT")]
-    pub subject: String,
-    /// Revoke only the principal's tokens and tasks in this tenant.
+    pub subject: Option<String>,
+    /// With --subject: only the principal's tokens and tasks in this tenant. Alone: the whole
+    /// tenant's.
     #[arg(long, value_name = "TENANT")]
     pub tenant: Option<String>,
-    /// Revoke only the principal's tokens and tasks through this OAuth client.
+    /// With --subject: only the principal's tokens and tasks through this OAuth client.
+    /// Alone: everyone's through this client (e.g. consent withdrawn for the application).
     #[arg(long, value_name = "CLIENT")]
     pub client: Option<String>,
     /// Why; decides whether tokens issued afterwards work again.
@@ -105,7 +108,7 @@ pub const SOURCE_LABEL_VALUE: &str = "manual";
 #[derive(Debug, Clone, PartialEq)]
 pub struct RevocationRequest {
     pub issuer: String,
-    pub subject: String,
+    pub subject: Option<String>,
     pub tenant: Option<String>,
     pub client: Option<String>,
     pub reason: RevocationReason,
@@ -134,8 +137,17 @@ impl RevocationRequest {
     pub fn from_args(args: &RevokeArgs, now: Timestamp) -> Result<Self> {
         let mut problems = Vec::new();
         check_identifier("issuer", &args.issuer, MAX_ISSUER, &mut problems);
-        check_identifier("subject", &args.subject, MAX_IDENTIFIER, &mut problems);
-        for (flag, value) in [("tenant", &args.tenant), ("client", &args.client)] {
+        if args.subject.is_none() && args.tenant.is_none() && args.client.is_none() {
+            problems.push(
+                "name at least one of --subject, --tenant and --client: a revocation never covers a whole issuer"
+                    .to_owned(),
+            );
+        }
+        for (flag, value) in [
+            ("subject", &args.subject),
+            ("tenant", &args.tenant),
+            ("client", &args.client),
+        ] {
             if let Some(value) = value {
                 check_identifier(flag, value, MAX_IDENTIFIER, &mut problems);
             }
@@ -195,12 +207,12 @@ impl RevocationRequest {
     }
 
     /// `manual-` and 20 hex digits of SHA-256 over the principal and `revokedBefore` (each
-    /// field length-prefixed, an absent tenant or client distinct from every value).
+    /// field length-prefixed, an absent subject, tenant or client distinct from every value).
     pub fn name(&self) -> String {
         let mut hash = Sha256::new();
         let fields = [
             Some(self.issuer.as_str()),
-            Some(self.subject.as_str()),
+            self.subject.as_deref(),
             self.tenant.as_deref(),
             self.client.as_deref(),
             Some(&self.revoked_before.to_string()),
@@ -267,7 +279,7 @@ pub fn differences(
         found.push(format!(
             "it revokes {} at {}",
             principal_label(
-                &existing.subject,
+                existing.subject.as_deref(),
                 existing.tenant.as_deref(),
                 existing.client.as_deref()
             ),
@@ -560,7 +572,7 @@ async fn create_or_find(
     report(format!(
         "  principal:     {} at {}",
         principal_label(
-            &request.subject,
+            request.subject.as_deref(),
             request.tenant.as_deref(),
             request.client.as_deref()
         ),

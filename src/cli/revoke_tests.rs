@@ -232,7 +232,7 @@ fn the_name_is_a_hash_of_the_principal_and_the_instant() {
         request(&["--reason", "sessionRevoked", "--tenant", "t1"]).name(),
         request(&["--reason", "sessionRevoked", "--client", "t1"]).name(),
         RevocationRequest {
-            subject: "bob".into(),
+            subject: Some("bob".into()),
             ..base.clone()
         }
         .name(),
@@ -298,7 +298,7 @@ fn an_existing_object_is_this_request_when_principal_reason_and_expiry_match() {
     let other = PrincipalRevocationSpec {
         reason: RevocationReason::AccountDisabled,
         expires_at: Some(Time(at("2026-12-02T00:00:00Z"))),
-        subject: "bob".into(),
+        subject: Some("bob".into()),
         ..asked.clone()
     };
     let found = differences(&other, &asked);
@@ -422,4 +422,38 @@ fn the_reason_is_explained_by_what_it_does_to_fresh_tokens() {
     );
     let disabled = request(&["--reason", "accountDisabled"]);
     assert!(explain_reason(&disabled).contains("every token of the principal is refused"));
+}
+
+#[test]
+fn a_whole_tenant_or_client_application_is_revoked_without_a_subject() {
+    let without_subject = |extra: &[&str]| {
+        let mut argv = vec!["revoke", "--issuer", "https://idp.example.com"];
+        argv.extend_from_slice(extra);
+        let args = Wrap::try_parse_from(argv).unwrap().args;
+        RevocationRequest::from_args(&args, at(NOW))
+    };
+    let tenant = without_subject(&["--reason", "adminAction", "--tenant", "tenant-a"]).unwrap();
+    assert_eq!(tenant.subject, None);
+    let object = tenant.object();
+    assert_eq!(object.spec.subject, None);
+    assert_eq!(object.spec.tenant.as_deref(), Some("tenant-a"));
+    let client = without_subject(&["--reason", "adminAction", "--client", "console"]).unwrap();
+    assert_eq!(client.object().spec.client.as_deref(), Some("console"));
+    // Names never collide with a subject's revocation of the same tenant.
+    assert_ne!(
+        tenant.name(),
+        request(&["--reason", "adminAction", "--tenant", "tenant-a"]).name()
+    );
+    assert_ne!(tenant.name(), client.name());
+    let nobody = without_subject(&["--reason", "adminAction"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        nobody.contains("name at least one of --subject, --tenant and --client"),
+        "{nobody}"
+    );
+    assert_eq!(
+        principal_label(None, Some("tenant-a"), None),
+        "* [tenant=tenant-a]"
+    );
 }

@@ -150,7 +150,7 @@ pub struct ExceptionRow {
 pub struct RevocationRow {
     pub name: String,
     pub issuer: String,
-    pub subject: String,
+    pub subject: Option<String>,
     pub tenant: Option<String>,
     pub client: Option<String>,
     pub reason: String,
@@ -444,7 +444,11 @@ impl StatusReport {
                     vec![
                         r.name.clone(),
                         r.issuer.clone(),
-                        principal_label(&r.subject, r.tenant.as_deref(), r.client.as_deref()),
+                        principal_label(
+                            r.subject.as_deref(),
+                            r.tenant.as_deref(),
+                            r.client.as_deref(),
+                        ),
                         r.reason.clone(),
                         match (r.acknowledged_sidecars, r.target_sidecars) {
                             (Some(acked), Some(target)) if r.observed => {
@@ -490,12 +494,19 @@ fn note(out: &mut String, who: &str, text: &str) {
     out.push_str(&format!("  ! {who}: {text}\n"));
 }
 
-/// `alice`, or `alice [tenant=t1 client=console]` for a narrowed revocation.
-pub fn principal_label(subject: &str, tenant: Option<&str>, client: Option<&str>) -> String {
+/// `alice`, or `alice [tenant=t1 client=console]` for a narrowed revocation; `* [tenant=t1]` for
+/// every subject of a tenant (or client).
+pub fn principal_label(
+    subject: Option<&str>,
+    tenant: Option<&str>,
+    client: Option<&str>,
+) -> String {
     let narrowing: Vec<String> = [("tenant", tenant), ("client", client)]
         .into_iter()
         .filter_map(|(what, value)| value.map(|v| format!("{what}={v}")))
         .collect();
+    // Without a subject: everyone of the tenant and/or client.
+    let subject = subject.unwrap_or("*");
     if narrowing.is_empty() {
         subject.to_owned()
     } else {

@@ -257,13 +257,13 @@ fn tables_pad_to_the_widest_cell_and_trim_line_ends() {
 
 #[test]
 fn principals_show_their_narrowing() {
-    assert_eq!(principal_label("alice", None, None), "alice");
+    assert_eq!(principal_label(Some("alice"), None, None), "alice");
     assert_eq!(
-        principal_label("alice", Some("t1"), Some("console")),
+        principal_label(Some("alice"), Some("t1"), Some("console")),
         "alice [tenant=t1 client=console]"
     );
     assert_eq!(
-        principal_label("alice", None, Some("c")),
+        principal_label(Some("alice"), None, Some("c")),
         "alice [client=c]"
     );
 }

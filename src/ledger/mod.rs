@@ -306,11 +306,13 @@ pub enum FinishOutcome {
     NotFound,
 }
 
-/// Narrowing of a principal for revocation lookups; `None` matches any.
+/// Whose tasks a revocation lookup lists: one issuer's, narrowed by subject, tenant and client;
+/// `None` matches any. (A revocation names at least one of the three; a filter naming none
+/// lists the whole issuer's tasks.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrincipalFilter {
     pub issuer: String,
-    pub subject: String,
+    pub subject: Option<String>,
     pub tenant: Option<String>,
     pub client: Option<String>,
 }

@@ -57,7 +57,7 @@ impl RevocationSink for KubeRevocationSink {
                     for r in all.items.iter().filter(|r| {
                         r.spec.reason == RevocationReason::AccountDisabled
                             && r.spec.issuer == *issuer
-                            && r.spec.subject == *subject
+                            && r.spec.subject.as_ref() == Some(subject)
                             && r.spec.revoked_before.0 <= enabled_at.0
                             && r.metadata
                                 .labels

@@ -222,7 +222,8 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
         validate_revocation(revocation, &mut p);
         attach(&object, p, &mut problems);
         // A revocation is applied even when it has problems: refusing to apply it would
-        // fail open. An empty issuer or subject simply matches no token.
+        // fail open. An empty issuer or subject simply matches no token, and one naming no
+        // subject, tenant or client covers nobody (`RevocationRule::covers`).
         let spec = &revocation.spec;
         revocations.push(RevocationRule {
             name: object.name,

@@ -487,3 +487,46 @@ fn ledger_secret_references_are_checked_with_the_cel_messages() {
         ]
     );
 }
+
+#[test]
+fn revocations_of_a_whole_tenant_or_client_cover_every_subject_and_one_naming_nobody_none() {
+    let scoped = |name: &str, scope: &str| -> PrincipalRevocation {
+        let yaml = format!(
+            "apiVersion: lifeguard.dev/v1alpha1\nkind: PrincipalRevocation\nmetadata: {{name: {name}}}\nspec:\n  issuer: https://idp.example.com\n{scope}  revokedBefore: \"2026-11-30T09:00:00Z\"\n  reason: adminAction\n  source: {{kind: manual}}\n"
+        );
+        serde_saphyr::from_str(&yaml).unwrap()
+    };
+    let revocations = [
+        scoped("tenant", "  tenant: t1\n"),
+        scoped("client", "  client: console\n"),
+        scoped("nobody", ""),
+    ];
+    let compiled = compile_one(&policy(""), &[], &revocations);
+    let named: Vec<&ObjectProblem> = compiled
+        .problems
+        .iter()
+        .filter(|p| p.object.name == "nobody")
+        .collect();
+    assert!(
+        named.iter().any(|p| p.problem.path == "spec"
+            && p.problem.message == crate::api::rules::REVOCATION_NAMES_SOMEONE),
+        "{named:?}"
+    );
+    assert!(
+        compiled.problems.iter().all(|p| p.object.name == "nobody"),
+        "{:?}",
+        compiled.problems
+    );
+    let p = compiled.effective.unwrap();
+    let rule = |name: &str| p.revocations.iter().find(|r| r.name == name).unwrap();
+    let idp = "https://idp.example.com";
+    assert!(rule("tenant").covers(idp, "alice", "t1", "console"));
+    assert!(rule("tenant").covers(idp, "bob", "t1", "cli"));
+    assert!(!rule("tenant").covers(idp, "alice", "t2", "console"));
+    assert!(!rule("tenant").covers("https://other-idp", "alice", "t1", "console"));
+    assert!(rule("client").covers(idp, "alice", "t1", "console"));
+    assert!(rule("client").covers(idp, "carol", "t9", "console"));
+    assert!(!rule("client").covers(idp, "alice", "t1", "cli"));
+    // Applied (refusing it would fail open) but covering nobody: never a whole issuer.
+    assert!(!rule("nobody").covers(idp, "alice", "t1", "console"));
+}

@@ -258,7 +258,8 @@ impl GrantedException {
 pub struct RevocationRule {
     pub name: String,
     pub issuer: String,
-    pub subject: String,
+    /// `None`: every subject of the tenant and/or client named.
+    pub subject: Option<String>,
     pub tenant: Option<String>,
     pub client: Option<String>,
     pub revoked_before: Timestamp,
@@ -266,12 +267,20 @@ pub struct RevocationRule {
 }
 
 impl RevocationRule {
-    /// Whether this revocation covers the identity (issuer + subject, tenant, client).
+    /// Whether this revocation covers the identity: same issuer, and every one of subject,
+    /// tenant and client it names. One that names none of them covers nobody (it is refused by
+    /// validation; a whole issuer is never revoked by accident).
     pub fn covers(&self, issuer: &str, subject: &str, tenant: &str, client: &str) -> bool {
-        self.issuer == issuer
-            && self.subject == subject
+        self.names_someone()
+            && self.issuer == issuer
+            && self.subject.as_deref().is_none_or(|s| s == subject)
             && self.tenant.as_deref().is_none_or(|t| t == tenant)
             && self.client.as_deref().is_none_or(|c| c == client)
+    }
+
+    /// Whether it names a subject, a tenant or a client.
+    pub fn names_someone(&self) -> bool {
+        self.subject.is_some() || self.tenant.is_some() || self.client.is_some()
     }
 
     /// Whether a token of a covered identity issued at `issued_at` is refused. Tokens without

@@ -545,10 +545,14 @@ pub fn validate_revocation(revocation: &PrincipalRevocation, p: &mut Problems) {
     if spec.issuer.trim().is_empty() {
         p.error("spec.issuer", "must not be empty");
     }
-    if spec.subject.trim().is_empty() {
-        p.error("spec.subject", "must not be empty");
+    if spec.subject.is_none() && spec.tenant.is_none() && spec.client.is_none() {
+        p.error("spec", rules::REVOCATION_NAMES_SOMEONE);
     }
-    for (field, value) in [("tenant", &spec.tenant), ("client", &spec.client)] {
+    for (field, value) in [
+        ("subject", &spec.subject),
+        ("tenant", &spec.tenant),
+        ("client", &spec.client),
+    ] {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
             p.error(format!("spec.{field}"), "must not be empty when set");
         }

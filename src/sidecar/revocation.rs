@@ -125,6 +125,14 @@ async fn apply_one(
 ) -> Option<RevocationCounts> {
     let correlation = new_correlation_id();
     let started = std::time::Instant::now();
+    if !rule.names_someone() {
+        // Covers nobody (validation refuses it): never a scan of the whole issuer's tasks.
+        return Some(RevocationCounts {
+            name: rule.name.clone(),
+            tasks_cancelled: 0,
+            streams_closed: 0,
+        });
+    }
     let filter = PrincipalFilter {
         issuer: rule.issuer.clone(),
         subject: rule.subject.clone(),
@@ -161,6 +169,8 @@ async fn apply_one(
         .detail("revocation", rule.name.clone())
         .detail("issuer", rule.issuer.clone())
         .detail("subject", rule.subject.clone())
+        .detail("tenant", rule.tenant.clone())
+        .detail("client", rule.client.clone())
         .detail("revocationReason", json!(rule.reason))
         .detail("tasksCancelled", cancelled)
         .detail("streamsClosed", streams_closed)
@@ -223,7 +233,7 @@ mod tests {
         RevocationRule {
             name: "r".into(),
             issuer: "https://idp".into(),
-            subject: "alice".into(),
+            subject: Some("alice".into()),
             tenant: None,
             client: None,
             revoked_before: jiff::Timestamp::from_second(1_000).unwrap(),

@@ -99,7 +99,7 @@ pub async fn cancel_request(ledger: &dyn TaskLedger) {
     // Still active, intent and all.
     let filter = PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: Some(owner.subject.clone()),
         tenant: None,
         client: None,
     };

@@ -421,7 +421,8 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     reserve_ok(ledger, again).await;
 }
 
-/// `active_for` lists a principal's confirmed non-terminal tasks, narrowed by tenant/client.
+/// `active_for` lists a principal's confirmed non-terminal tasks, narrowed by tenant/client;
+/// without a subject, every subject's of that issuer, tenant and/or client.
 pub async fn active_for(ledger: &dyn TaskLedger) {
     let owner = fresh_owner();
     let (t1, t2) = (owner.tenant.clone(), unique("tenant-"));
@@ -437,14 +438,15 @@ pub async fn active_for(ledger: &dyn TaskLedger) {
     let ended = create(ledger, &with(&t1, &c1)).await.id;
     end(ledger, &ended).await;
     reserve_ok(ledger, reservation(&with(&t1, &c1), UNLIMITED)).await;
-    create(
+    let peer = create(
         ledger,
         &Owner {
             subject: unique("peer-"),
             ..owner.clone()
         },
     )
-    .await;
+    .await
+    .id;
     create(
         ledger,
         &Owner {
@@ -454,11 +456,15 @@ pub async fn active_for(ledger: &dyn TaskLedger) {
     )
     .await;
 
-    let query = |tenant: Option<&str>, client: Option<&str>| PrincipalFilter {
+    let anyone = |tenant: Option<&str>, client: Option<&str>| PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: None,
         tenant: tenant.map(Into::into),
         client: client.map(Into::into),
+    };
+    let query = |tenant: Option<&str>, client: Option<&str>| PrincipalFilter {
+        subject: Some(owner.subject.clone()),
+        ..anyone(tenant, client)
     };
     let cases = [
         (query(None, None), vec![&a, &b, &c]),
@@ -467,6 +473,11 @@ pub async fn active_for(ledger: &dyn TaskLedger) {
         (query(Some(&t1), Some(&c1)), vec![&a]),
         (query(Some(&t2), Some(&c2)), vec![]),
         (query(Some(""), None), vec![]),
+        // A whole tenant, a client application, that application in that tenant.
+        (anyone(Some(&t1), None), vec![&a, &b, &peer]),
+        (anyone(None, Some(&c1)), vec![&a, &c, &peer]),
+        (anyone(Some(&t1), Some(&c1)), vec![&a, &peer]),
+        (anyone(Some(&t2), Some(&c2)), vec![]),
     ];
     for (filter, expected) in cases {
         let found = ledger.active_for(&filter).await.expect("active_for");

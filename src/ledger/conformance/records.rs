@@ -116,7 +116,7 @@ pub async fn reservations_are_invisible(ledger: &dyn TaskLedger) {
     assert_eq!(get(ledger, &id).await, None);
     let filter = PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: Some(owner.subject.clone()),
         tenant: None,
         client: None,
     };

@@ -307,8 +307,8 @@ pub(super) async fn active_for<C: GenericClient>(
         task_columns!(),
         " FROM ",
         task_from!(),
-        " WHERE t.server = $1 AND t.issuer = $2 AND t.subject = $3 AND t.ended_at IS NULL \
-         AND t.confirmed AND ($4::text IS NULL OR t.tenant = $4) \
+        " WHERE t.server = $1 AND t.issuer = $2 AND ($3::text IS NULL OR t.subject = $3) \
+         AND t.ended_at IS NULL AND t.confirmed AND ($4::text IS NULL OR t.tenant = $4) \
          AND ($5::text IS NULL OR t.client = $5) ORDER BY t.created_at, t.id"
     );
     let found = rows(

@@ -737,7 +737,8 @@ fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<
 pub(super) fn active_for(conn: &Connection, p: &PrincipalFilter) -> Result<Vec<TaskRecord>> {
     let sql = format!(
         "SELECT {TASK_COLUMNS} FROM {TASK_FROM} \
-         WHERE t.issuer = ?1 AND t.subject = ?2 AND t.ended_at IS NULL AND t.confirmed = 1 \
+         WHERE t.issuer = ?1 AND (?2 IS NULL OR t.subject = ?2) AND t.ended_at IS NULL \
+         AND t.confirmed = 1 \
          AND (?3 IS NULL OR t.tenant = ?3) AND (?4 IS NULL OR t.client = ?4) \
          ORDER BY t.created_at, t.id"
     );

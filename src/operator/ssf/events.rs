@@ -176,7 +176,7 @@ pub fn actions_for(
                     .transpose()?;
                 let spec = PrincipalRevocationSpec {
                     issuer: issuer.clone(),
-                    subject: principal.subject.clone(),
+                    subject: Some(principal.subject.clone()),
                     tenant: principal.tenant.clone(),
                     client: None,
                     revoked_before: at,

@@ -20,7 +20,7 @@ pub async fn reconcile_principal(
 ) -> usize {
     let filter = PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: Some(owner.subject.clone()),
         tenant: None,
         client: None,
     };

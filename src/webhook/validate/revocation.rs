@@ -98,7 +98,7 @@ pub fn validate_revocation(
 
     for (field, value) in [
         ("issuer", Some(&spec.issuer)),
-        ("subject", Some(&spec.subject)),
+        ("subject", spec.subject.as_ref()),
         ("tenant", spec.tenant.as_ref()),
         ("client", spec.client.as_ref()),
     ] {

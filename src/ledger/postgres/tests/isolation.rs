@@ -40,7 +40,7 @@ async fn servers_sharing_a_database_share_nothing() {
     assert_eq!(two.get(&task.id).await.unwrap(), None);
     let filter = PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: Some(owner.subject.clone()),
         tenant: None,
         client: None,
     };

@@ -254,7 +254,7 @@ async fn revocation_sweeps_across_replicas_record_one_intent_each() {
     }
     let filter = PrincipalFilter {
         issuer: owner.issuer.clone(),
-        subject: owner.subject.clone(),
+        subject: Some(owner.subject.clone()),
         tenant: None,
         client: None,
     };

@@ -95,7 +95,7 @@ fn an_expiry_already_passed_warns() {
 #[test]
 fn whitespace_around_an_identity_field_warns() {
     let mut r = revocation(NOW, "sessionRevoked");
-    r.spec.subject = "alice ".into();
+    r.spec.subject = Some("alice ".into());
     r.spec.client = Some(" console".into());
     let v = validate_revocation(&r, None, at(NOW));
     assert_warned(
@@ -119,10 +119,29 @@ fn compiler_errors_deny() {
         &["spec.source:"],
     );
     let mut r = revocation(NOW, "sessionRevoked");
-    r.spec.subject = "   ".into();
+    r.spec.subject = Some("   ".into());
     assert_denied(
         &validate_revocation(&r, None, at(NOW)),
         "invalid_spec",
-        &["spec.subject: must not be empty"],
+        &["spec.subject: must not be empty when set"],
     );
+    let mut nobody = revocation(NOW, "sessionRevoked");
+    nobody.spec.subject = None;
+    assert_denied(
+        &validate_revocation(&nobody, None, at(NOW)),
+        "invalid_spec",
+        &["spec: name at least one of subject, tenant and client"],
+    );
+}
+
+#[test]
+fn a_whole_tenant_or_client_application_may_be_revoked() {
+    let mut tenant = revocation(NOW, "adminAction");
+    tenant.spec.subject = None;
+    tenant.spec.tenant = Some("tenant-a".into());
+    assert_clean(&validate_revocation(&tenant, None, at(NOW)));
+    let mut client = revocation(NOW, "adminAction");
+    client.spec.subject = None;
+    client.spec.client = Some("console".into());
+    assert_clean(&validate_revocation(&client, None, at(NOW)));
 }
