@@ -430,3 +430,35 @@ async fn a_token_without_the_tools_scopes_gets_no_task_events() {
         assert_ne!(frame["method"], "notifications/tasks", "{frame}");
     }
 }
+
+#[tokio::test]
+async fn templated_subscription_patterns_partition_resources_per_tenant_and_subject() {
+    let spec = "  tasks:\n    minPollInterval: 10ms\n  listen:\n    notifications: [resourceSubscriptions]\n    resourceSubscriptions: {allow: [\"example://{tenant}/*\", \"files://{subject}/*\"]}\n";
+    let (server, _sidecar, client) = support::start_behind_sidecar(spec).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let carol = User::new("carol", "tenant-b", "console").token();
+    let asked = json!({"resourceSubscriptions": [
+        "example://tenant-a/q3", "example://tenant-b/q3", "files://alice/notes", "files://carol/notes"
+    ]});
+    let mut alices = ListenStream::open(&client.url, &alice, json!("a"), asked.clone(), true).await;
+    let mut carols = ListenStream::open(&client.url, &carol, json!("c"), asked, true).await;
+    let ack = alices.next(LONG).await.expect("alice's acknowledgement");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"resourceSubscriptions": ["example://tenant-a/q3", "files://alice/notes"]})
+    );
+    let ack = carols.next(LONG).await.expect("carol's acknowledgement");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"resourceSubscriptions": ["example://tenant-b/q3", "files://carol/notes"]})
+    );
+    server
+        .emit(json!({"kind": "resourceUpdated", "uri": "example://tenant-b/q3"}))
+        .await;
+    let event = carols.next(LONG).await.expect("carol's update");
+    assert_eq!(event["params"]["uri"], "example://tenant-b/q3");
+    assert!(
+        alices.next(SHORT).await.is_none(),
+        "alice hears nothing of tenant-b"
+    );
+}

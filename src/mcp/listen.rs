@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value, json};
 
 use crate::api::ListenNotification;
-use crate::policy::ListenRules;
+use crate::model::Owner;
+use crate::policy::{ListenRules, PatternIdentity};
 
 use super::meta;
 
@@ -153,9 +154,9 @@ impl ListenFilter {
         }
     }
 
-    /// The part of this filter the policy allows. Task IDs are kept here; ownership is decided
-    /// against the ledger by the caller.
-    pub fn allowed_by(&self, rules: &ListenRules) -> Self {
+    /// The part of this filter the policy allows the listener `who`. Task IDs are kept here;
+    /// ownership is decided against the ledger by the caller.
+    pub fn allowed_by(&self, rules: &ListenRules, who: &PatternIdentity<'_>) -> Self {
         let allows = |n: ListenNotification| rules.notifications.contains(&n);
         Self {
             tools_list_changed: self.tools_list_changed
@@ -167,7 +168,7 @@ impl ListenFilter {
             resource_subscriptions: self
                 .resource_subscriptions
                 .iter()
-                .filter(|uri| rules.allows_resource(uri))
+                .filter(|uri| rules.allows_resource(uri, who))
                 .cloned()
                 .collect(),
             task_ids: if allows(ListenNotification::TaskIds) {
@@ -206,9 +207,10 @@ impl ListenFilter {
             && self.task_ids.is_empty()
     }
 
-    /// Whether everything in this filter is still allowed by `rules` (task IDs aside).
-    pub fn still_allowed_by(&self, rules: &ListenRules) -> bool {
-        let allowed = self.allowed_by(rules);
+    /// Whether everything in this filter is still allowed by `rules` for `who` (task IDs
+    /// aside).
+    pub fn still_allowed_by(&self, rules: &ListenRules, who: &PatternIdentity<'_>) -> bool {
+        let allowed = self.allowed_by(rules, who);
         allowed.tools_list_changed == self.tools_list_changed
             && allowed.prompts_list_changed == self.prompts_list_changed
             && allowed.resources_list_changed == self.resources_list_changed
@@ -219,10 +221,10 @@ impl ListenFilter {
     /// Whether a stream acknowledged with this filter may stay open under new `rules`: every
     /// notification kind and resource subscription must still be allowed, and task IDs need
     /// `taskIds` to still be listed.
-    pub fn survives(&self, rules: &ListenRules) -> bool {
+    pub fn survives(&self, rules: &ListenRules, who: &PatternIdentity<'_>) -> bool {
         let mut without_tasks = self.clone();
         without_tasks.task_ids.clear();
-        without_tasks.still_allowed_by(rules)
+        without_tasks.still_allowed_by(rules, who)
             && (self.task_ids.is_empty()
                 || rules.notifications.contains(&ListenNotification::TaskIds))
     }
@@ -340,6 +342,15 @@ pub fn acknowledgement(filter: &ListenFilter, subscription_id: &Value) -> Value 
     message
 }
 
+/// The identity templated resource patterns are expanded from: the listener's own.
+pub fn listener(owner: &Owner) -> PatternIdentity<'_> {
+    PatternIdentity {
+        subject: &owner.subject,
+        tenant: &owner.tenant,
+        client: &owner.client,
+    }
+}
+
 /// The graceful end of a listen stream: the result of the listen request.
 pub fn final_result(subscription_id: &Value) -> Value {
     json!({
@@ -356,6 +367,12 @@ pub fn final_result(subscription_id: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::policy::UriPattern;
+
+    const ANYONE: PatternIdentity<'static> = PatternIdentity {
+        subject: "alice",
+        tenant: "acme",
+        client: "console",
+    };
 
     fn rules(notifications: &[ListenNotification], patterns: &[&str]) -> ListenRules {
         ListenRules {
@@ -408,19 +425,28 @@ mod tests {
             &[ToolsListChanged, ResourceSubscriptions, TaskIds],
             &["reports://a/*"],
         );
-        assert!(filter.survives(&all));
-        assert!(!filter.survives(&rules(&[ResourceSubscriptions], &["reports://a/*"])));
-        assert!(!filter.survives(&rules(
-            &[ToolsListChanged, ResourceSubscriptions],
-            &["reports://b/*"]
-        )));
-        filter.task_ids.insert("lgt_1".into());
-        assert!(filter.survives(&all));
-        assert!(
-            !filter.survives(&rules(
+        assert!(filter.survives(&all, &ANYONE));
+        assert!(!filter.survives(
+            &rules(&[ResourceSubscriptions], &["reports://a/*"]),
+            &ANYONE
+        ));
+        assert!(!filter.survives(
+            &rules(
                 &[ToolsListChanged, ResourceSubscriptions],
-                &["reports://a/*"]
-            )),
+                &["reports://b/*"]
+            ),
+            &ANYONE
+        ));
+        filter.task_ids.insert("lgt_1".into());
+        assert!(filter.survives(&all, &ANYONE));
+        assert!(
+            !filter.survives(
+                &rules(
+                    &[ToolsListChanged, ResourceSubscriptions],
+                    &["reports://a/*"]
+                ),
+                &ANYONE
+            ),
             "task IDs need taskIds"
         );
         assert_eq!(filter.entries(), 3);
@@ -473,7 +499,7 @@ mod tests {
             ],
             &["reports://team-a/*"],
         );
-        let allowed = asked.allowed_by(&r);
+        let allowed = asked.allowed_by(&r, &ANYONE);
         assert!(allowed.tools_list_changed);
         assert!(!allowed.prompts_list_changed);
         assert_eq!(allowed.resource_subscriptions.len(), 1);
@@ -481,8 +507,54 @@ mod tests {
             allowed.task_ids.is_empty(),
             "taskIds not allowed by the policy"
         );
-        assert!(!asked.still_allowed_by(&r));
-        assert!(allowed.still_allowed_by(&r));
+        assert!(!asked.still_allowed_by(&r, &ANYONE));
+        assert!(allowed.still_allowed_by(&r, &ANYONE));
+    }
+
+    #[test]
+    fn templated_patterns_allow_each_listener_its_own_resources_and_streams_keep_them() {
+        let asked = ListenFilter::parse_request(
+            Some(&json!({"resourceSubscriptions": ["reports://acme/q3", "reports://globex/q3"]})),
+            true,
+        )
+        .unwrap();
+        let r = rules(
+            &[ListenNotification::ResourceSubscriptions],
+            &["reports://{tenant}/*"],
+        );
+        let acme = Owner {
+            issuer: "https://idp".into(),
+            subject: "alice".into(),
+            tenant: "acme".into(),
+            client: "console".into(),
+        };
+        let globex = Owner {
+            tenant: "globex".into(),
+            ..acme.clone()
+        };
+        let for_acme = asked.allowed_by(&r, &listener(&acme));
+        assert_eq!(
+            for_acme.resource_subscriptions.iter().collect::<Vec<_>>(),
+            ["reports://acme/q3"]
+        );
+        let for_globex = asked.allowed_by(&r, &listener(&globex));
+        assert_eq!(
+            for_globex.resource_subscriptions.iter().collect::<Vec<_>>(),
+            ["reports://globex/q3"]
+        );
+        assert!(for_acme.survives(&r, &listener(&acme)));
+        assert!(!for_acme.survives(&r, &listener(&globex)));
+        let no_tenant = Owner {
+            tenant: String::new(),
+            ..acme
+        };
+        assert!(
+            asked
+                .allowed_by(&r, &listener(&no_tenant))
+                .resource_subscriptions
+                .is_empty(),
+            "a listener without a tenant matches no tenant pattern"
+        );
     }
 
     #[test]

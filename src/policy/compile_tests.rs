@@ -530,3 +530,43 @@ fn revocations_of_a_whole_tenant_or_client_cover_every_subject_and_one_naming_no
     // Applied (refusing it would fail open) but covering nobody: never a whole issuer.
     assert!(!rule("nobody").covers(idp, "alice", "t1", "console"));
 }
+
+#[test]
+fn multi_tenant_policies_are_warned_about_subscription_patterns_shared_by_every_tenant() {
+    let listen = |allow: &str| {
+        format!(
+            "  tasks: {{concurrency: {{perTenant: 10}}}}\n  listen:\n    notifications: [resourceSubscriptions]\n    resourceSubscriptions: {{allow: [{allow}]}}\n"
+        )
+    };
+    let warned = |c: &Compilation| -> Vec<String> {
+        c.problems
+            .iter()
+            .filter(|p| {
+                p.problem
+                    .path
+                    .starts_with("spec.listen.resourceSubscriptions.allow")
+            })
+            .map(|p| p.problem.to_string())
+            .collect()
+    };
+    let shared = compile_one(&policy(&listen("\"reports://team-a/*\"")), &[], &[]);
+    let found = warned(&shared);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("partition it with {tenant}"), "{found:?}");
+    assert!(shared.effective.is_some(), "a warning, not an error");
+    let partitioned = compile_one(
+        &policy(&listen("\"reports://{tenant}/*\", \"files://{subject}/*\"")),
+        &[],
+        &[],
+    );
+    assert_eq!(warned(&partitioned), Vec::<String>::new());
+    // One tenant (no tenant claim named, no per-tenant quota, one issuer): no warning.
+    let single = compile_one(
+        &policy(
+            "  listen:\n    notifications: [resourceSubscriptions]\n    resourceSubscriptions: {allow: [\"reports://team-a/*\"]}\n",
+        ),
+        &[],
+        &[],
+    );
+    assert_eq!(warned(&single), Vec::<String>::new());
+}

@@ -18,7 +18,7 @@ use crate::api::{
 /// Where the protected container keeps its task state (`spec.upstream.taskState`).
 pub use crate::api::UpstreamTaskState;
 
-use super::uri_pattern::UriPattern;
+use super::uri_pattern::{PatternIdentity, UriPattern};
 
 /// Namespace and name of a Kubernetes object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -208,11 +208,12 @@ pub struct ListenRules {
 }
 
 impl ListenRules {
-    /// Whether a stream may subscribe to updates of `uri`.
-    pub fn allows_resource(&self, uri: &str) -> bool {
+    /// Whether a stream of the listener `who` may subscribe to updates of `uri` (templated
+    /// patterns are expanded from `who`).
+    pub fn allows_resource(&self, uri: &str, who: &PatternIdentity<'_>) -> bool {
         self.notifications
             .contains(&ListenNotification::ResourceSubscriptions)
-            && self.resource_patterns.iter().any(|p| p.matches(uri))
+            && self.resource_patterns.iter().any(|p| p.matches(uri, who))
     }
 }
 

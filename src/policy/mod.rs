@@ -22,7 +22,7 @@ pub use check::{
 pub use compile::{Compilation, CompileInput, ObjectKind, ObjectProblem, ObjectRef, compile};
 pub use effective::*;
 pub use problem::{Problem, Severity};
-pub use uri_pattern::UriPattern;
+pub use uri_pattern::{PatternIdentity, UriPattern};
 pub use validate::CompileMode;
 
 /// Policies for unit tests elsewhere in the crate.

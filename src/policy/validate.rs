@@ -191,7 +191,7 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
         validate_tasks(tasks, p);
     }
     if let Some(listen) = &spec.listen {
-        validate_listen(listen, p);
+        validate_listen(listen, multi_tenant(spec), p);
     }
     if let Some(audit) = &spec.audit {
         if audit.sink == Some(AuditSink::File) {
@@ -406,7 +406,23 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
     }
 }
 
-fn validate_listen(listen: &crate::api::ListenSpec, p: &mut Problems) {
+/// Whether the policy serves several tenants, as far as it says: it trusts more than one
+/// issuer, names the tenant claim explicitly, or sets a per-tenant quota.
+fn multi_tenant(spec: &crate::api::McpServerPolicySpec) -> bool {
+    spec.identity.issuers.len() > 1
+        || spec
+            .identity
+            .issuers
+            .iter()
+            .any(|i| i.claims.as_ref().is_some_and(|c| c.tenant.is_some()))
+        || spec
+            .tasks
+            .as_ref()
+            .and_then(|t| t.concurrency.as_ref())
+            .is_some_and(|c| c.per_tenant.is_some())
+}
+
+fn validate_listen(listen: &crate::api::ListenSpec, multi_tenant: bool, p: &mut Problems) {
     if let Some(n) = &listen.notifications {
         let mut seen = BTreeSet::new();
         for (i, kind) in n.iter().enumerate() {
@@ -425,8 +441,13 @@ fn validate_listen(listen: &crate::api::ListenSpec, p: &mut Problems) {
         .map(|r| r.allow.as_slice())
         .unwrap_or_default();
     for (i, pattern) in patterns.iter().enumerate() {
-        if let Err(why) = UriPattern::new(pattern) {
-            p.error(format!("spec.listen.resourceSubscriptions.allow[{i}]"), why);
+        match UriPattern::new(pattern) {
+            Err(why) => p.error(format!("spec.listen.resourceSubscriptions.allow[{i}]"), why),
+            Ok(pattern) if multi_tenant && !pattern.is_templated() => p.warning(
+                format!("spec.listen.resourceSubscriptions.allow[{i}]"),
+                "is the same for every tenant of this multi-tenant policy: any tenant's listener may subscribe to what it matches; partition it with {tenant} (or {subject}, {client})",
+            ),
+            Ok(_) => {}
         }
     }
     if subscribes && patterns.is_empty() {

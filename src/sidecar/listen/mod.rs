@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::audit::Decision;
 use crate::mcp::jsonrpc::ErrorObject;
 use crate::mcp::listen::{
-    FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result,
+    FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result, listener,
 };
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
@@ -111,7 +111,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             );
         }
     };
-    let mut allowed = asked.allowed_by(&rules);
+    let mut allowed = asked.allowed_by(&rules, &listener(&ctx.identity.owner));
 
     // Task IDs: only tasks this caller owns, in the server's IDs. Foreign and unknown IDs are
     // dropped alike, so the acknowledgement cannot tell them apart.

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::audit::Decision;
 use crate::ledger::TaskRecord;
-use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, tag};
+use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result, listener, tag};
 use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
@@ -78,7 +78,7 @@ impl Pump {
                 _ = tokio::time::sleep_until(end_by_duration) => Step::Close(CloseReason::MaxDuration),
                 changed = policy.changed() => {
                     let still = changed.is_ok() && policy.borrow_and_update().as_ref().is_some_and(|p| {
-                        p.effective.listen.as_ref().is_some_and(|rules| self.client_filter.survives(rules))
+                        p.effective.listen.as_ref().is_some_and(|rules| self.client_filter.survives(rules, &listener(&self.ctx.identity.owner)))
                             && self.task_tools.iter().all(|tool| {
                                 holds_scopes(p.effective.tasks.as_ref(), &self.ctx.identity, tool)
                             })
