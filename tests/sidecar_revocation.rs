@@ -255,7 +255,8 @@ async fn reads_cancelled(client: &McpClient, token: &str, task: &str) -> bool {
 
 #[tokio::test]
 async fn a_tenant_revocation_cancels_every_subjects_tasks_and_streams_in_that_tenant_only() {
-    let (_server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let spec = format!("{SPEC}  listen:\n    notifications: [toolsListChanged]\n");
+    let (_server, sidecar, client) = support::start_behind_sidecar(&spec).await;
     let now = jiff::Timestamp::now().as_second();
     let alice = User::new("alice", "tenant-a", "console");
     let bob = User::new("bob", "tenant-a", "cli");
