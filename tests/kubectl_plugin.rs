@@ -513,7 +513,7 @@ async fn bad_input_is_refused_with_a_clear_error_and_creates_nothing() {
                 "--reason",
                 "adminAction",
             ],
-            &["--subject <SUBJECT>"],
+            &["name at least one of --subject, --tenant and --client"],
         ),
         (
             vec![
