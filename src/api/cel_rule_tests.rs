@@ -191,6 +191,18 @@ fn cases() -> Vec<Case> {
             Some(rules::DURATION_POSITIVE),
         ),
         case(
+            "result drop entries are JSON pointers",
+            policy(json!({"tasks": {"results": {"redact": {"drop": ["/structuredContent/ssn"]}}}})),
+            None,
+            None,
+        ),
+        case(
+            "result drop entry that is not a pointer",
+            policy(json!({"tasks": {"results": {"redact": {"drop": ["structuredContent.ssn"]}}}})),
+            None,
+            Some(rules::REDACT_DROP_POINTER),
+        ),
+        case(
             "zero max stream duration",
             policy(json!({"listen": {"maxStreamDuration": "0h"}})),
             None,

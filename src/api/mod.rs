@@ -39,8 +39,8 @@ pub use server_policy::{
     AuditFailureMode, AuditSink, AuditSpec, CapabilitiesSpec, CapabilityMode, ClaimNames,
     ConcurrencySpec, DeadlineSpec, IdempotencySpec, IdentitySpec, InjectionSpec, IssuerSpec,
     JwsAlgorithm, LedgerSpec, ListenNotification, ListenSpec, McpServerPolicy, McpServerPolicySpec,
-    McpServerPolicyStatus, ProtocolSpec, ResourceSubscriptionsSpec, RetentionSpec, TasksSpec,
-    UpstreamIdentity, UpstreamSpec, UpstreamTaskState,
+    McpServerPolicyStatus, ProtocolSpec, RedactSpec, ResourceSubscriptionsSpec, ResultMode,
+    ResultsSpec, RetentionSpec, TasksSpec, UpstreamIdentity, UpstreamSpec, UpstreamTaskState,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

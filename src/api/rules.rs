@@ -16,6 +16,8 @@ pub const IMMUTABLE_POLICY_REF: &str = "policyRef is immutable; create a new exc
 pub const IMMUTABLE_CAPABILITY: &str = "capability is immutable; create a new exception instead";
 pub const IMMUTABLE_REVOKED_IDENTITY: &str =
     "issuer, subject, tenant and client are immutable; create a new revocation instead";
+pub const REDACT_DROP_POINTER: &str =
+    "every drop entry must be a JSON pointer starting with '/', e.g. /structuredContent/ssn";
 pub const REVOCATION_NAMES_SOMEONE: &str =
     "name at least one of subject, tenant and client: a revocation never covers a whole issuer";
 pub const REVOKED_BEFORE_ONLY_LATER: &str = "revokedBefore may only move later";

@@ -324,6 +324,66 @@ pub struct TasksSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub admin_cancel_scope: Option<String>,
+
+    /// What the sidecar keeps and returns of a completed task's result. Default: the whole
+    /// result, as the server gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<ResultsSpec>,
+}
+
+/// Result minimization: applied to a completed task's result before the ledger stores it, so
+/// what is returned later is exactly what was stored.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultsSpec {
+    /// `full` (default) stores the result, minimized by `redact` and `maxBytes`; `statusOnly`
+    /// stores none: the task reports `completed` with an empty result and a statusMessage
+    /// saying the policy keeps no results (for tools whose output is delivered elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ResultMode>,
+
+    /// Largest result kept, in bytes of its JSON after redaction. A larger one is replaced by
+    /// an error result (`isError: true`) saying how large it was. Default: no limit of its own
+    /// (the upstream body limit applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_bytes: Option<u32>,
+
+    /// What to remove or mask before the result is stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redact: Option<RedactSpec>,
+}
+
+/// Redaction rules of [`ResultsSpec`].
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    cel,
+    validation = Rule::new("!has(self.drop) || self.drop.all(p, p.startsWith('/'))")
+        .message(rules::REDACT_DROP_POINTER)
+        .field_path(".drop")
+)]
+pub struct RedactSpec {
+    /// JSON pointers (RFC 6901) into the CallToolResult to remove, e.g.
+    /// `/structuredContent/customer/ssn`. A pointer that names nothing is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub drop: Option<Vec<String>>,
+
+    /// Regular expressions (Rust `regex` syntax); every match inside any string of the result
+    /// is replaced by `[redacted]`, e.g. `\b\d{3}-\d{2}-\d{4}\b`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub mask: Option<Vec<String>>,
+}
+
+/// Whether completed results are kept.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum ResultMode {
+    #[default]
+    Full,
+    StatusOnly,
 }
 
 /// Task retention. `ttlMs` given to clients counts from creation; after it the task is purged and

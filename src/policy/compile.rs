@@ -452,7 +452,27 @@ fn compile_tasks(spec: &TasksSpec) -> Option<TaskRules> {
             .and_then(|i| i.derive_from_request)
             .unwrap_or(false),
         admin_cancel_scope: spec.admin_cancel_scope.clone(),
+        results: compile_results(spec.results.as_ref()),
     })
+}
+
+fn compile_results(spec: Option<&crate::api::ResultsSpec>) -> ResultRules {
+    let Some(spec) = spec else {
+        return ResultRules::default();
+    };
+    let redact = spec.redact.as_ref();
+    ResultRules {
+        mode: spec.mode.unwrap_or_default(),
+        max_bytes: spec.max_bytes,
+        drop: redact
+            .and_then(|r| r.drop.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.starts_with('/'))
+            .collect(),
+        // Invalid patterns are errors (validate.rs): a policy with one does not compile.
+        mask: redact.and_then(|r| r.mask.clone()).unwrap_or_default(),
+    }
 }
 
 fn compile_listen(spec: &crate::api::ListenSpec) -> ListenRules {

@@ -570,3 +570,54 @@ fn multi_tenant_policies_are_warned_about_subscription_patterns_shared_by_every_
     );
     assert_eq!(warned(&single), Vec::<String>::new());
 }
+
+#[test]
+fn result_rules_compile_with_their_patterns_checked() {
+    let c = compile_one(
+        &policy(
+            "  tasks:\n    results:\n      maxBytes: 4096\n      redact: {drop: [/structuredContent/ssn], mask: ['\\d{3}-\\d{2}-\\d{4}']}\n",
+        ),
+        &[],
+        &[],
+    );
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    let results = &c.effective.unwrap().tasks.unwrap().results;
+    assert_eq!(results.max_bytes, Some(4096));
+    assert_eq!(results.drop, ["/structuredContent/ssn"]);
+    assert_eq!(results.mask, ["\\d{3}-\\d{2}-\\d{4}"]);
+    assert!(!results.keeps_everything());
+
+    let bad = compile_one(
+        &policy(
+            "  tasks:\n    results:\n      maxBytes: 0\n      redact: {drop: [ssn], mask: ['(unclosed', '']}\n",
+        ),
+        &[],
+        &[],
+    );
+    let found: Vec<String> = bad.problems.iter().map(|p| p.problem.to_string()).collect();
+    assert!(bad.effective.is_none(), "{found:?}");
+    for expected in [
+        "spec.tasks.results.maxBytes: must be at least 1",
+        "spec.tasks.results.redact.drop[0]",
+        "spec.tasks.results.redact.mask[0]: is not a valid regular expression",
+        "spec.tasks.results.redact.mask[1]: must not be empty",
+    ] {
+        assert!(
+            found.iter().any(|f| f.contains(expected)),
+            "{expected} in {found:?}"
+        );
+    }
+    let status_only = compile_one(
+        &policy("  tasks:\n    results: {mode: statusOnly, maxBytes: 10}\n"),
+        &[],
+        &[],
+    );
+    assert!(
+        status_only
+            .problems
+            .iter()
+            .any(|p| p.problem.message.contains("no effect with mode statusOnly")),
+        "{:?}",
+        status_only.problems
+    );
+}

@@ -149,6 +149,30 @@ pub struct TaskRules {
     pub idempotency_window: PolicyDuration,
     pub derive_idempotency_key: bool,
     pub admin_cancel_scope: Option<String>,
+    /// What is kept of completed results (`tasks.results`).
+    #[serde(default)]
+    pub results: ResultRules,
+}
+
+/// `tasks.results` with defaults applied. The mask patterns are kept as text (the policy
+/// travels as JSON); the compiler checked that each is a valid regular expression.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultRules {
+    pub mode: crate::api::ResultMode,
+    pub max_bytes: Option<u32>,
+    pub drop: Vec<String>,
+    pub mask: Vec<String>,
+}
+
+impl ResultRules {
+    /// Whether results pass through untouched.
+    pub fn keeps_everything(&self) -> bool {
+        self.mode == crate::api::ResultMode::Full
+            && self.max_bytes.is_none()
+            && self.drop.is_empty()
+            && self.mask.is_empty()
+    }
 }
 
 impl TaskRules {

@@ -304,7 +304,66 @@ fn validate_ledger(policy: &McpServerPolicy, p: &mut Problems) {
     }
 }
 
+/// Most compiled size of one mask pattern: bounds the memory and time a hostile policy costs.
+pub const MASK_SIZE_LIMIT: usize = 1 << 20;
+
+/// A mask pattern of `tasks.results.redact.mask`, compiled as the sidecar compiles it.
+pub fn mask_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(MASK_SIZE_LIMIT)
+        .build()
+}
+
+fn validate_results(results: &crate::api::ResultsSpec, p: &mut Problems) {
+    if results.max_bytes == Some(0) {
+        p.error("spec.tasks.results.maxBytes", "must be at least 1");
+    }
+    let redact = results.redact.as_ref();
+    for (i, pointer) in redact
+        .and_then(|r| r.drop.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if !pointer.starts_with('/') {
+            p.error(
+                format!("spec.tasks.results.redact.drop[{i}]"),
+                rules::REDACT_DROP_POINTER,
+            );
+        }
+    }
+    for (i, pattern) in redact
+        .and_then(|r| r.mask.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if pattern.is_empty() {
+            p.error(
+                format!("spec.tasks.results.redact.mask[{i}]"),
+                "must not be empty",
+            );
+        } else if let Err(e) = mask_regex(pattern) {
+            p.error(
+                format!("spec.tasks.results.redact.mask[{i}]"),
+                format!("is not a valid regular expression: {e}"),
+            );
+        }
+    }
+    if results.mode == Some(crate::api::ResultMode::StatusOnly)
+        && (results.max_bytes.is_some() || redact.is_some())
+    {
+        p.warning(
+            "spec.tasks.results",
+            "maxBytes and redact have no effect with mode statusOnly: no result is kept",
+        );
+    }
+}
+
 fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
+    if let Some(results) = &tasks.results {
+        validate_results(results, p);
+    }
     let tools: Option<BTreeSet<&str>> = tasks
         .tools
         .as_ref()

@@ -7,6 +7,7 @@ use crate::identity::store::IssuerKeys;
 use crate::ledger::QuotaLimits;
 use crate::policy::{EffectivePolicy, TaskRules};
 
+use super::decisions::ResultMinimizer;
 use super::respond::resource_metadata_url;
 
 /// The policy in force with everything derived from it.
@@ -23,6 +24,8 @@ pub struct ActivePolicy {
     pub trust: Option<ApproverTrust>,
     /// The task numbers of this version; `None` when no request may become a task.
     pub tasks: Option<TaskNumbers>,
+    /// What completed results become before they are stored; `None` keeps them as given.
+    pub results: Option<ResultMinimizer>,
 }
 
 impl ActivePolicy {
@@ -32,6 +35,10 @@ impl ActivePolicy {
             name: effective.policy.to_string(),
             resource_metadata_url: resource_metadata_url(&effective.resource),
             tasks: effective.tasks.as_ref().map(TaskNumbers::from_rules),
+            results: effective
+                .tasks
+                .as_ref()
+                .and_then(|t| ResultMinimizer::from_rules(&t.results)),
             effective,
             keys,
             tokens: TokenCache::default(),

@@ -5,12 +5,14 @@
 use std::time::Instant;
 
 use crate::audit::{AuditEvent, Decision};
-use crate::ledger::{EndReason, Finish, FinishOutcome, LedgerError, TaskRecord};
+use crate::ledger::{EndReason, Finish, FinishOutcome, LedgerError, TaskRecord, TaskStatus};
 use crate::mcp::task::ReportedState;
 use crate::telemetry::metrics::TerminalLabels;
 
 use super::active_policy::ActivePolicy;
-use super::decisions::{Report, end_for_report, lifecycle_event, may_confirm_unseen_intent};
+use super::decisions::{
+    Minimized, Report, end_for_report, lifecycle_event, may_confirm_unseen_intent,
+};
 use super::state::AppState;
 
 /// The sidecar's clock: Unix milliseconds.
@@ -88,6 +90,7 @@ pub async fn settle_terminal_as(
     finish: Finish,
     event: &'static str,
 ) -> Option<Settled> {
+    let (finish, minimized) = minimize_result(policy, finish);
     let status = finish.status;
     let reason = finish.ending.reason;
     let ended_by = finish.ending.by.clone().filter(|by| by != &record.owner);
@@ -109,6 +112,14 @@ pub async fn settle_terminal_as(
             let mut line = audit(event, reason.as_str());
             if let Some(by) = ended_by {
                 line = line.detail("endedBy", serde_json::json!(by));
+            }
+            if let Some(m) = minimized {
+                line = line.detail(
+                    "resultMinimized",
+                    serde_json::json!({"dropped": m.dropped, "masked": m.masked,
+                                       "bytes": m.bytes, "withheld": m.withheld,
+                                       "statusOnly": m.status_message.is_some()}),
+                );
             }
             app.audit.log(line);
             Some(Settled {
@@ -135,6 +146,26 @@ pub async fn settle_terminal_as(
         }
         FinishOutcome::NotFound => None,
     }
+}
+
+/// A server's completed result as the policy keeps it (`tasks.results`), with what was done to
+/// it; other endings pass unchanged.
+fn minimize_result(policy: &ActivePolicy, mut finish: Finish) -> (Finish, Option<Minimized>) {
+    let Some(minimizer) = &policy.results else {
+        return (finish, None);
+    };
+    if finish.status != TaskStatus::Completed || finish.ending.reason != EndReason::Upstream {
+        return (finish, None);
+    }
+    let Some(result) = finish.ending.payload.take() else {
+        return (finish, None);
+    };
+    let mut minimized = minimizer.minimize(result);
+    finish.ending.payload = Some(std::mem::take(&mut minimized.result));
+    if let Some(message) = &minimized.status_message {
+        finish.status_message = Some(message.clone());
+    }
+    (finish, Some(minimized))
 }
 
 /// The ledger write of a terminal transition, timed, and counted when it applied.

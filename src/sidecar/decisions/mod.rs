@@ -8,6 +8,7 @@ mod creation;
 mod endings;
 mod reads;
 mod replies;
+mod results;
 
 pub use access::{Access, Operation, authorize, holds_scopes, missing_scopes};
 pub use cancellation::{
@@ -23,6 +24,7 @@ pub use replies::{
     FinalAnswer, JsonAnswer, Outstanding, TaskReply, classify_final, forwardable_inputs,
     interpret_task_reply, judge_json_answer,
 };
+pub use results::{Minimized, ResultMinimizer};
 
 /// A working task of `owner` for unit tests (created at 0, 60 s retention, 30 s deadline);
 /// tests change the fields they are about with struct update syntax.
