@@ -57,6 +57,14 @@ async fn a_task_is_created_with_the_sidecars_own_id_and_completes() {
     let audit = sidecar.audit();
     let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert!(events.contains(&"task.created"), "{events:?}");
+    // Every event names the policy version it was decided under.
+    let hash = &audit[0]["policy_hash"];
+    assert!(
+        hash.as_str().is_some_and(|h| h.len() >= 16),
+        "{:?}",
+        audit[0]
+    );
+    assert!(audit.iter().all(|e| e["policy_hash"] == *hash), "{audit:?}");
     assert!(events.contains(&"task.completed"), "{events:?}");
     assert!(events.contains(&"task.result_read"), "{events:?}");
     let created = audit.iter().find(|e| e["event"] == "task.created").unwrap();

@@ -28,6 +28,14 @@ pub enum Decision {
     Record,
 }
 
+/// The policy an event was decided under: its `namespace/name` and the hash of its effective
+/// version.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyStamp<'a> {
+    pub name: &'a str,
+    pub hash: &'a str,
+}
+
 /// One audit event.
 #[derive(Clone, Debug, Serialize)]
 pub struct AuditEvent {
@@ -36,6 +44,9 @@ pub struct AuditEvent {
     pub correlation_id: String,
     /// `namespace/name` of the policy in force.
     pub policy: String,
+    /// Hash of the effective policy version the decision was made under (what `lifeguard
+    /// policy check --output json` reports as `hash` and the policy's status as `policyHash`).
+    pub policy_hash: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub issuer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -61,7 +72,7 @@ impl AuditEvent {
     pub fn new(
         event: &'static str,
         correlation_id: &str,
-        policy: &str,
+        policy: PolicyStamp<'_>,
         decision: Decision,
         reason: &'static str,
     ) -> Self {
@@ -69,7 +80,8 @@ impl AuditEvent {
             event,
             time: format!("{:.3}", jiff::Timestamp::now()),
             correlation_id: correlation_id.to_owned(),
-            policy: policy.to_owned(),
+            policy: policy.name.to_owned(),
+            policy_hash: policy.hash.to_owned(),
             issuer: None,
             subject: None,
             tenant: None,
@@ -297,6 +309,11 @@ fn write_line(buffer: &mut Vec<u8>, event: &AuditEvent) {
 mod tests {
     use super::*;
 
+    const TEST_POLICY: PolicyStamp<'static> = PolicyStamp {
+        name: "ns/p",
+        hash: "h1",
+    };
+
     struct Flaky(std::sync::Arc<AtomicBool>);
 
     impl Write for Flaky {
@@ -363,11 +380,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let (log, writer) = AuditLog::open(AuditTarget::File(path.clone())).unwrap();
-        log.log(AuditEvent::new("task.created", "c1", "ns/p", Decision::Allow, "ok").tool("t"));
+        log.log(
+            AuditEvent::new("task.created", "c1", TEST_POLICY, Decision::Allow, "ok").tool("t"),
+        );
         log.log(AuditEvent::new(
             "task.denied",
             "c2",
-            "ns/p",
+            TEST_POLICY,
             Decision::Deny,
             "foreign_subject",
         ));
@@ -376,7 +395,7 @@ mod tests {
         log.log(AuditEvent::new(
             "task.cancelled",
             "c3",
-            "ns/p",
+            TEST_POLICY,
             Decision::Allow,
             "owner",
         ));
@@ -390,6 +409,8 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0]["event"], "task.created");
         assert_eq!(lines[0]["tool"], "t");
+        assert_eq!(lines[0]["policy"], "ns/p");
+        assert_eq!(lines[0]["policy_hash"], "h1");
         assert_eq!(lines[1]["decision"], "deny");
         assert_eq!(lines[1]["reason"], "foreign_subject");
         let moved = std::fs::read_to_string(&second).unwrap();

@@ -68,6 +68,14 @@ impl ActivePolicy {
         }
     }
 
+    /// What audit events decided under this version name: the policy and its hash.
+    pub fn stamp(&self) -> crate::audit::PolicyStamp<'_> {
+        crate::audit::PolicyStamp {
+            name: &self.name,
+            hash: &self.hash,
+        }
+    }
+
     /// The policy's `minPollInterval` in milliseconds (0 without a tasks section).
     pub fn min_poll_ms(&self) -> i64 {
         self.tasks.as_ref().map_or(0, |t| t.min_poll_ms)

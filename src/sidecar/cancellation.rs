@@ -62,7 +62,7 @@ pub async fn request(
         AuditEvent::new(
             "task.cancel_requested",
             correlation_id,
-            &policy.name,
+            policy.stamp(),
             Decision::Record,
             intent.reason.as_str(),
         )

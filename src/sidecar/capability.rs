@@ -105,7 +105,7 @@ pub struct Carrier<'a> {
     pub declared: &'a Value,
     pub protocol_version: &'a str,
     pub correlation_id: &'a str,
-    pub policy_name: &'a str,
+    pub policy: crate::audit::PolicyStamp<'a>,
     /// The audit trail can be written, or the policy does not require it
     /// (`audit.onFailure`). When it cannot, nothing is allowed: undecided and allowed
     /// requests are withheld (not decided, so they come back once the trail recovers).
@@ -433,7 +433,7 @@ fn audit_events(
         AuditEvent::new(
             event,
             carrier.correlation_id,
-            carrier.policy_name,
+            carrier.policy,
             decision,
             reason,
         )
@@ -534,7 +534,10 @@ mod tests {
             declared: &declared,
             protocol_version: crate::mcp::PROTOCOL_VERSION,
             correlation_id: "c1",
-            policy_name: "team-a/reports",
+            policy: crate::audit::PolicyStamp {
+                name: "team-a/reports",
+                hash: "h",
+            },
         };
         let mut requests = json!({
             "s1": {"method": "sampling/createMessage", "params": {}},

@@ -71,7 +71,7 @@ pub async fn screen_task_state(
         declared: recipient.declared,
         protocol_version: recipient.protocol_version,
         correlation_id: recipient.correlation_id,
-        policy_name: &policy.name,
+        policy: policy.stamp(),
     };
     let screened = app
         .gate
@@ -159,7 +159,7 @@ pub async fn screen_request_inputs(
             declared: &ctx.facts.capabilities,
             protocol_version: &ctx.facts.protocol_version,
             correlation_id: &ctx.correlation_id,
-            policy_name: &ctx.policy.name,
+            policy: ctx.policy.stamp(),
             audit_ok: !app.audit_blocks(&ctx.policy),
         };
         let screened = app

@@ -48,7 +48,7 @@ impl RequestContext {
         AuditEvent::new(
             event,
             &self.correlation_id,
-            &self.policy.name,
+            self.policy.stamp(),
             decision,
             reason,
         )

@@ -128,7 +128,16 @@ mod tests {
     use crate::audit::{AuditTarget, Decision};
 
     fn denied(reason: &'static str) -> AuditEvent {
-        AuditEvent::new("auth.denied", "c", "ns/p", Decision::Deny, reason)
+        AuditEvent::new(
+            "auth.denied",
+            "c",
+            crate::audit::PolicyStamp {
+                name: "ns/p",
+                hash: "h",
+            },
+            Decision::Deny,
+            reason,
+        )
     }
 
     async fn lines(path: &std::path::Path, at_least: usize) -> Vec<serde_json::Value> {

@@ -87,7 +87,7 @@ pub async fn serve(
             let event = AuditEvent::new(
                 "request.denied",
                 &correlation_id,
-                &policy.name,
+                policy.stamp(),
                 Decision::Deny,
                 "bad_origin",
             );
@@ -108,7 +108,7 @@ pub async fn serve(
             let event = AuditEvent::new(
                 "auth.denied",
                 &correlation_id,
-                &policy.name,
+                policy.stamp(),
                 Decision::Deny,
                 error.reason(),
             );
@@ -133,7 +133,7 @@ pub async fn serve(
         let event = AuditEvent::new(
             "request.denied",
             &correlation_id,
-            &policy.name,
+            policy.stamp(),
             Decision::Deny,
             reason,
         )

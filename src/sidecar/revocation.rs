@@ -162,7 +162,7 @@ async fn apply_one(
         AuditEvent::new(
             "revocation.applied",
             &correlation,
-            &policy.name,
+            policy.stamp(),
             Decision::Record,
             "revocation",
         )

@@ -63,7 +63,7 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
                         AuditEvent::new(
                             "task.expired",
                             &new_correlation_id(),
-                            &policy.name,
+                            policy.stamp(),
                             Decision::Record,
                             "retention",
                         )

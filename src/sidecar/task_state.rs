@@ -102,7 +102,7 @@ pub async fn settle_terminal_as(
         }
     };
     let audit = |event: &'static str, why: &'static str| {
-        AuditEvent::new(event, correlation_id, &policy.name, Decision::Record, why)
+        AuditEvent::new(event, correlation_id, policy.stamp(), Decision::Record, why)
             .owner(&record.owner)
             .tool(&record.tool)
             .task(app.hasher.hash(&record.id))
