@@ -38,6 +38,14 @@ fn append(sidecar: &Sidecar, text: &str) {
     std::fs::rename(&tmp, sidecar.policy_file()).unwrap();
 }
 
+/// The sidecar's `revocation.applied` audit event (waits for it).
+async fn revocation_applied(sidecar: &Sidecar) -> serde_json::Value {
+    sidecar
+        .audit_event(|e| e["event"] == "revocation.applied")
+        .await
+        .expect("revocation.applied audited")
+}
+
 fn with_iat(user: &User, iat: i64) -> String {
     user.token_with(|c| {
         c["iat"] = json!(iat);
@@ -121,10 +129,7 @@ async fn a_session_revocation_stops_old_tokens_and_their_work_but_not_fresh_ones
         .await;
     assert_eq!(new_task.result()["resultType"], "task", "{new_task:?}");
 
-    let applied = sidecar
-        .audit_event(|e| e["event"] == "revocation.applied")
-        .await
-        .expect("revocation.applied audited");
+    let applied = revocation_applied(&sidecar).await;
     assert_eq!(applied["detail"]["tasksCancelled"], 1);
     assert_eq!(applied["detail"]["revocation"], "alice-session");
     // The refusal names the principal and the revocation that refused it.
@@ -317,10 +322,7 @@ async fn a_tenant_revocation_cancels_every_subjects_tasks_and_streams_in_that_te
     assert_eq!(carols.status, 200, "{carols:?}");
     assert_eq!(carols.result()["status"], "working");
 
-    let applied = sidecar
-        .audit_event(|e| e["event"] == "revocation.applied")
-        .await
-        .expect("revocation.applied audited");
+    let applied = revocation_applied(&sidecar).await;
     assert_eq!(applied["detail"]["tasksCancelled"], 2);
     assert_eq!(applied["detail"]["streamsClosed"], 1);
     assert_eq!(applied["detail"]["tenant"], "tenant-a");
@@ -363,10 +365,7 @@ async fn a_client_application_revocation_cancels_the_work_started_through_it_onl
     let untouched = client.get_task(&via_cli_token, &via_cli).await;
     assert_eq!(untouched.status, 200, "{untouched:?}");
     assert_eq!(untouched.result()["status"], "working");
-    let applied = sidecar
-        .audit_event(|e| e["event"] == "revocation.applied")
-        .await
-        .expect("revocation.applied audited");
+    let applied = revocation_applied(&sidecar).await;
     assert_eq!(applied["detail"]["tasksCancelled"], 2);
     assert_eq!(applied["detail"]["client"], "console");
     client.cancel_task(&via_cli_token, &via_cli).await;
