@@ -46,6 +46,8 @@ async fn main() {
             now: 1,
             reservation_expires_at: i64::MAX / 2,
             token_issued_at: None,
+            correlation_id: format!("r{n}"),
+            object: None,
         };
         ledger.reserve(r).await.unwrap();
         ledger

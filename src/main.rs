@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command, DevCommand, ExceptionCommand, PolicyCommand};
+use cli::{AuditCommand, Cli, Command, DevCommand, ExceptionCommand, PolicyCommand};
 
 fn main() -> ExitCode {
     if let Some(code) = cli::plugin::run_if_invoked_as_plugin() {
@@ -40,6 +40,9 @@ fn main() -> ExitCode {
         Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => cli::status::run(args),
         Command::Revoke(args) => cli::revoke::run(args),
+        Command::Audit(AuditCommand::Digest(args)) => {
+            cli::audit::digest(args).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

@@ -74,6 +74,35 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
     );
     assert_eq!(allowed[0]["detail"]["budgetLeft"]["iterations"], 4);
     assert_eq!(allowed[1]["detail"]["budgetLeft"]["iterations"], 3);
+    assert!(
+        allowed[0]["detail"]["exceptionExpiresAt"]
+            .as_str()
+            .is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok()),
+        "the allowance names when its exception expires: {allowed:?}"
+    );
+    // Each answer that reached the server is audited with a digest, under its allowance.
+    let answered: Vec<&Value> = audit
+        .iter()
+        .filter(|e| e["event"] == "capability.answered")
+        .collect();
+    assert_eq!(answered.len(), 2, "{audit:?}");
+    for event in &answered {
+        assert_eq!(event["detail"]["capability"], "sampling/createMessage");
+        assert_eq!(event["detail"]["approvalId"], "CHG-1");
+        assert_eq!(event["detail"]["modelRoute"], "test/route");
+        assert_eq!(
+            event["detail"]["answer"]["sha256"].as_str().unwrap().len(),
+            64
+        );
+        assert_eq!(
+            event["correlation_id"], allowed[0]["correlation_id"],
+            "one task, one ID"
+        );
+    }
+    assert_ne!(
+        answered[0]["detail"]["answer"]["sha256"], answered[1]["detail"]["answer"]["sha256"],
+        "different answers, different digests"
+    );
     let requested = audit
         .iter()
         .find(|e| e["event"] == "capability.requested")

@@ -110,6 +110,8 @@ async fn ledger(dir: &Path, n: usize) -> Result<Components> {
             now: now(),
             reservation_expires_at: now() + 600_000,
             token_issued_at: None,
+            correlation_id: format!("bench-{i}"),
+            object: None,
         };
         let started = Instant::now();
         let outcome = ledger

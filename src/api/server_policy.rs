@@ -571,6 +571,12 @@ pub struct AuditSpec {
     /// `lifeguard_audit_dropped_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<AuditFailureMode>,
+    /// Write subjects and tenants as keyed digests (`h:` + 32 hex characters, HMAC-SHA-256
+    /// under a key kept in the ledger) instead of in the clear, in every event and its detail.
+    /// Events still correlate by principal; `lifeguard audit digest` tells whoever
+    /// may read the ledger which digest is whose. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_digests: Option<bool>,
 }
 
 /// What an unwritable audit trail does to serving.

@@ -2,7 +2,13 @@
 //! or a file by a dedicated writer so request handling never waits on the disk.
 //!
 //! What never appears: tokens, raw task IDs (only a keyed hash), tool arguments and results
-//! (only their size and SHA-256), prompts, model output.
+//! (only their size and SHA-256), prompts, model output; with `audit.identityDigests`, subjects
+//! and tenants appear only as keyed hashes too.
+//!
+//! Every event of a task carries the task's correlation ID (`correlation_id`: the ID of the
+//! request that created it, kept in the ledger with the task), so one filter reconstructs the
+//! task from creation to purge; `requestId` names the request (or background run) that caused
+//! each event.
 
 use std::io::Write;
 
@@ -11,11 +17,13 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
+use crate::ledger::TaskRecord;
 use crate::model::{Owner, TaskId};
 
 /// Decision recorded with an event.
@@ -41,7 +49,12 @@ pub struct PolicyStamp<'a> {
 pub struct AuditEvent {
     pub event: &'static str,
     pub time: String,
+    /// The task's correlation ID for events about a task (the ID of the request that created
+    /// it), else the request's own ID.
     pub correlation_id: String,
+    /// The request, or background run (a sweep, a revocation), that caused this event.
+    #[serde(rename = "requestId")]
+    pub request_id: String,
     /// `namespace/name` of the policy in force.
     pub policy: String,
     /// Hash of the effective policy version the decision was made under (what `lifeguard
@@ -68,10 +81,12 @@ pub struct AuditEvent {
 }
 
 impl AuditEvent {
-    /// An event with the time set to now and no identity yet.
+    /// An event with the time set to now and no identity yet, caused by request (or background
+    /// run) `request_id`, which is also its correlation ID until [`Self::for_task`] says
+    /// otherwise.
     pub fn new(
         event: &'static str,
-        correlation_id: &str,
+        request_id: &str,
         policy: PolicyStamp<'_>,
         decision: Decision,
         reason: &'static str,
@@ -79,7 +94,8 @@ impl AuditEvent {
         Self {
             event,
             time: format!("{:.3}", jiff::Timestamp::now()),
-            correlation_id: correlation_id.to_owned(),
+            correlation_id: request_id.to_owned(),
+            request_id: request_id.to_owned(),
             policy: policy.name.to_owned(),
             policy_hash: policy.hash.to_owned(),
             issuer: None,
@@ -112,6 +128,16 @@ impl AuditEvent {
         self
     }
 
+    /// The event is about `record`: its keyed hash and its correlation ID (tasks recorded before
+    /// correlation IDs were kept correlate by their hash alone).
+    pub fn for_task(mut self, hasher: &TaskHasher, record: &TaskRecord) -> Self {
+        self.task = Some(hasher.hash(&record.id));
+        if !record.correlation_id.is_empty() {
+            self.correlation_id = record.correlation_id.clone();
+        }
+        self
+    }
+
     pub fn detail(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.detail.insert(key.to_owned(), value.into());
         self
@@ -132,13 +158,70 @@ impl TaskHasher {
 
     /// `h:` + 32 hex characters (128 bits of HMAC-SHA-256).
     pub fn hash(&self, id: &TaskId) -> String {
+        self.hash_text(id.as_str())
+    }
+
+    /// [`Self::hash`] of any text.
+    pub fn hash_text(&self, text: &str) -> String {
         // HMAC accepts keys of any length, so this cannot fail.
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key)
             .expect("HMAC takes any key length");
-        mac.update(id.as_str().as_bytes());
+        mac.update(text.as_bytes());
         let digest = mac.finalize().into_bytes();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         format!("h:{hex}")
+    }
+}
+
+/// Keyed hashes of subjects and tenants for trails that must not name people
+/// (`audit.identityDigests`): the same value always gives the same digest under one ledger's
+/// key, so events still correlate by principal, and whoever holds the key can check whether a
+/// digest is a given user's (`h:` + 32 hex characters, as task hashes).
+#[derive(Clone)]
+pub struct IdentityDigester {
+    hasher: TaskHasher,
+}
+
+impl IdentityDigester {
+    pub fn new(key: [u8; 32]) -> Self {
+        Self {
+            hasher: TaskHasher::new(key),
+        }
+    }
+
+    /// The digest of one identity value; an empty value (no tenant) stays empty.
+    pub fn digest(&self, value: &str) -> String {
+        if value.is_empty() {
+            return String::new();
+        }
+        self.hasher.hash_text(value)
+    }
+
+    /// Replaces every subject and tenant of `event` by its digest: the caller's, and those of
+    /// the other identities an event may name in its detail (`taskOwner`, `endedBy`, a
+    /// revocation's `subject` and `tenant`).
+    pub fn apply(&self, event: &mut AuditEvent) {
+        for field in [&mut event.subject, &mut event.tenant]
+            .into_iter()
+            .flatten()
+        {
+            *field = self.digest(field);
+        }
+        for key in ["subject", "tenant"] {
+            self.digest_in(event.detail.get_mut(key));
+        }
+        for key in ["taskOwner", "endedBy"] {
+            if let Some(Value::Object(owner)) = event.detail.get_mut(key) {
+                self.digest_in(owner.get_mut("subject"));
+                self.digest_in(owner.get_mut("tenant"));
+            }
+        }
+    }
+
+    fn digest_in(&self, value: Option<&mut Value>) {
+        if let Some(Value::String(text)) = value {
+            *text = self.digest(text);
+        }
     }
 }
 
@@ -159,6 +242,8 @@ pub const QUEUE_CAPACITY: usize = 65_536;
 pub struct AuditLog {
     tx: mpsc::Sender<Message>,
     health: Arc<AuditHealth>,
+    /// Set while the policy in force asks for identity digests.
+    digests: Arc<RwLock<Option<IdentityDigester>>>,
 }
 
 /// How the trail is doing, shared by every handle and the writer.
@@ -248,12 +333,25 @@ impl AuditLog {
                 flush(&mut out, &mut buffer, &health);
             }
         });
-        Ok((Self { tx, health }, writer))
+        let log = Self {
+            tx,
+            health,
+            digests: Arc::default(),
+        };
+        Ok((log, writer))
     }
 
     /// Queues an event. Never blocks; events are written in order. When the queue is full the
     /// event is dropped and counted, and the trail reads unhealthy until a write succeeds.
-    pub fn log(&self, event: AuditEvent) {
+    pub fn log(&self, mut event: AuditEvent) {
+        if let Some(digester) = self
+            .digests
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            digester.apply(&mut event);
+        }
         match self.tx.try_send(Message::Event(Box::new(event))) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -272,6 +370,11 @@ impl AuditLog {
     /// old target.
     pub fn retarget(&self, target: AuditTarget) {
         let _ = self.tx.try_send(Message::Retarget(target));
+    }
+
+    /// Writes subjects and tenants of later events as digests (`Some`) or in the clear.
+    pub fn set_identity_digests(&self, digester: Option<IdentityDigester>) {
+        *self.digests.write().unwrap_or_else(|e| e.into_inner()) = digester;
     }
 
     /// How the trail is doing (for readiness, fail-closed decisions and metrics).

@@ -1,5 +1,6 @@
 //! The `lifeguard` command line: argument definitions and thin handlers over the library.
 
+pub mod audit;
 pub mod cluster;
 pub mod crdgen;
 pub mod dev;
@@ -51,6 +52,15 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Revoke a principal cluster-wide (creates a PrincipalRevocation); --wait follows it.
     Revoke(revoke::RevokeArgs),
+    /// Work with the audit trail.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Print the digest `audit.identityDigests` writes for each subject or tenant given.
+    Digest(audit::AuditDigestArgs),
 }
 
 #[derive(Debug, clap::Args)]

@@ -119,6 +119,12 @@ pub struct TaskRecord {
     /// The replica whose server holds the task (the [`LedgerScope::replica`] of the ledger that
     /// confirmed it). Empty for tasks recorded before replicas were tracked.
     pub home: String,
+    /// The ID of the request that created the task: the correlation ID of every audit event
+    /// about it. Empty for tasks recorded before it was kept.
+    pub correlation_id: String,
+    /// The object the task acts on (the value at the tool's `tasks.objects` pointer), asked
+    /// about at every later request when the policy has an object authorizer.
+    pub object: Option<String>,
     /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
     /// gone once the task is terminal (`finish` removes it in the same transaction).
     pub cancel: Option<CancelIntent>,
@@ -129,6 +135,14 @@ impl TaskRecord {
     pub fn expires_at(&self) -> i64 {
         self.created_at.saturating_add(self.ttl_ms)
     }
+}
+
+/// A task retention ended for, deleted by [`TaskLedger::purge_expired`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PurgedTask {
+    pub id: TaskId,
+    /// Its correlation ID, for the audit event of its deletion.
+    pub correlation_id: String,
 }
 
 /// How a terminal task ended.
@@ -243,6 +257,10 @@ pub struct Reservation {
     pub reservation_expires_at: i64,
     /// `iat` (Unix seconds) of the creating token.
     pub token_issued_at: Option<i64>,
+    /// The creating request's ID, kept as the task's correlation ID.
+    pub correlation_id: String,
+    /// The object the task acts on, when the tool names one.
+    pub object: Option<String>,
 }
 
 /// Result of [`TaskLedger::reserve`].
@@ -528,7 +546,7 @@ pub trait TaskLedger: Send + Sync {
     /// than [`BUDGET_USE_HORIZON_MS`]; returns the IDs of deleted tasks. `limit` bounds the
     /// tasks deleted per call (call again until fewer come back); void reservations are always
     /// all removed.
-    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>>;
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<PurgedTask>>;
 
     /// Non-terminal tasks of a principal, including those with a pending cancellation (their
     /// `cancel` is set).

@@ -307,6 +307,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
                 .as_ref()
                 .and_then(|a| a.on_failure)
                 .unwrap_or(AuditFailureMode::FailClosed),
+            identity_digests: policy
+                .spec
+                .audit
+                .as_ref()
+                .and_then(|a| a.identity_digests)
+                .unwrap_or(false),
         },
     });
     Compilation {

@@ -324,4 +324,7 @@ pub struct AuditRules {
     pub status_read_sample_percent: u8,
     /// What serving does while audit events cannot be written.
     pub on_failure: AuditFailureMode,
+    /// Subjects and tenants are written as keyed digests.
+    #[serde(default)]
+    pub identity_digests: bool,
 }

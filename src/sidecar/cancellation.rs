@@ -71,7 +71,7 @@ pub async fn request(
     app.audit.log(
         event
             .tool(&record.tool)
-            .task(app.hasher.hash(&record.id))
+            .for_task(&app.hasher, record)
             .detail("reason", intent.reason.as_str()),
     );
     if app.replica.remote_home(policy, &recorded).is_some() {

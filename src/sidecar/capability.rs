@@ -33,6 +33,8 @@ pub enum Verdict {
         approval_id: String,
         /// The exception's approved model route (sampling), recorded with every use.
         model_route: Option<String>,
+        /// When the exception expires (RFC 3339).
+        expires_at: String,
         /// Iterations and uses per minute left after this use; `None` when the decision had
         /// been spent before (another replica made it).
         budget_left: Option<(u32, u32)>,
@@ -283,12 +285,17 @@ impl CapabilityGate {
     /// Whether the gate allowed `key` of `scope`: only then may a client's answer to that
     /// input request reach the server. Undecided and refused keys are not allowed.
     pub fn allowed(&self, scope: &str, key: &str) -> bool {
-        self.state.lock().is_ok_and(|s| {
-            matches!(
-                s.decided.get(&(scope.to_owned(), key.to_owned())),
-                Some(Verdict::Allowed { .. })
-            )
-        })
+        self.allowance(scope, key).is_some()
+    }
+
+    /// The allowance of `key` of `scope`, if the gate allowed it.
+    pub fn allowance(&self, scope: &str, key: &str) -> Option<Verdict> {
+        let state = self.state.lock().ok()?;
+        state
+            .decided
+            .get(&(scope.to_owned(), key.to_owned()))
+            .filter(|v| matches!(v, Verdict::Allowed { .. }))
+            .cloned()
     }
 }
 
@@ -416,6 +423,7 @@ async fn decide(
             exception: exception.exception.clone(),
             approval_id: exception.spec.approval_id.clone(),
             model_route: exception.spec.model_route.clone(),
+            expires_at: exception.spec.expires_at.0.to_string(),
             budget_left,
         });
     }
@@ -447,11 +455,13 @@ fn audit_events(
             exception,
             approval_id,
             model_route,
+            expires_at,
             budget_left,
         } => base("capability.allowed", Decision::Allow, "exception")
             .detail("exception", exception.to_string())
             .detail("approvalId", approval_id.clone())
             .detail("modelRoute", json!(model_route))
+            .detail("exceptionExpiresAt", expires_at.clone())
             .detail(
                 "budgetLeft",
                 match budget_left {
@@ -464,6 +474,36 @@ fn audit_events(
         Verdict::Rejected(reason) => base("capability.rejected", Decision::Deny, reason.as_str()),
     };
     vec![requested, outcome]
+}
+
+/// `capability.answered`: a client's answer to an allowed input request is on its way to the
+/// server. The answer itself never appears: its size and SHA-256 do, with the allowance it
+/// answers (exception, approval, model route, expiry), so a reviewer can match what the model
+/// said to what was approved.
+pub fn answered_event(
+    base: AuditEvent,
+    allowance: &Verdict,
+    capability_method: &str,
+    answer: &Value,
+) -> Option<AuditEvent> {
+    let Verdict::Allowed {
+        exception,
+        approval_id,
+        model_route,
+        expires_at,
+        ..
+    } = allowance
+    else {
+        return None;
+    };
+    Some(
+        base.detail("capability", capability_method)
+            .detail("exception", exception.to_string())
+            .detail("approvalId", approval_id.clone())
+            .detail("modelRoute", json!(model_route))
+            .detail("exceptionExpiresAt", expires_at.clone())
+            .detail("answer", summarize(answer)),
+    )
 }
 
 /// How the server learns that a refused input request will not be answered.

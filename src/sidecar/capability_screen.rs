@@ -85,9 +85,9 @@ pub async fn screen_task_state(
         .await;
     let nothing_left = requests.is_empty();
     screened.count(&app.metrics);
-    let hashed = app.hasher.hash(&record.id);
     for event in screened.events {
-        app.audit.log(event.tool(&record.tool).task(hashed.clone()));
+        app.audit
+            .log(event.tool(&record.tool).for_task(&app.hasher, record));
     }
     if nothing_left {
         clear_input_requests(state);

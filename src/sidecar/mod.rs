@@ -86,7 +86,7 @@ use axum::routing::{get, post};
 use http::{StatusCode, Uri};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, AuditTarget, TaskHasher};
+use crate::audit::{AuditLog, AuditTarget, IdentityDigester, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::{LedgerLocation, LedgerScope};
 use crate::runtime::http::{ConnectionMetrics, ServerLimits};
@@ -222,6 +222,9 @@ pub struct SidecarConfig {
 
 /// Name of the ledger secret that keys audit hashes of task IDs.
 const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
+/// Name of the ledger secret that keys identity digests in the audit trail
+/// (`audit.identityDigests`).
+pub const AUDIT_IDENTITY_SECRET: &str = "audit-identity-digest";
 /// Name of the ledger secret that keys idempotency hashes.
 const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
@@ -271,6 +274,12 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
             .secret(AUDIT_HASH_SECRET)
             .await
             .context("reading the audit key from the ledger")?,
+    );
+    let identity_digester = IdentityDigester::new(
+        ledger
+            .secret(AUDIT_IDENTITY_SECRET)
+            .await
+            .context("reading the audit identity key from the ledger")?,
     );
     let idempotency_secret = ledger
         .secret(IDEMPOTENCY_SECRET)
@@ -352,14 +361,16 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         status,
         progress,
     } = PolicyPublisher::channel(metrics.clone());
-    if config.audit_file.is_none() {
-        // Without --audit-file, the policy's audit.sink decides where the trail goes.
-        tokio::spawn(follow_audit_sink(
-            policy.clone(),
-            audit.clone(),
-            shutdown.clone(),
-        ));
-    }
+    tokio::spawn(follow_audit_settings(
+        policy.clone(),
+        audit.clone(),
+        AuditFollow {
+            // Without --audit-file, the policy's audit.sink decides where the trail goes.
+            sink: config.audit_file.is_none(),
+            digester: identity_digester,
+        },
+        shutdown.clone(),
+    ));
     tokio::spawn(source.run(publisher, shutdown.clone()));
     let upstream = Upstream::new(
         config.upstream.clone(),
@@ -494,18 +505,35 @@ async fn protected_resource_metadata(State(app): State<Arc<AppState>>) -> Respon
     }
 }
 
-/// Points the audit trail at the policy's `audit.sink` whenever the policy changes.
-async fn follow_audit_sink(mut policy: PolicyWatch, audit: AuditLog, shutdown: CancellationToken) {
+/// What of the policy's audit settings the trail follows.
+struct AuditFollow {
+    /// `audit.sink` (unless `--audit-file` fixed the target).
+    sink: bool,
+    /// Applied while `audit.identityDigests` is on.
+    digester: IdentityDigester,
+}
+
+/// Applies the policy's audit settings whenever the policy changes: the sink, and whether
+/// subjects and tenants are written as digests.
+async fn follow_audit_settings(
+    mut policy: PolicyWatch,
+    audit: AuditLog,
+    follow: AuditFollow,
+    shutdown: CancellationToken,
+) {
     loop {
-        let target = policy.borrow_and_update().as_ref().map(|p| {
-            let rules = &p.effective.audit;
-            match (rules.sink, &rules.path) {
-                (crate::api::AuditSink::File, Some(path)) => AuditTarget::File(path.into()),
-                _ => AuditTarget::Stdout,
+        let rules = policy
+            .borrow_and_update()
+            .as_ref()
+            .map(|p| p.effective.audit.clone());
+        if let Some(rules) = rules {
+            audit.set_identity_digests(rules.identity_digests.then(|| follow.digester.clone()));
+            if follow.sink {
+                audit.retarget(match (rules.sink, &rules.path) {
+                    (crate::api::AuditSink::File, Some(path)) => AuditTarget::File(path.into()),
+                    _ => AuditTarget::Stdout,
+                });
             }
-        });
-        if let Some(target) = target {
-            audit.retarget(target);
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

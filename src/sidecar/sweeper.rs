@@ -58,17 +58,20 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
         }
         match app.ledger.purge_expired(now, SWEEP_BATCH).await {
             Ok(purged) => {
-                for id in purged {
-                    app.audit.log(
-                        AuditEvent::new(
-                            "task.expired",
-                            &new_correlation_id(),
-                            policy.stamp(),
-                            Decision::Record,
-                            "retention",
-                        )
-                        .task(app.hasher.hash(&id)),
-                    );
+                let sweep = new_correlation_id();
+                for task in purged {
+                    let mut event = AuditEvent::new(
+                        "task.expired",
+                        &sweep,
+                        policy.stamp(),
+                        Decision::Record,
+                        "retention",
+                    )
+                    .task(app.hasher.hash(&task.id));
+                    if !task.correlation_id.is_empty() {
+                        event.correlation_id = task.correlation_id;
+                    }
+                    app.audit.log(event);
                 }
             }
             Err(e) => tracing::error!(error = %e, "purging expired tasks failed"),

@@ -105,11 +105,17 @@ pub async fn settle_terminal_as(
         AuditEvent::new(event, correlation_id, policy.stamp(), Decision::Record, why)
             .owner(&record.owner)
             .tool(&record.tool)
-            .task(app.hasher.hash(&record.id))
+            .for_task(&app.hasher, record)
     };
     match outcome {
         FinishOutcome::Applied(after) => {
-            let mut line = audit(event, reason.as_str());
+            let mut line = audit(event, reason.as_str()).detail("endReason", reason.as_str());
+            if let Some(ending) = &after.ended {
+                line = line.detail("durationMs", ending.at.saturating_sub(after.created_at));
+                if let Some(payload) = &ending.payload {
+                    line = line.detail("result", crate::audit::summarize(payload));
+                }
+            }
             if let Some(by) = ended_by {
                 line = line.detail("endedBy", serde_json::json!(by));
             }

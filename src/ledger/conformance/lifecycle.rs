@@ -365,7 +365,10 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     let first = ledger
         .purge_expired(1_099, usize::MAX)
         .await
-        .expect("purge_expired");
+        .expect("purge_expired")
+        .into_iter()
+        .map(|p| p.id)
+        .collect::<Vec<_>>();
     assert!(
         first.contains(&done) && !first.contains(&live),
         "expires_at = created_at + ttl_ms"
@@ -373,7 +376,13 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
     let mut purged = first;
     loop {
         // Exactly at `live`'s expiry: retention ends at created_at + ttl_ms inclusive.
-        let batch = ledger.purge_expired(1_100, 1).await.expect("purge_expired");
+        let batch: Vec<_> = ledger
+            .purge_expired(1_100, 1)
+            .await
+            .expect("purge_expired")
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
         assert!(batch.len() <= 1);
         if batch.is_empty() {
             break;
@@ -409,7 +418,7 @@ pub async fn purge_expired(ledger: &dyn TaskLedger) {
         .purge_expired(2_000, usize::MAX)
         .await
         .expect("purge_expired");
-    assert!(!late.contains(&kept) && !late.contains(&dead));
+    assert!(!late.iter().any(|p| p.id == kept || p.id == dead));
     let err = ledger.confirm(&dead, task(1_600, NOW)).await;
     assert!(matches!(err, Err(LedgerError::NoReservation)), "{err:?}");
     // The idempotency key went with its task.

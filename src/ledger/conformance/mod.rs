@@ -300,6 +300,8 @@ pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
         now: NOW,
         reservation_expires_at: FAR,
         token_issued_at: Some(NOW / 1000 - 30),
+        correlation_id: unique("request-"),
+        object: Some("projects/p-1".into()),
     }
 }
 

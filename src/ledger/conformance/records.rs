@@ -46,6 +46,8 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         result_reads: 0,
         token_issued_at: r.token_issued_at,
         home: ledger.scope().replica.clone(),
+        correlation_id: r.correlation_id.clone(),
+        object: r.object.clone(),
         cancel: None,
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);

@@ -11,7 +11,7 @@ use super::sql::{
 };
 use crate::ledger::{
     CancelIntent, CancelRequest, Finish, FinishOutcome, LedgerError, PendingCancel,
-    PrincipalFilter, Result, TaskId, TaskRecord, TaskStatus,
+    PrincipalFilter, PurgedTask, Result, TaskId, TaskRecord, TaskStatus,
 };
 
 pub(super) async fn observe(
@@ -273,7 +273,7 @@ pub(super) async fn purge_expired(
     server: &str,
     now: i64,
     limit: usize,
-) -> Result<(Vec<TaskId>, Vec<String>)> {
+) -> Result<(Vec<PurgedTask>, Vec<String>)> {
     // SKIP LOCKED: rows another transaction holds are left for the next purge, so two purges
     // (or a purge and a finish) never wait on each other in opposite orders.
     let voided = void_expired(tx, server, now).await?;
@@ -281,7 +281,7 @@ pub(super) async fn purge_expired(
     // Their cancellation intents go with them (ON DELETE CASCADE).
     let sql = "DELETE FROM lifeguard_tasks WHERE server = $1 AND id IN (SELECT id \
                FROM lifeguard_tasks WHERE server = $1 AND confirmed AND expires_at <= $2 \
-               ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id";
+               ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, correlation_id";
     let purged = rows(
         tx,
         sql,
@@ -289,12 +289,18 @@ pub(super) async fn purge_expired(
         "purge expired tasks",
     )
     .await?;
-    let purged: Vec<String> = purged.iter().map(|r| col(r, 0)).collect::<Result<_>>()?;
-    super::replicas::forget_budget_uses(tx, server, &purged, now).await?;
-    Ok((
-        purged.into_iter().map(TaskId::from_string).collect(),
-        voided,
-    ))
+    let purged: Vec<PurgedTask> = purged
+        .iter()
+        .map(|r| {
+            Ok(PurgedTask {
+                id: TaskId::from_string(col::<String>(r, 0)?),
+                correlation_id: col(r, 1)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let ids: Vec<String> = purged.iter().map(|p| p.id.as_str().to_owned()).collect();
+    super::replicas::forget_budget_uses(tx, server, &ids, now).await?;
+    Ok((purged, voided))
 }
 
 pub(super) async fn active_for<C: GenericClient>(

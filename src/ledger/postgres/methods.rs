@@ -13,8 +13,9 @@ use super::{lifecycle, ops};
 use crate::ledger::checks::{check_finish, check_intent, require_nonterminal};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
-    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
-    ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, PurgedTask,
+    ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord,
+    TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -226,7 +227,7 @@ impl TaskLedger for PostgresLedger {
         lifecycle::past_deadline(&client, &self.server, now, limit).await
     }
 
-    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<PurgedTask>> {
         let (pool, server) = self.handles();
         let (purged, voided) = spawn(async move {
             retrying!(async {

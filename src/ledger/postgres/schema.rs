@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -148,6 +148,13 @@ CREATE INDEX lifeguard_budget_uses_scope ON lifeguard_budget_uses (server, excep
 CREATE INDEX lifeguard_budget_uses_rate ON lifeguard_budget_uses (server, exception, used_at);
 CREATE INDEX lifeguard_budget_uses_task ON lifeguard_budget_uses (server, task_id)
     WHERE task_id IS NOT NULL;
+";
+
+/// Version 2 (SQLite's version 5): each task's correlation ID (the ID of the request that
+/// created it; empty for tasks recorded before) and the object it acts on (`tasks.objects`).
+const V2: &str = "
+ALTER TABLE lifeguard_tasks ADD COLUMN correlation_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE lifeguard_tasks ADD COLUMN object TEXT;
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

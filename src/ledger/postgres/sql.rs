@@ -18,8 +18,8 @@ macro_rules! task_columns {
         "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, t.tool, t.scopes, \
          t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, t.deadline_at, \
          t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, t.result_reads, \
-         t.token_issued_at, t.home, c.reason, c.requested_by, c.pending_message, \
-         c.requested_at, c.give_up_at"
+         t.token_issued_at, t.home, t.correlation_id, t.object, c.reason, c.requested_by, \
+         c.pending_message, c.requested_at, c.give_up_at"
     };
 }
 pub(super) use task_columns;
@@ -34,7 +34,7 @@ macro_rules! task_from {
 pub(super) use task_from;
 
 /// How many columns [`task_columns!`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 27;
+pub(super) const TASK_COLUMN_COUNT: usize = 29;
 
 pub(super) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -139,7 +139,7 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
         }),
         _ => return Err(LedgerError::corrupt("half-recorded task ending")),
     };
-    let cancel = match col::<Option<String>>(row, 22)? {
+    let cancel = match col::<Option<String>>(row, 24)? {
         None => None,
         Some(reason) => Some(CancelIntent {
             reason: EndReason::parse(&reason)
@@ -147,12 +147,12 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
                 .ok_or_else(|| {
                     LedgerError::corrupt(format!("unknown cancellation reason {reason:?}"))
                 })?,
-            by: col::<Option<String>>(row, 23)?
+            by: col::<Option<String>>(row, 25)?
                 .map(|t| json(&t, "cancellation requested_by"))
                 .transpose()?,
-            pending_message: need(col(row, 24)?, "cancellation pending_message")?,
-            requested_at: need(col(row, 25)?, "cancellation requested_at")?,
-            give_up_at: need(col(row, 26)?, "cancellation give_up_at")?,
+            pending_message: need(col(row, 26)?, "cancellation pending_message")?,
+            requested_at: need(col(row, 27)?, "cancellation requested_at")?,
+            give_up_at: need(col(row, 28)?, "cancellation give_up_at")?,
         }),
     };
     Ok(TaskRecord {
@@ -178,6 +178,8 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
             .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
         token_issued_at: col(row, 20)?,
         home: col(row, 21)?,
+        correlation_id: col(row, 22)?,
+        object: col(row, 23)?,
         cancel,
     })
 }

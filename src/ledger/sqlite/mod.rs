@@ -26,8 +26,9 @@ use super::checks::{check_finish, check_intent, require_nonterminal};
 use super::settlements::Settlements;
 use super::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
-    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, ReplicaBeat,
-    ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, PurgedTask,
+    ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord,
+    TaskStatus,
 };
 use crate::model::ModelError;
 
@@ -304,7 +305,7 @@ impl TaskLedger for SqliteLedger {
             .with(|conn| ops::past_deadline(conn, now, limit))
     }
 
-    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<TaskId>> {
+    async fn purge_expired(&self, now: i64, limit: usize) -> Result<Vec<PurgedTask>> {
         let settlements = Arc::clone(&self.settlements);
         let (purged, _voided) = self
             .writer

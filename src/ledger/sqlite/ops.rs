@@ -6,8 +6,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::Ctx;
 use crate::ledger::{
     BUDGET_USE_HORIZON_MS, CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason, Ending,
-    Finish, FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, QuotaScope,
-    Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    Finish, FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask,
+    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
 };
 
 /// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
@@ -16,11 +16,11 @@ use crate::ledger::{
 pub(super) const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
-    t.result_reads, t.token_issued_at, t.home, \
+    t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
     c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
 
 /// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
-const TASK_COLUMN_COUNT: usize = 27;
+const TASK_COLUMN_COUNT: usize = 29;
 
 /// Every task with its intent, if any.
 pub(super) const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
@@ -46,6 +46,8 @@ pub(super) struct RawTask {
     result_reads: i64,
     token_issued_at: Option<i64>,
     home: String,
+    correlation_id: String,
+    object: Option<String>,
     cancel_reason: Option<String>,
     cancel_by: Option<String>,
     cancel_message: Option<String>,
@@ -80,11 +82,13 @@ impl RawTask {
             result_reads: row.get(19)?,
             token_issued_at: row.get(20)?,
             home: row.get(21)?,
-            cancel_reason: row.get(22)?,
-            cancel_by: row.get(23)?,
-            cancel_message: row.get(24)?,
-            cancel_requested_at: row.get(25)?,
-            cancel_give_up_at: row.get(26)?,
+            correlation_id: row.get(22)?,
+            object: row.get(23)?,
+            cancel_reason: row.get(24)?,
+            cancel_by: row.get(25)?,
+            cancel_message: row.get(26)?,
+            cancel_requested_at: row.get(27)?,
+            cancel_give_up_at: row.get(28)?,
         })
     }
 
@@ -155,6 +159,8 @@ impl RawTask {
                 .map_err(|_| LedgerError::corrupt("result_reads out of range"))?,
             token_issued_at: self.token_issued_at,
             home: self.home,
+            correlation_id: self.correlation_id,
+            object: self.object,
             cancel,
         })
     }
@@ -186,7 +192,8 @@ pub(super) fn collect(
 const TASK_ONLY_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.tenant, t.client, \
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
-    t.result_reads, t.token_issued_at, t.home, NULL, NULL, NULL, NULL, NULL";
+    t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
+    NULL, NULL, NULL, NULL, NULL";
 
 /// One task by ID, the read of every `tasks/get`. Two primary-key lookups rather than the
 /// join of [`TASK_FROM`]: SQLite re-prepared the joined statement at every call (30 µs a read
@@ -352,8 +359,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     conn.prepare_cached(
         "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
          idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at, \
-         token_issued_at) \
-         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+         token_issued_at, correlation_id, object) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )
     .ctx("prepare reservation insert")?
     .execute(params![
@@ -369,6 +376,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         window,
         r.reservation_expires_at,
         r.token_issued_at,
+        r.correlation_id,
+        r.object,
     ])
     .ctx("insert reservation")?;
     Ok(ReserveOutcome::Reserved)
@@ -695,25 +704,32 @@ pub(super) fn purge_expired(
     conn: &Connection,
     now: i64,
     limit: usize,
-) -> Result<(Vec<TaskId>, Vec<String>)> {
+) -> Result<(Vec<PurgedTask>, Vec<String>)> {
     let voided = void_expired_reservations(conn, now)?;
     let mut stmt = conn
         .prepare_cached(
             // Their cancellation intents go with them (ON DELETE CASCADE).
             "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
              WHERE confirmed = 1 AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
-             RETURNING id",
+             RETURNING id, correlation_id",
         )
         .ctx("prepare purge")?;
-    let ids = stmt
+    let rows = stmt
         .query_map(params![now, sql_limit(limit)], |row| {
-            row.get::<_, String>(0)
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
         })
         .ctx("purge expired tasks")?;
-    let purged: Vec<TaskId> = ids
-        .map(|id| Ok(TaskId::from_string(id.ctx("read purged id")?)))
+    let purged: Vec<PurgedTask> = rows
+        .map(|row| {
+            let (id, correlation_id) = row.ctx("read purged task")?;
+            Ok(PurgedTask {
+                id: TaskId::from_string(id),
+                correlation_id,
+            })
+        })
         .collect::<Result<_>>()?;
-    forget_budget_uses(conn, &purged, now)?;
+    let ids: Vec<TaskId> = purged.iter().map(|p| p.id.clone()).collect();
+    forget_budget_uses(conn, &ids, now)?;
     Ok((purged, voided))
 }
 

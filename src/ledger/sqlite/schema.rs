@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 4;
+pub(super) const SCHEMA_VERSION: i64 = 5;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -28,6 +28,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Sql(V2),
     Step::Code(to_v3),
     Step::Sql(V4),
+    Step::Sql(V5),
 ];
 
 /// Version 1.
@@ -177,6 +178,17 @@ CREATE TABLE budget_uses (
 CREATE INDEX budget_uses_scope ON budget_uses (exception, scope, at);
 CREATE INDEX budget_uses_rate ON budget_uses (exception, at);
 CREATE INDEX budget_uses_task ON budget_uses (task_id) WHERE task_id IS NOT NULL;
+";
+
+/// Version 5: what a security review reconstructs a task from and re-authorizes it against.
+///
+/// - The task's correlation ID: the ID of the request that created it, carried by every audit
+///   event of the task (empty for tasks recorded before).
+/// - The object the task acts on (`tasks.objects`): the value at the tool's JSON pointer into
+///   its arguments, asked about again at every later request.
+pub(super) const V5: &str = "
+ALTER TABLE tasks ADD COLUMN correlation_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE tasks ADD COLUMN object TEXT;
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

@@ -169,7 +169,13 @@ async fn purged_payloads_leave_no_trace_in_the_file() {
 
     let ledger = SqliteLedger::open(&path).unwrap();
     assert_eq!(
-        ledger.purge_expired(NOW + 1_000, 10).await.unwrap(),
+        ledger
+            .purge_expired(NOW + 1_000, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect::<Vec<_>>(),
         vec![id]
     );
     ledger.close().unwrap();
@@ -280,6 +286,11 @@ async fn a_version_2_ledger_is_migrated_in_place() {
     let get = async |id: &str| ledger.get(&TaskId::from_string(id)).await.unwrap();
     let first = get("lgt_first").await.expect("the earliest task keeps u1");
     assert_eq!(first.cancel, None);
+    assert_eq!(
+        (first.correlation_id.as_str(), first.object.as_deref()),
+        ("", None),
+        "tasks recorded before version 5 have no correlation ID and no object"
+    );
     assert_eq!(get("lgt_second").await, None, "the later one is gone");
     assert!(get("lgt_own").await.is_some());
 

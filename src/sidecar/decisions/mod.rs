@@ -47,6 +47,8 @@ pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord
         result_reads: 0,
         token_issued_at: None,
         home: String::new(),
+        correlation_id: String::new(),
+        object: None,
         cancel: None,
     }
 }

@@ -95,6 +95,8 @@ pub fn judge_json_answer(peek: Option<&ResponsePeek>, request_id: &Value) -> Jso
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outstanding {
     pub key: String,
+    /// The request's method (`sampling/createMessage`, `elicitation/create`, …).
+    pub method: String,
     /// For a capability the gate governs (sampling, roots).
     pub gated: bool,
 }
@@ -226,14 +228,17 @@ mod tests {
             .unwrap();
         let outstanding = [
             Outstanding {
+                method: String::new(),
                 key: "a".into(),
                 gated: false,
             },
             Outstanding {
+                method: String::new(),
                 key: "b".into(),
                 gated: true,
             },
             Outstanding {
+                method: String::new(),
                 key: "c".into(),
                 gated: true,
             },

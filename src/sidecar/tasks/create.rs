@@ -158,6 +158,8 @@ async fn reserve(
         now,
         reservation_expires_at: now + (app.upstream_timeout + RESERVATION_GRACE).as_millis() as i64,
         token_issued_at: ctx.identity.issued_at,
+        correlation_id: ctx.correlation_id.clone(),
+        object: None,
     };
     Ok(match reserve_slot(app, ctx, reservation).await? {
         ReserveOutcome::Reserved => Reserved::Pending(PendingTask {
@@ -192,7 +194,7 @@ async fn reserve(
             app.audit.log(
                 ctx.audit("task.deduplicated", Decision::Allow, "idempotency_key")
                     .tool(tool)
-                    .task(app.hasher.hash(&record.id)),
+                    .for_task(&app.hasher, &record),
             );
             let view = task_view(&record, numbers.min_poll_ms);
             Reserved::Answered(respond::rpc_result(&id, view.create_result()))
@@ -349,7 +351,7 @@ impl TaskCreation {
                 app.audit.log(
                     ctx.audit("task.deduplicated", Decision::Allow, "upstream_task_id")
                         .tool(&pending.tool)
-                        .task(app.hasher.hash(&record.id)),
+                        .for_task(&app.hasher, &record),
                 );
                 return Ok(result_message(
                     &ctx.id(),
@@ -387,7 +389,7 @@ impl TaskCreation {
         app.audit.log(
             ctx.audit("task.created", Decision::Allow, "created")
                 .tool(&pending.tool)
-                .task(app.hasher.hash(&record.id))
+                .for_task(&app.hasher, &record)
                 .detail("ttlMs", record.ttl_ms)
                 .detail("deadlineAt", iso_millis(record.deadline_at))
                 .detail("arguments", summarize(&ctx.tool_arguments())),

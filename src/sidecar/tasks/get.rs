@@ -123,7 +123,7 @@ async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskR
             app.audit.log(
                 ctx.audit("task.result_read", Decision::Allow, "owner")
                     .tool(&record.tool)
-                    .task(app.hasher.hash(&record.id))
+                    .for_task(&app.hasher, record)
                     .detail("reads", reads),
             );
         } else {
@@ -154,7 +154,7 @@ fn audit_status_read(
         app.audit.log(
             ctx.audit("task.status_read", Decision::Allow, "owner")
                 .tool(&record.tool)
-                .task(app.hasher.hash(&record.id))
+                .for_task(&app.hasher, record)
                 .detail("status", status.as_str()),
         );
     }

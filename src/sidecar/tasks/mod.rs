@@ -103,7 +103,8 @@ async fn authorized_task(
                 .task(app.hasher.hash(&id))
                 .detail("method", ctx.request.method.clone());
             if let Some(r) = &record {
-                event = event.tool(&r.tool);
+                // Attempts on someone else's task belong to that task's story.
+                event = event.tool(&r.tool).for_task(&app.hasher, r);
             }
             app.audit.log(event);
             return Err(respond::task_not_found(&ctx.id()));
@@ -123,7 +124,7 @@ async fn authorized_task(
             app.audit.log(
                 ctx.audit("task.denied", Decision::Deny, "scope")
                     .tool(&record.tool)
-                    .task(app.hasher.hash(&record.id))
+                    .for_task(&app.hasher, &record)
                     .detail("missingScopes", json!(missing)),
             );
             return Err(respond::insufficient_scope(

@@ -10,7 +10,7 @@ use crate::mcp::task::{
     empty_ack, input_requests_mut, input_responses, replace_task_id, set_input_responses,
 };
 
-use super::super::capability::is_gated;
+use super::super::capability::{answered_event, is_gated};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, Outstanding, forwardable_inputs};
 use super::super::error::Error;
@@ -25,12 +25,11 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         Ok(r) => r,
         Err(response) => return response,
     };
-    let hashed = app.hasher.hash(&record.id);
     if record.status.is_terminal() {
         app.audit.log(
             ctx.audit("task.updated", Decision::Allow, "terminal_ignored")
                 .tool(&record.tool)
-                .task(hashed),
+                .for_task(&app.hasher, &record),
         );
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
@@ -45,10 +44,26 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         app.gate.allowed(record.id.as_str(), key)
     });
     let forwarded = kept.len();
+    for (key, answer) in &kept {
+        let method = outstanding
+            .iter()
+            .find(|o| &o.key == key && o.gated)
+            .map(|o| o.method.as_str());
+        let allowance = method.and_then(|_| app.gate.allowance(record.id.as_str(), key));
+        if let (Some(method), Some(allowance)) = (method, allowance) {
+            let base = ctx
+                .audit("capability.answered", Decision::Allow, "exception")
+                .tool(&record.tool)
+                .for_task(&app.hasher, &record);
+            if let Some(event) = answered_event(base, &allowance, method, answer) {
+                app.audit.log(event);
+            }
+        }
+    }
     app.audit.log(
         ctx.audit("task.updated", Decision::Allow, "owner")
             .tool(&record.tool)
-            .task(hashed)
+            .for_task(&app.hasher, &record)
             .detail("inputsForwarded", forwarded)
             .detail("inputsDropped", offered_count - forwarded),
     );
@@ -90,6 +105,11 @@ async fn outstanding_inputs(
         .iter()
         .map(|(key, request)| Outstanding {
             key: key.clone(),
+            method: request
+                .get("method")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
             gated: is_gated(request),
         })
         .collect())

@@ -41,11 +41,18 @@ async fn concurrent_opens_migrate_once() {
         .collect();
     let client = db.client().await;
     let rows = client
-        .query("SELECT version FROM lifeguard_schema_migrations", &[])
+        .query(
+            "SELECT version FROM lifeguard_schema_migrations ORDER BY version",
+            &[],
+        )
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [SCHEMA_VERSION]);
+    assert_eq!(
+        versions,
+        (1..=SCHEMA_VERSION).collect::<Vec<_>>(),
+        "each version applied once"
+    );
     for ledger in &ledgers {
         let r = reservation(&fresh_owner(), UNLIMITED);
         assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
@@ -72,6 +79,38 @@ async fn refuses_a_newer_schema() {
             if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
         "{err}"
     );
+}
+
+/// A version-1 database gains version 2's columns in place; its tasks read with no correlation
+/// ID and no object.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_1_database_is_migrated_in_place() {
+    let db = TestDb::create().await;
+    let ledger = db.open(SERVER, "r").await;
+    let r = reservation(&fresh_owner(), UNLIMITED);
+    let id = r.id.clone();
+    assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
+    ledger.confirm(&id, confirmation(NOW)).await.unwrap();
+    drop(ledger);
+    // Back to version 1, as a database written by the previous release.
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE lifeguard_tasks DROP COLUMN correlation_id, DROP COLUMN object;
+             DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
+        )
+        .await
+        .unwrap();
+    let ledger = db.open(SERVER, "r").await;
+    let task = ledger.get(&id).await.unwrap().expect("the task survives");
+    assert_eq!((task.correlation_id.as_str(), task.object), ("", None));
+    let versions = db
+        .client()
+        .await
+        .query("SELECT max(version) FROM lifeguard_schema_migrations", &[])
+        .await
+        .unwrap();
+    assert_eq!(versions[0].get::<_, i64>(0), SCHEMA_VERSION);
 }
 
 /// A database whose default turned `synchronous_commit` off still gets durable commits.

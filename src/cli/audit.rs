@@ -1,0 +1,65 @@
+//! `lifeguard audit digest`: which digest an audit trail written under
+//! `audit.identityDigests` shows for a given subject or tenant.
+//!
+//! The key lives in the ledger, so only whoever may read the ledger can answer; the command
+//! prints one `VALUE<TAB>DIGEST` line per value asked about.
+
+use anyhow::{Context, Result, bail};
+
+use lifeguard::audit::IdentityDigester;
+use lifeguard::ledger::{LedgerLocation, LedgerScope};
+use lifeguard::sidecar::AUDIT_IDENTITY_SECRET;
+
+/// Arguments of `lifeguard audit digest`.
+#[derive(Debug, clap::Args)]
+pub struct AuditDigestArgs {
+    /// The sidecar's ledger (the same value as its --ledger).
+    #[arg(
+        long,
+        value_name = "LOCATION",
+        env = "LIFEGUARD_LEDGER",
+        hide_env_values = true
+    )]
+    pub ledger: String,
+    /// The sidecar's --ledger-scope (default `local`).
+    #[arg(long, value_name = "NAME", env = "LIFEGUARD_LEDGER_SCOPE")]
+    pub ledger_scope: Option<String>,
+    /// Subjects or tenants to digest (the same key digests both).
+    #[arg(required = true, value_name = "VALUE")]
+    pub values: Vec<String>,
+}
+
+pub fn digest(args: &AuditDigestArgs) -> Result<()> {
+    let location: LedgerLocation = args
+        .ledger
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--ledger (or $LIFEGUARD_LEDGER) refused: {e}"))?;
+    let server = match args.ledger_scope.as_deref().map(str::trim) {
+        Some("") => bail!("--ledger-scope (or $LIFEGUARD_LEDGER_SCOPE) is empty"),
+        Some(scope) => scope.to_owned(),
+        None => "local".to_owned(),
+    };
+    let scope = LedgerScope {
+        server,
+        replica: "lifeguard-audit-digest".to_owned(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let key = runtime.block_on(async {
+        let ledger = location
+            .open(scope)
+            .await
+            .with_context(|| format!("opening the task ledger {location}"))?;
+        ledger
+            .secret(AUDIT_IDENTITY_SECRET)
+            .await
+            .context("reading the audit identity key from the ledger")
+    })?;
+    let digester = IdentityDigester::new(key);
+    for value in &args.values {
+        println!("{value}\t{}", digester.digest(value));
+    }
+    Ok(())
+}
