@@ -40,6 +40,7 @@ fn main() -> ExitCode {
         Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => cli::status::run(args),
         Command::Revoke(args) => cli::revoke::run(args),
+        Command::Evidence(args) => cli::evidence::run(args),
     };
     match result {
         Ok(code) => code,

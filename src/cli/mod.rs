@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod crdgen;
 pub mod dev;
+pub mod evidence;
 pub mod exception;
 pub mod operator;
 pub mod plugin;
@@ -51,6 +52,8 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Revoke a principal cluster-wide (creates a PrincipalRevocation); --wait follows it.
     Revoke(revoke::RevokeArgs),
+    /// Run the adversarial evidence pack against a running sidecar and write a dated report.
+    Evidence(evidence::EvidenceArgs),
 }
 
 #[derive(Debug, clap::Args)]
