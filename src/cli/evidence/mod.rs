@@ -12,11 +12,14 @@
 //! [`policy`] learns what the policy promises and rewrites it for the reload check; [`checks`]
 //! holds the checks; [`report`] writes the files.
 
+mod admin;
 mod audit;
+mod call;
 mod checks;
 mod policy;
 mod probe;
 mod report;
+mod stream;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -135,7 +138,7 @@ async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
     let probe = Probe::new(args.target.clone())?;
     probe.preflight().await?;
     let admin = match &args.admin {
-        Some(url) => Some(probe::Admin::connect(url.clone()).await?),
+        Some(url) => Some(admin::Admin::connect(url.clone()).await?),
         None => None,
     };
     let audit = args.audit_file.clone().map(audit::AuditTrail::new);

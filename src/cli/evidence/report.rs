@@ -49,11 +49,18 @@ pub struct CheckResult {
     pub exchanges: Vec<Exchange>,
     /// The audit lines written while the check ran (empty without --audit-file).
     pub audit: Vec<Value>,
+    /// How long the check took, waits included.
+    pub elapsed_ms: u64,
 }
 
 impl CheckResult {
     pub fn verdict_line(&self) -> String {
-        format!("{}: {}", self.verdict.word(), self.reason)
+        format!(
+            "{}: {} ({:.1} s)",
+            self.verdict.word(),
+            self.reason,
+            self.elapsed_ms as f64 / 1000.0
+        )
     }
 }
 

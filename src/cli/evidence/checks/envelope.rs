@@ -5,7 +5,8 @@
 
 use serde_json::{Value, json};
 
-use super::super::probe::{Answer, Call, request_meta};
+use super::super::call::request_meta;
+use super::super::probe::{Answer, Call};
 use super::{CheckDef, Env, Run, short};
 
 pub const ENVELOPE: CheckDef = CheckDef {

@@ -152,9 +152,11 @@ pub async fn listen(env: &Env, run: &mut Run) {
     let mut frames = Vec::new();
     let mut done = false;
     let mut own_update = false;
-    while Instant::now() < deadline
-        && !(done && (own_update || !emitted || !expect_resource_events))
-    {
+    let waiting_for_update = emitted && expect_resource_events;
+    while Instant::now() < deadline && !stream.ended() {
+        if done && (own_update || !waiting_for_update) {
+            break;
+        }
         let Some(frame) = stream.next(Duration::from_secs(1)).await else {
             continue;
         };

@@ -21,9 +21,10 @@ use anyhow::Result;
 use lifeguard::policy::{ListenRules, TaskRules};
 use serde_json::{Value, json};
 
+use super::admin::Admin;
 use super::audit::AuditTrail;
 use super::policy::PolicyFacts;
-use super::probe::{Admin, Answer, Call, Exchange, Minter, Principal, Probe};
+use super::probe::{Answer, Call, Exchange, Minter, Principal, Probe};
 use super::report::{CheckResult, Verdict};
 
 /// The example server's tools the checks start as tasks.
@@ -165,6 +166,7 @@ impl Env {
 
     /// Runs one check and turns its record into a result.
     pub async fn run(&self, check: &'static CheckDef) -> CheckResult {
+        let started = Instant::now();
         let mark = self.audit.as_ref().map(AuditTrail::mark);
         let mut run = Run::default();
         match check.id {
@@ -186,7 +188,7 @@ impl Env {
             (Some(trail), Some(mark)) => trail.since(mark).await,
             _ => Vec::new(),
         };
-        run.finish(check, audit)
+        run.finish(check, audit, started.elapsed())
     }
 
     /// Whether the policy (when known) lets every tool in `tools` run as a task; if not, the
@@ -354,7 +356,7 @@ impl Run {
         self.summary = Some(what.into());
     }
 
-    fn finish(self, check: &'static CheckDef, audit: Vec<Value>) -> CheckResult {
+    fn finish(self, check: &'static CheckDef, audit: Vec<Value>, took: Duration) -> CheckResult {
         let (verdict, reason) = match (self.failures.first(), &self.skipped) {
             (Some(first), _) => (
                 Verdict::Fail,
@@ -364,7 +366,7 @@ impl Run {
                     first.clone()
                 },
             ),
-            (None, Some(why)) => (Verdict::NotRun, format!("not run: {why}")),
+            (None, Some(why)) => (Verdict::NotRun, why.clone()),
             (None, None) => (
                 Verdict::Pass,
                 self.summary
@@ -382,6 +384,7 @@ impl Run {
             notes: self.notes,
             exchanges: self.exchanges,
             audit,
+            elapsed_ms: took.as_millis() as u64,
         }
     }
 }
