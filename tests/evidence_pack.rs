@@ -156,6 +156,8 @@ async fn the_pack_fails_against_the_unprotected_server() {
         "cross-principal".into(),
         "--check".into(),
         "tokens".into(),
+        "--upstream-debug".into(),
+        server.base.clone(),
         "--out".into(),
         out.path().display().to_string(),
     ];
@@ -181,6 +183,11 @@ async fn the_pack_fails_against_the_unprotected_server() {
     assert!(
         failures.contains("bob (same tenant): tasks/get of alice's task"),
         "bob reads alice's task straight from the server: {failures}"
+    );
+    let tokens = report["checks"][1]["failures"].to_string();
+    assert!(
+        tokens.contains("refused tools/call requests reached the server"),
+        "the server's own log shows what got through: {tokens}"
     );
 }
 

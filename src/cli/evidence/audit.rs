@@ -21,13 +21,14 @@ impl AuditTrail {
         Self { path }
     }
 
+    /// The audit events in the file: JSON objects with an `event`. Anything else (log lines,
+    /// when the trail is captured with `kubectl logs`) is skipped.
     fn read(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.path)
             .unwrap_or_default()
             .lines()
-            .map(|line| {
-                serde_json::from_str(line).unwrap_or_else(|_| Value::String(line.to_owned()))
-            })
+            .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
+            .filter(|v| v.get("event").is_some_and(Value::is_string))
             .collect()
     }
 

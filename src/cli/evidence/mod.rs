@@ -50,6 +50,10 @@ pub struct EvidenceArgs {
     /// expected values and hash, without the reload check.
     #[arg(long, value_name = "FILE")]
     pub expect_policy: Option<PathBuf>,
+    /// The policy hash the target should be enforcing, e.g. a cluster policy's
+    /// `status.policyHash`; checked against /ready and the audit trail.
+    #[arg(long, value_name = "HASH")]
+    pub expect_hash: Option<String>,
     /// The sidecar's audit trail (JSON lines), to quote the lines each check produced.
     #[arg(long, value_name = "PATH")]
     pub audit_file: Option<PathBuf>,
@@ -149,6 +153,7 @@ async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
         facts,
         admin,
         args.upstream_debug.clone(),
+        args.expect_hash.clone(),
     )?;
 
     let mut results = Vec::new();
@@ -164,6 +169,9 @@ async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
 
     let hashes = PolicyHashes {
         policy_check: env.facts.as_ref().map(|f| f.hash.clone()),
+        // Only a file the sidecar reads itself is expected to hash alike (see policy-hash).
+        policy_check_compared: env.facts.as_ref().is_some_and(|f| f.live),
+        expected: args.expect_hash.clone(),
         ready: match &env.admin {
             Some(admin) => admin.policy_hash().await,
             None => None,

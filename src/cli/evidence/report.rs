@@ -70,6 +70,11 @@ impl CheckResult {
 pub struct PolicyHashes {
     /// `lifeguard policy check --mode standalone --output json` of the policy file.
     pub policy_check: Option<String>,
+    /// Whether `policy_check` must equal the others: only for the file the sidecar reads
+    /// (`--policy`); a manifest applied to a cluster compiles there with more inputs.
+    pub policy_check_compared: bool,
+    /// `--expect-hash`.
+    pub expected: Option<String>,
     /// What the sidecar's `/ready` says is in force.
     pub ready: Option<String>,
     /// `policy_hash` of the audit lines of the run (before the reload check changed it).
@@ -79,7 +84,12 @@ pub struct PolicyHashes {
 impl PolicyHashes {
     /// Whether every hash known agrees (and at least two are known).
     fn agree(&self) -> Option<bool> {
-        let known: Vec<&String> = [&self.policy_check, &self.ready, &self.audit]
+        let file = if self.policy_check_compared {
+            &self.policy_check
+        } else {
+            &None
+        };
+        let known: Vec<&String> = [file, &self.expected, &self.ready, &self.audit]
             .into_iter()
             .flatten()
             .collect();
@@ -216,9 +226,21 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "| policy hash: `policy check` | `{}` |",
-            show(&hashes.policy_check)
+            "| policy hash: `policy check` | `{}`{} |",
+            show(&hashes.policy_check),
+            if hashes.policy_check_compared || hashes.policy_check.is_none() {
+                ""
+            } else {
+                " (not compared: the file is not what the sidecar reads)"
+            }
         );
+        if hashes.expected.is_some() {
+            let _ = writeln!(
+                md,
+                "| policy hash: `--expect-hash` | `{}` |",
+                show(&hashes.expected)
+            );
+        }
         let _ = writeln!(md, "| policy hash: `/ready` | `{}` |", show(&hashes.ready));
         let _ = writeln!(
             md,
@@ -332,6 +354,8 @@ mod tests {
     fn hashes_agree_only_when_every_known_one_matches() {
         let h = |a: Option<&str>, b: Option<&str>, c: Option<&str>| PolicyHashes {
             policy_check: a.map(str::to_owned),
+            policy_check_compared: true,
+            expected: None,
             ready: b.map(str::to_owned),
             audit: c.map(str::to_owned),
         };

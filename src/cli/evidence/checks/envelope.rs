@@ -81,6 +81,7 @@ pub async fn envelope(env: &Env, run: &mut Run) {
     };
     let alice = p.alice.as_str();
     let get = |label: &str, id: &str| Call::task(label, "tasks/get", id).token(alice);
+    let upstream = env.upstream_mark().await;
 
     // Notifications: only notifications/cancelled may come without an id.
     for (label, id) in [
@@ -175,6 +176,12 @@ pub async fn envelope(env: &Env, run: &mut Run) {
             format!("{label}: expected a refusal, got HTTP {}", answer.status)
         });
         expect_no_task(run, &label, &answer, &bobs);
+        // JSON-RPC wants the id back as sent; the docs promise nothing for numbers no 64-bit
+        // parser holds, so a changed spelling is reported, not judged.
+        let echoed = answer.json["id"].to_string();
+        if echoed != digits {
+            run.note(format!("id {digits} came back as {echoed}"));
+        }
     }
 
     // Batches are not part of 2026-07-28.
@@ -327,6 +334,15 @@ pub async fn envelope(env: &Env, run: &mut Run) {
         expect_error(run, &label, &answer, 404, -32601);
     }
 
+    // No trick got a cancel through to the server.
+    match env.upstream_since(upstream, "tasks/cancel").await {
+        Some(reached) => {
+            run.expect(reached == 0, || {
+                format!("{reached} tasks/cancel requests reached the server")
+            });
+        }
+        None => run.note("without --upstream-debug the server's side was not inspected"),
+    }
     // Bob's task went through all of that untouched.
     let after = run
         .send(

@@ -112,6 +112,8 @@ pub struct Env {
     pub facts: Option<PolicyFacts>,
     pub admin: Option<Admin>,
     pub upstream_debug: Option<url::Url>,
+    /// `--expect-hash`: the policy version the target should enforce.
+    pub expect_hash: Option<String>,
     pub people: People,
     /// Unique per run: labels rows and idempotency keys so runs never mix.
     pub nonce: String,
@@ -127,6 +129,7 @@ impl Env {
         facts: Option<PolicyFacts>,
         admin: Option<Admin>,
         upstream_debug: Option<url::Url>,
+        expect_hash: Option<String>,
     ) -> Result<Self> {
         let mint = |p: &Principal| -> Result<String> {
             let token = minter.token_with(p, |_| {})?;
@@ -149,6 +152,7 @@ impl Env {
             facts,
             admin,
             upstream_debug,
+            expect_hash,
             people,
             nonce,
             audit_hash: Mutex::new(None),
@@ -290,15 +294,33 @@ impl Env {
         self.upstream_debug.as_ref().and_then(|b| b.join(path).ok())
     }
 
-    /// How many requests with `Mcp-Method: method` the example server has logged (its
-    /// `/_example/requests` keeps the last 200), or `None` without `--upstream-debug`.
-    pub async fn upstream_requests(&self, method: &str) -> Option<usize> {
+    /// The example server's request log (`/_example/requests`, its last 200 requests), or
+    /// `None` without `--upstream-debug`.
+    async fn upstream_log(&self) -> Option<Vec<Value>> {
         let url = self.debug_url("/_example/requests")?;
         let seen = self.probe.get_json(url).await.ok()?;
+        seen.as_array().cloned()
+    }
+
+    /// Where the server's request log stands now: the time of its latest entry.
+    pub async fn upstream_mark(&self) -> Option<u64> {
+        let log = self.upstream_log().await?;
         Some(
-            seen.as_array()?
-                .iter()
-                .filter(|r| r["mcpMethod"] == method || r["method"] == method)
+            log.iter()
+                .filter_map(|r| r["atMs"].as_u64())
+                .max()
+                .unwrap_or(0),
+        )
+    }
+
+    /// How many requests with `Mcp-Method: method` reached the server after `mark`.
+    pub async fn upstream_since(&self, mark: Option<u64>, method: &str) -> Option<usize> {
+        let mark = mark?;
+        let log = self.upstream_log().await?;
+        Some(
+            log.iter()
+                .filter(|r| r["atMs"].as_u64().is_some_and(|t| t > mark))
+                .filter(|r| r["mcpMethod"] == method)
                 .count(),
         )
     }
