@@ -36,8 +36,8 @@ use report::{PolicyHashes, Report, Verdict};
 #[derive(Debug, clap::Args)]
 pub struct EvidenceArgs {
     /// The sidecar's MCP endpoint, e.g. http://127.0.0.1:8080/mcp.
-    #[arg(long, value_name = "URL")]
-    pub target: url::Url,
+    #[arg(long, value_name = "URL", required_unless_present = "list")]
+    pub target: Option<url::Url>,
     /// The sidecar's admin address (http://HOST:PORT): /ready tells the policy hash in force,
     /// and the reload check waits on it.
     #[arg(long, value_name = "URL")]
@@ -58,8 +58,8 @@ pub struct EvidenceArgs {
     #[arg(long, value_name = "PATH")]
     pub audit_file: Option<PathBuf>,
     /// The PEM private key of an issuer the target trusts, to mint the probe's tokens.
-    #[arg(long, value_name = "PEM")]
-    pub key: PathBuf,
+    #[arg(long, value_name = "PEM", required_unless_present = "list")]
+    pub key: Option<PathBuf>,
     /// Key id written into the tokens' header.
     #[arg(long)]
     pub kid: Option<String>,
@@ -114,6 +114,10 @@ pub fn run(args: &EvidenceArgs) -> Result<ExitCode> {
 
 async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
     let started = jiff::Timestamp::now();
+    // clap requires both unless --list, which returned before.
+    let (Some(target), Some(key_path)) = (&args.target, &args.key) else {
+        bail!("--target and --key are required");
+    };
     let facts = match (&args.policy, &args.expect_policy) {
         (Some(path), _) => Some(policy::PolicyFacts::load(path, true)?),
         (None, Some(path)) => Some(policy::PolicyFacts::load(path, false)?),
@@ -127,19 +131,18 @@ async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
     let audience = match (&args.audience, &facts) {
         (Some(audience), _) => audience.clone(),
         (None, Some(f)) => f.policy.resource.clone(),
-        (None, None) => args.target.to_string(),
+        (None, None) => target.to_string(),
     };
     let scope = match (&args.scope, &facts) {
         (Some(scope), _) => scope.clone(),
         (None, Some(f)) => f.scopes_for(checks::TOOLS_USED),
         (None, None) => "rows:write".to_owned(),
     };
-    let key =
-        std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?;
+    let key = std::fs::read(key_path).with_context(|| format!("reading {}", key_path.display()))?;
     let alg = Algorithm::from_str(&args.alg).context("unknown --alg")?;
     let minter = Minter::new(key, alg, args.kid.clone(), issuer, audience, scope)?;
 
-    let probe = Probe::new(args.target.clone())?;
+    let probe = Probe::new(target.clone())?;
     probe.preflight().await?;
     let admin = match &args.admin {
         Some(url) => Some(admin::Admin::connect(url.clone()).await?),
@@ -180,7 +183,7 @@ async fn run_async(args: &EvidenceArgs) -> Result<ExitCode> {
     };
     let report = Report::new(
         started,
-        args.target.to_string(),
+        target.to_string(),
         args.admin.as_ref().map(url::Url::to_string),
         env.facts
             .as_ref()
