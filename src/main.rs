@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         Command::Audit(AuditCommand::Digest(args)) => {
             cli::audit::digest(args).map(|()| ExitCode::SUCCESS)
         }
+        Command::Evidence(args) => cli::evidence::run(args),
     };
     match result {
         Ok(code) => code,

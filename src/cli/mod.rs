@@ -4,6 +4,7 @@ pub mod audit;
 pub mod cluster;
 pub mod crdgen;
 pub mod dev;
+pub mod evidence;
 pub mod exception;
 pub mod operator;
 pub mod plugin;
@@ -55,6 +56,8 @@ pub enum Command {
     /// Work with the audit trail.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Run the adversarial evidence pack against a running sidecar and write a dated report.
+    Evidence(evidence::EvidenceArgs),
 }
 
 #[derive(Debug, Subcommand)]
