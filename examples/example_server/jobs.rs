@@ -124,11 +124,19 @@ fn sampled_text(answer: &Value) -> String {
 }
 
 /// The `sampling/createMessage` input request of a summary round.
-fn sampling_request(text: &str, max_tokens: u64, tools: &[String]) -> Value {
+fn sampling_request(
+    text: &str,
+    max_tokens: u64,
+    tools: &[String],
+    extra: &Map<String, Value>,
+) -> Value {
     let mut params = json!({
         "messages": [{"role": "user", "content": {"type": "text", "text": format!("Summarize: {text}")}}],
         "maxTokens": max_tokens,
     });
+    for (key, value) in extra {
+        params[key] = value.clone();
+    }
     if !tools.is_empty() {
         params["tools"] = Value::Array(
             tools
@@ -175,6 +183,7 @@ pub fn summarize_round_trip(
     max_tokens: u64,
     rounds: u64,
     tools: &[String],
+    extra: &Map<String, Value>,
 ) -> Result<Value, RpcError> {
     let bad_state = || RpcError::invalid_params("Invalid requestState");
     let (round, mut texts): (u64, Vec<String>) = match params.get("requestState") {
@@ -207,7 +216,7 @@ pub fn summarize_round_trip(
     };
     Ok(json!({
         "resultType": "input_required",
-        "inputRequests": {format!("sample-{next}"): sampling_request(text, max_tokens, tools)},
+        "inputRequests": {format!("sample-{next}"): sampling_request(text, max_tokens, tools, extra)},
         "requestState": json!({"round": next, "texts": texts}).to_string(),
     }))
 }
@@ -313,6 +322,7 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             rounds,
             tools,
             delay_ms,
+            extra,
         } => {
             if !ctx.sleep(*delay_ms).await {
                 return Outcome::Cancelled;
@@ -320,7 +330,7 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             let mut summaries = Vec::new();
             for round in 1..=*rounds {
                 let key = format!("sample-{round}");
-                let req = sampling_request(text, *max_tokens, tools);
+                let req = sampling_request(text, *max_tokens, tools, extra);
                 let Some(answers) = ctx
                     .ask(vec![(key.clone(), req)], "Waiting for a sample")
                     .await

@@ -63,6 +63,8 @@ pub struct AppState {
     pub listeners: Arc<AtomicUsize>,
     /// Flips to `true` when the server shuts down; listen streams then end gracefully.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The log level set with `logging/setLevel` (none: the server sends no log messages).
+    pub log_level: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 #[tokio::main]
@@ -80,6 +82,7 @@ async fn main() {
         max_listen: args.max_listen_secs.map(Duration::from_secs),
         listeners: Arc::new(AtomicUsize::new(0)),
         shutdown: shutdown_rx,
+        log_level: Arc::default(),
     };
     let app = router(state);
 

@@ -149,6 +149,14 @@ async fn dispatch(
     let ok = |v: Value| Ok(Reply::Result(v));
     match method {
         "server/discover" => ok(discover()),
+        "logging/setLevel" => {
+            let level = params
+                .get("level")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RpcError::invalid_params("`level` must be a string"))?;
+            *state.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(level.to_owned());
+            ok(json!({"resultType": "complete"}))
+        }
         "tools/list" => ok(json!({
             "resultType": "complete",
             "tools": tools::list(),
@@ -286,9 +294,11 @@ async fn tools_call(
                 max_tokens,
                 rounds,
                 tools,
+                extra,
                 ..
             } => {
-                let reply = jobs::summarize_round_trip(params, text, *max_tokens, *rounds, tools)?;
+                let reply =
+                    jobs::summarize_round_trip(params, text, *max_tokens, *rounds, tools, extra)?;
                 return Ok(Reply::Result(reply));
             }
             _ => {}

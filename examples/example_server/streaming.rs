@@ -48,6 +48,13 @@ pub fn tools_call_sse(
 ) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<Value>();
     let store = state.store.clone();
+    // Once a client set a log level, synchronous runs also log (the deprecated logging
+    // surface, for intermediaries' tests).
+    let logging = state
+        .log_level
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let producer = tokio::spawn(async move {
         // Sending fails only when the client is gone; the producer is then aborted anyway.
         let send = |frame: Value| {
@@ -67,6 +74,12 @@ pub fn tools_call_sse(
             return;
         }
         send(progress_frame(&token, 0, None, "started"));
+        if let Some(level) = &logging {
+            send(notification(
+                "notifications/message",
+                json!({"level": level, "logger": "example_server", "data": "run started"}),
+            ));
+        }
         let (ptx, mut prx) = mpsc::unbounded_channel::<Progress>();
         let ctx = JobCtx {
             store,

@@ -40,6 +40,9 @@ pub enum ToolCall {
         tools: Vec<String>,
         /// Working time before the first sampling request.
         delay_ms: u64,
+        /// More `sampling/createMessage` params (`includeContext`, `systemPrompt`, …), as
+        /// given: to exercise an intermediary's isolation checks.
+        extra: Map<String, Value>,
     },
     ListRoots,
     Unstable {
@@ -140,7 +143,8 @@ pub fn list() -> Value {
                     "maxTokens": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 500},
                     "rounds": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1},
                     "tools": {"type": "array", "items": {"type": "string"}},
-                    "delayMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0}
+                    "delayMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0},
+                    "samplingParams": {"type": "object"}
                 }),
                 &["text"]
             )
@@ -257,6 +261,15 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
         },
         "multi_input" => ToolCall::MultiInput,
         "summarize_with_sampling" => ToolCall::Summarize {
+            extra: match args.get("samplingParams") {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(extra)) => extra.clone(),
+                Some(_) => {
+                    return Err(RpcError::invalid_params(
+                        "`samplingParams` must be an object",
+                    ));
+                }
+            },
             delay_ms: a.uint("delayMs", 0, 60_000)?,
             text: a.string("text", None)?,
             max_tokens: a.uint("maxTokens", 500, 100_000)?.max(1),

@@ -85,6 +85,12 @@ pub struct CapabilityExceptionSpec {
     #[serde(default)]
     pub allowed_tools: Vec<String>,
 
+    /// Context a sampling request may ask the client to include (`includeContext`):
+    /// `thisServer`, or `allServers` (which allows `thisServer` too). Absent: only `none` (or no
+    /// `includeContext`) passes; anything else is refused as `context_not_isolated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_context: Option<IncludeContextGrant>,
+
     /// Start of validity (RFC 3339).
     pub not_before: Time,
 
@@ -100,6 +106,14 @@ pub struct CapabilityExceptionSpec {
     /// canonical JSON of this spec without `signature`, plus `namespace` and `policy`.
     #[schemars(length(min = 1, max = 4096))]
     pub signature: String,
+}
+
+/// How much of the client's context a sampling request may ask for.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum IncludeContextGrant {
+    ThisServer,
+    AllServers,
 }
 
 /// Reference to an McpServerPolicy in the same namespace.
@@ -119,6 +133,9 @@ pub enum ExceptionCapability {
     Sampling,
     /// `roots/list` input requests.
     Roots,
+    /// Server log messages: `notifications/message` on the caller's response streams and the
+    /// caller's `logging/setLevel` (under `capabilities.logging: exception`).
+    Logging,
 }
 
 /// One principal: issuer plus subject.
@@ -162,10 +179,20 @@ pub struct ExceptionLimits {
     /// Most requests per minute under this exception, across all tasks and clients.
     #[schemars(range(min = 1, max = 1_000_000))]
     pub max_requests_per_minute: u32,
-    /// Optional cost budget, in units the model route defines, over the exception's lifetime.
+    /// Reserved: a cost budget in units of the model route. Not enforced yet (sampling answers
+    /// carry no usage the sidecar could settle), so validation refuses exceptions that set it
+    /// rather than grant a budget nobody keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_cost_units: Option<u64>,
+    /// Largest `systemPrompt` of a sampling request, in bytes (UTF-8). Default 8192.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_048_576))]
+    pub max_system_prompt_bytes: Option<u32>,
+    /// Largest `messages` of a sampling request, in bytes of their JSON. Default 65536.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4_194_304))]
+    pub max_message_bytes: Option<u32>,
 }
 
 /// Lifecycle state of an exception as last evaluated.

@@ -23,7 +23,7 @@ mod cel_rule_tests;
 pub use duration::PolicyDuration;
 pub use exception::{
     CapabilityException, CapabilityExceptionSpec, CapabilityExceptionStatus, ExceptionCapability,
-    ExceptionLimits, ExceptionState, PolicyRef, PrincipalRef, TenantRef,
+    ExceptionLimits, ExceptionState, IncludeContextGrant, PolicyRef, PrincipalRef, TenantRef,
 };
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,

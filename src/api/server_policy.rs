@@ -532,6 +532,17 @@ pub struct CapabilitiesSpec {
     /// `roots/list` input requests. `deny` (default) or `exception`, as for `sampling`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roots: Option<CapabilityMode>,
+    /// Server logging (deprecated in 2026-07-28). `deny` (default): `notifications/message` is
+    /// dropped from response streams and `logging/setLevel` is refused. `exception`: both pass
+    /// for callers an Active CapabilityException for `logging` covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<CapabilityMode>,
+    /// More patterns (regular expressions) the secret scanner refuses in sampling requests,
+    /// besides its built-in token shapes and the caller's own bearer token
+    /// (`secret_in_context`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub secret_patterns: Vec<String>,
 }
 
 /// How a deprecated capability is treated.

@@ -24,6 +24,7 @@ pub fn capability_key(capability: ExceptionCapability) -> &'static str {
     match capability {
         ExceptionCapability::Sampling => "sampling",
         ExceptionCapability::Roots => "roots",
+        ExceptionCapability::Logging => "logging",
     }
 }
 
@@ -55,6 +56,12 @@ pub enum Rejection {
     ToolNotAllowed,
     IterationBudget,
     Rate,
+    /// `includeContext` beyond what the exception grants.
+    ContextNotIsolated,
+    /// A `systemPrompt` or `messages` beyond the exception's bounds.
+    ContextTooLarge,
+    /// The request carries a credential (token shape, policy pattern, the caller's bearer).
+    SecretInContext,
 }
 
 impl Rejection {
@@ -77,6 +84,9 @@ impl Rejection {
             Self::ToolNotAllowed => "tool_not_allowed",
             Self::IterationBudget => "iteration_budget",
             Self::Rate => "rate",
+            Self::ContextNotIsolated => "context_not_isolated",
+            Self::ContextTooLarge => "context_too_large",
+            Self::SecretInContext => "secret_in_context",
         }
     }
 
@@ -144,30 +154,7 @@ pub fn covers(
     if spec.capability != request.capability {
         return Err(Rejection::NoException);
     }
-    // Whom the exception is for comes first: an exception for someone else says nothing about
-    // this request, however broken it is.
-    let owner = request.owner;
-    if !spec.clients.contains(&owner.client) {
-        return Err(Rejection::WrongClient);
-    }
-    if let Some(principals) = &spec.principals
-        && !principals
-            .iter()
-            .any(|p| p.issuer == owner.issuer && p.subject == owner.subject)
-    {
-        return Err(Rejection::WrongPrincipal);
-    }
-    if let Some(tenants) = &spec.tenants
-        && (owner.tenant.is_empty()
-            || !tenants
-                .iter()
-                .any(|t| t.issuer == owner.issuer && t.tenant == owner.tenant))
-    {
-        return Err(Rejection::WrongTenant);
-    }
-    if let Some(rejection) = verification_rejection(&verification()) {
-        return Err(rejection);
-    }
+    covers_caller(exception, verification, request.owner)?;
     if request.protocol_version != crate::mcp::PROTOCOL_VERSION {
         return Err(Rejection::WrongVersion);
     }
@@ -191,6 +178,40 @@ pub fn covers(
         if !tools_ok {
             return Err(Rejection::ToolNotAllowed);
         }
+    }
+    Ok(())
+}
+
+/// Whether `exception` is for `owner` and in force: the part of coverage that does not depend
+/// on a request (server logging is not asked for in input requests).
+pub fn covers_caller(
+    exception: &GrantedException,
+    verification: impl FnOnce() -> Verification,
+    owner: &Owner,
+) -> Result<(), Rejection> {
+    let spec = &exception.spec;
+    // Whom the exception is for comes first: an exception for someone else says nothing about
+    // this request, however broken it is.
+    if !spec.clients.contains(&owner.client) {
+        return Err(Rejection::WrongClient);
+    }
+    if let Some(principals) = &spec.principals
+        && !principals
+            .iter()
+            .any(|p| p.issuer == owner.issuer && p.subject == owner.subject)
+    {
+        return Err(Rejection::WrongPrincipal);
+    }
+    if let Some(tenants) = &spec.tenants
+        && (owner.tenant.is_empty()
+            || !tenants
+                .iter()
+                .any(|t| t.issuer == owner.issuer && t.tenant == owner.tenant))
+    {
+        return Err(Rejection::WrongTenant);
+    }
+    if let Some(rejection) = verification_rejection(&verification()) {
+        return Err(rejection);
     }
     Ok(())
 }

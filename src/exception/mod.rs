@@ -9,6 +9,7 @@
 
 pub mod approver_keys;
 pub mod gate;
+pub mod isolation;
 
 pub use approver_keys::ApproverKeys;
 

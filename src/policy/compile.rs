@@ -518,5 +518,7 @@ fn compile_capabilities(policy: &McpServerPolicy) -> CapabilityRules {
             .and_then(|c| c.sampling)
             .unwrap_or(CapabilityMode::Deny),
         roots: caps.and_then(|c| c.roots).unwrap_or(CapabilityMode::Deny),
+        logging: caps.and_then(|c| c.logging).unwrap_or(CapabilityMode::Deny),
+        secret_patterns: caps.map(|c| c.secret_patterns.clone()).unwrap_or_default(),
     }
 }

@@ -242,11 +242,20 @@ impl ListenRules {
 }
 
 /// Deprecated capability gates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CapabilityRules {
     pub sampling: CapabilityMode,
     pub roots: CapabilityMode,
+    #[serde(default = "deny")]
+    pub logging: CapabilityMode,
+    /// Extra secret-scanner patterns (checked to compile by the compiler).
+    #[serde(default)]
+    pub secret_patterns: Vec<String>,
+}
+
+fn deny() -> CapabilityMode {
+    CapabilityMode::Deny
 }
 
 impl CapabilityRules {
@@ -255,6 +264,7 @@ impl CapabilityRules {
         match capability {
             ExceptionCapability::Sampling => self.sampling,
             ExceptionCapability::Roots => self.roots,
+            ExceptionCapability::Logging => self.logging,
         }
     }
 }

@@ -193,6 +193,19 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
     if let Some(listen) = &spec.listen {
         validate_listen(listen, multi_tenant(spec), p);
     }
+    for (i, pattern) in spec
+        .capabilities
+        .iter()
+        .flat_map(|c| &c.secret_patterns)
+        .enumerate()
+    {
+        let path = format!("spec.capabilities.secretPatterns[{i}]");
+        if pattern.is_empty() {
+            p.error(path, "must not be empty");
+        } else if let Err(e) = mask_regex(pattern) {
+            p.error(path, format!("is not a valid regular expression: {e}"));
+        }
+    }
     if let Some(audit) = &spec.audit {
         if audit.sink == Some(AuditSink::File) {
             match audit.path.as_deref() {
@@ -577,19 +590,33 @@ pub fn validate_exception(exception: &CapabilityException, p: &mut Problems) {
             "maxRequestsPerMinute",
             u64::from(spec.limits.max_requests_per_minute),
         ),
-        ("maxCostUnits", spec.limits.max_cost_units.unwrap_or(1)),
+        (
+            "maxSystemPromptBytes",
+            spec.limits.max_system_prompt_bytes.map_or(1, u64::from),
+        ),
+        (
+            "maxMessageBytes",
+            spec.limits.max_message_bytes.map_or(1, u64::from),
+        ),
     ];
+    if spec.limits.max_cost_units.is_some() {
+        p.error("spec.limits.maxCostUnits", rules::COST_UNITS_NOT_ENFORCED);
+    }
     for (field, value) in limits {
         if value == 0 {
             p.error(format!("spec.limits.{field}"), "must be at least 1");
         }
     }
-    if spec.capability == ExceptionCapability::Roots {
+    if spec.capability != ExceptionCapability::Sampling {
+        let name = crate::exception::gate::capability_key(spec.capability);
         if spec.model_route.is_some() {
-            p.warning("spec.modelRoute", "has no meaning for roots");
+            p.warning("spec.modelRoute", format!("has no meaning for {name}"));
         }
         if !spec.allowed_tools.is_empty() {
-            p.warning("spec.allowedTools", "has no meaning for roots");
+            p.warning("spec.allowedTools", format!("has no meaning for {name}"));
+        }
+        if spec.include_context.is_some() {
+            p.warning("spec.includeContext", format!("has no meaning for {name}"));
         }
     }
     check_unique(

@@ -9,6 +9,7 @@ use crate::policy::{EffectivePolicy, TaskRules};
 
 use super::decisions::ResultMinimizer;
 use super::respond::resource_metadata_url;
+use crate::exception::isolation::SecretScanner;
 
 /// The policy in force with everything derived from it.
 pub struct ActivePolicy {
@@ -26,6 +27,9 @@ pub struct ActivePolicy {
     pub tasks: Option<TaskNumbers>,
     /// What completed results become before they are stored; `None` keeps them as given.
     pub results: Option<ResultMinimizer>,
+    /// Refuses sampling requests that carry credentials (built-in shapes and
+    /// `capabilities.secretPatterns`).
+    pub secret_scanner: SecretScanner,
 }
 
 impl ActivePolicy {
@@ -39,6 +43,12 @@ impl ActivePolicy {
                 .tasks
                 .as_ref()
                 .and_then(|t| ResultMinimizer::from_rules(&t.results)),
+            secret_scanner: SecretScanner::new(&effective.capabilities.secret_patterns)
+                .unwrap_or_else(|e| {
+                    // The compiler refused invalid patterns; keep the built-in ones.
+                    tracing::error!(error = %e, "secret patterns do not compile; using the built-in ones");
+                    SecretScanner::default()
+                }),
             effective,
             keys,
             tokens: TokenCache::default(),

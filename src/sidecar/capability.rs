@@ -19,6 +19,7 @@ use crate::audit::{AuditEvent, Decision, summarize};
 use crate::exception::gate::{
     CapabilityRequest, Rejection, capability_of, covers, declares, verification_rejection,
 };
+use crate::exception::isolation::{SecretScanner, check_isolation};
 use crate::exception::{ApproverTrust, verify};
 use crate::ledger::{BudgetOutcome, BudgetSpend, TaskLedger};
 use crate::model::Owner;
@@ -35,6 +36,8 @@ pub enum Verdict {
         model_route: Option<String>,
         /// When the exception expires (RFC 3339).
         expires_at: String,
+        /// The exception's `purpose`, shown to the client with the request.
+        purpose: String,
         /// Iterations and uses per minute left after this use; `None` when the decision had
         /// been spent before (another replica made it).
         budget_left: Option<(u32, u32)>,
@@ -108,6 +111,10 @@ pub struct Carrier<'a> {
     pub protocol_version: &'a str,
     pub correlation_id: &'a str,
     pub policy: crate::audit::PolicyStamp<'a>,
+    /// The policy's secret scanner, and the caller's own bearer token (never allowed into a
+    /// sampling request).
+    pub scanner: &'a SecretScanner,
+    pub bearer: Option<&'a str>,
     /// The audit trail can be written, or the policy does not require it
     /// (`audit.onFailure`). When it cannot, nothing is allowed: undecided and allowed
     /// requests are withheld (not decided, so they come back once the trail recovers).
@@ -208,7 +215,11 @@ impl CapabilityGate {
                 Verdict::Allowed { .. } if !declared => {
                     requests.remove(&key);
                 }
-                Verdict::Allowed { .. } => {}
+                allowed @ Verdict::Allowed { .. } => {
+                    if let Some(request) = requests.get_mut(&key) {
+                        show_allowance(request, &allowed, carrier.policy.name);
+                    }
+                }
             }
         }
         screened
@@ -299,6 +310,47 @@ impl CapabilityGate {
     }
 }
 
+/// The `_meta` key under which an allowed input request tells the client who asks and why.
+pub const ALLOWANCE_META: &str = "lifeguard.dev/exception";
+
+/// Puts the allowance into the input request's `params._meta` (under [`ALLOWANCE_META`]), so
+/// a client can show who is asking for its model and why: the requesting server (its policy,
+/// `namespace/name`), the exception's purpose, name, approval, expiry and model route.
+fn show_allowance(request: &mut Value, allowed: &Verdict, server: &str) {
+    let Verdict::Allowed {
+        exception,
+        approval_id,
+        model_route,
+        expires_at,
+        purpose,
+        ..
+    } = allowed
+    else {
+        return;
+    };
+    let Some(request) = request.as_object_mut() else {
+        return;
+    };
+    let params = request.entry("params").or_insert_with(|| json!({}));
+    let Some(params) = params.as_object_mut() else {
+        return;
+    };
+    let meta = params.entry("_meta").or_insert_with(|| json!({}));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.insert(
+            ALLOWANCE_META.to_owned(),
+            json!({
+                "server": server,
+                "purpose": purpose,
+                "exception": exception.to_string(),
+                "approvalId": approval_id,
+                "expiresAt": expires_at,
+                "modelRoute": model_route,
+            }),
+        );
+    }
+}
+
 fn method_of(request: &Value) -> String {
     request
         .get("method")
@@ -381,6 +433,8 @@ async fn decide(
         }
     };
     let mut best = Rejection::NoException;
+    // Scanned once, and only when an exception would otherwise cover the request.
+    let mut carries_secret = None;
     for exception in policy
         .exceptions
         .iter()
@@ -391,6 +445,17 @@ async fn decide(
         if let Err(reason) = covers(exception, verification, &request) {
             best = best.most_specific(reason);
             continue;
+        }
+        if capability == ExceptionCapability::Sampling {
+            if let Err(reason) = check_isolation(&exception.spec, params) {
+                best = best.most_specific(reason);
+                continue;
+            }
+            let literals: Vec<&str> = carrier.bearer.into_iter().collect();
+            if *carries_secret.get_or_insert_with(|| carrier.scanner.finds(params, &literals)) {
+                best = best.most_specific(Rejection::SecretInContext);
+                continue;
+            }
         }
         let limits = &exception.spec.limits;
         let spend = BudgetSpend {
@@ -424,6 +489,7 @@ async fn decide(
             approval_id: exception.spec.approval_id.clone(),
             model_route: exception.spec.model_route.clone(),
             expires_at: exception.spec.expires_at.0.to_string(),
+            purpose: exception.spec.purpose.clone(),
             budget_left,
         });
     }
@@ -457,6 +523,7 @@ fn audit_events(
             model_route,
             expires_at,
             budget_left,
+            ..
         } => base("capability.allowed", Decision::Allow, "exception")
             .detail("exception", exception.to_string())
             .detail("approvalId", approval_id.clone())
@@ -578,6 +645,8 @@ mod tests {
                 name: "team-a/reports",
                 hash: "h",
             },
+            scanner: &SecretScanner::default(),
+            bearer: None,
         };
         let mut requests = json!({
             "s1": {"method": "sampling/createMessage", "params": {}},

@@ -27,6 +27,8 @@ pub struct Recipient<'a> {
     pub declared: &'a Value,
     pub protocol_version: &'a str,
     pub correlation_id: &'a str,
+    /// That request's bearer token (the secret scanner refuses it in sampling requests).
+    pub bearer: Option<&'a str>,
 }
 
 impl<'a> Recipient<'a> {
@@ -35,6 +37,7 @@ impl<'a> Recipient<'a> {
             declared: &ctx.facts.capabilities,
             protocol_version: &ctx.facts.protocol_version,
             correlation_id: &ctx.correlation_id,
+            bearer: ctx.bearer(),
         }
     }
 }
@@ -72,6 +75,8 @@ pub async fn screen_task_state(
         protocol_version: recipient.protocol_version,
         correlation_id: recipient.correlation_id,
         policy: policy.stamp(),
+        scanner: &policy.secret_scanner,
+        bearer: recipient.bearer,
     };
     let screened = app
         .gate
@@ -161,6 +166,8 @@ pub async fn screen_request_inputs(
             correlation_id: &ctx.correlation_id,
             policy: ctx.policy.stamp(),
             audit_ok: !app.audit_blocks(&ctx.policy),
+            scanner: &ctx.policy.secret_scanner,
+            bearer: ctx.bearer(),
         };
         let screened = app
             .gate

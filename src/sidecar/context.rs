@@ -55,6 +55,16 @@ impl RequestContext {
         .owner(&self.identity.owner)
     }
 
+    /// The caller's bearer token, as presented.
+    pub fn bearer(&self) -> Option<&str> {
+        crate::identity::jwt::bearer_token(
+            self.headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+        )
+        .ok()
+    }
+
     /// The id to answer with.
     pub fn id(&self) -> Value {
         self.request.response_id()

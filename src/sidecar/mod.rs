@@ -57,6 +57,7 @@ mod home_memory;
 mod hop;
 mod hop_server;
 mod listen;
+mod logging_gate;
 mod pipeline;
 mod policy_file;
 mod policy_source;

@@ -23,7 +23,7 @@ use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
 use super::revocation::revocation_of;
 use super::state::AppState;
-use super::{listen, relay, respond, tasks};
+use super::{listen, logging_gate, relay, respond, tasks};
 
 fn method_label(method: &str) -> &'static str {
     use crate::mcp::methods::*;
@@ -191,6 +191,12 @@ pub async fn serve(
         RequestKind::TaskUpdate { task_id } => tasks::update(&app, &ctx, &task_id).await,
         RequestKind::TaskCancel { task_id } => tasks::cancel(&app, &ctx, &task_id).await,
         RequestKind::Listen => listen::listen(app.clone(), ctx).await,
+        RequestKind::Other if ctx.request.method == logging_gate::SET_LEVEL => {
+            match logging_gate::logging_allowed(&ctx.policy, &ctx.identity.owner) {
+                Ok(()) => relay::forward_plain(app.clone(), ctx).await,
+                Err(reason) => logging_gate::refuse_set_level(&app, &ctx, reason),
+            }
+        }
         RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
     };
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {

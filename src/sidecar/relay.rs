@@ -28,6 +28,7 @@ use super::capability_screen::screen_request_inputs;
 use super::context::RequestContext;
 use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};
 use super::error::Error;
+use super::logging_gate::{count_dropped_message, logging_allowed};
 use super::respond;
 use super::server_tasks::cancel_orphan;
 use super::state::AppState;
@@ -268,6 +269,12 @@ async fn relay_event<S: FinalStep>(
                     } else {
                         "listen_notification_on_request_stream"
                     });
+                return Relayed::Nothing;
+            }
+            if method == Some(methods::NOTIFICATION_MESSAGE)
+                && let Err(reason) = logging_allowed(&ctx.policy, &ctx.identity.owner)
+            {
+                count_dropped_message(app, reason);
                 return Relayed::Nothing;
             }
             message

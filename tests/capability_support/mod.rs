@@ -89,8 +89,29 @@ spec:
 
     /// The exception document signed with `key` under `kid`, as if it lived in `namespace`.
     pub fn signed_with(&self, key: &Path, kid: &str, namespace: &str) -> String {
-        let text = self.unsigned_yaml();
-        let documents = lifeguard::policy::manifest::parse_manifests(&text).unwrap();
+        sign_yaml(&self.unsigned_yaml(), key, kid, namespace)
+    }
+
+    /// [`Self::unsigned_yaml`] edited by `edit` (extra spec fields), then signed by the
+    /// test approver.
+    pub fn signed_edited(&self, edit: impl FnOnce(String) -> String) -> String {
+        sign_yaml(
+            &edit(self.unsigned_yaml()),
+            &approver_key(),
+            APPROVER_KID,
+            "tests",
+        )
+    }
+
+    pub fn signed(&self) -> String {
+        self.signed_with(&approver_key(), APPROVER_KID, "tests")
+    }
+}
+
+/// An unsigned exception document (`signature: unsigned`) signed with `key` under `kid`.
+pub fn sign_yaml(text: &str, key: &Path, kid: &str, namespace: &str) -> String {
+    {
+        let documents = lifeguard::policy::manifest::parse_manifests(text).unwrap();
         let Some(lifeguard::policy::manifest::LifeguardObject::Exception(exception)) =
             &documents[0].object
         else {
@@ -104,10 +125,6 @@ spec:
         )
         .unwrap();
         text.replace("signature: unsigned", &format!("signature: {signature}"))
-    }
-
-    pub fn signed(&self) -> String {
-        self.signed_with(&approver_key(), APPROVER_KID, "tests")
     }
 }
 
