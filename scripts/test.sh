@@ -106,3 +106,9 @@ if [ -z "${LIFEGUARD_TEST_POSTGRES:-}" ]; then
 fi
 
 cargo test --locked --all-targets "$@"
+
+# The security review's evidence pack against the example server (docs/evidence-pack.md); skipped
+# only when extra cargo arguments select part of the suite.
+if [ "$#" -eq 0 ]; then
+  scripts/evidence.sh
+fi
