@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
-use crate::ledger::TaskRecord;
 use crate::model::{Owner, TaskId};
 
 /// Decision recorded with an event.
@@ -128,12 +127,13 @@ impl AuditEvent {
         self
     }
 
-    /// The event is about `record`: its keyed hash and its correlation ID (tasks recorded before
-    /// correlation IDs were kept correlate by their hash alone).
-    pub fn for_task(mut self, hasher: &TaskHasher, record: &TaskRecord) -> Self {
-        self.task = Some(hasher.hash(&record.id));
-        if !record.correlation_id.is_empty() {
-            self.correlation_id = record.correlation_id.clone();
+    /// The event is about task `id` whose correlation ID is `correlation_id` (the ledger's):
+    /// its keyed hash and that ID (tasks recorded before correlation IDs were kept, with an
+    /// empty one, correlate by their hash alone).
+    pub fn for_task(mut self, hasher: &TaskHasher, id: &TaskId, correlation_id: &str) -> Self {
+        self.task = Some(hasher.hash(id));
+        if !correlation_id.is_empty() {
+            self.correlation_id = correlation_id.to_owned();
         }
         self
     }

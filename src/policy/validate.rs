@@ -608,7 +608,10 @@ pub fn validate_exception(exception: &CapabilityException, p: &mut Problems) {
         }
     }
     if spec.capability != ExceptionCapability::Sampling {
-        let name = crate::exception::gate::capability_key(spec.capability);
+        let name = match spec.capability {
+            ExceptionCapability::Roots => "roots",
+            _ => "logging",
+        };
         if spec.model_route.is_some() {
             p.warning("spec.modelRoute", format!("has no meaning for {name}"));
         }

@@ -71,7 +71,7 @@ pub async fn request(
     app.audit.log(
         event
             .tool(&record.tool)
-            .for_task(&app.hasher, record)
+            .for_task(&app.hasher, &record.id, &record.correlation_id)
             .detail("reason", intent.reason.as_str()),
     );
     if app.replica.remote_home(policy, &recorded).is_some() {

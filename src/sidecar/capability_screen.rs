@@ -91,8 +91,11 @@ pub async fn screen_task_state(
     let nothing_left = requests.is_empty();
     screened.count(&app.metrics);
     for event in screened.events {
-        app.audit
-            .log(event.tool(&record.tool).for_task(&app.hasher, record));
+        app.audit.log(event.tool(&record.tool).for_task(
+            &app.hasher,
+            &record.id,
+            &record.correlation_id,
+        ));
     }
     if nothing_left {
         clear_input_requests(state);

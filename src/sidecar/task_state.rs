@@ -105,7 +105,7 @@ pub async fn settle_terminal_as(
         AuditEvent::new(event, correlation_id, policy.stamp(), Decision::Record, why)
             .owner(&record.owner)
             .tool(&record.tool)
-            .for_task(&app.hasher, record)
+            .for_task(&app.hasher, &record.id, &record.correlation_id)
     };
     match outcome {
         FinishOutcome::Applied(after) => {

@@ -194,7 +194,7 @@ async fn reserve(
             app.audit.log(
                 ctx.audit("task.deduplicated", Decision::Allow, "idempotency_key")
                     .tool(tool)
-                    .for_task(&app.hasher, &record),
+                    .for_task(&app.hasher, &record.id, &record.correlation_id),
             );
             let view = task_view(&record, numbers.min_poll_ms);
             Reserved::Answered(respond::rpc_result(&id, view.create_result()))
@@ -351,7 +351,7 @@ impl TaskCreation {
                 app.audit.log(
                     ctx.audit("task.deduplicated", Decision::Allow, "upstream_task_id")
                         .tool(&pending.tool)
-                        .for_task(&app.hasher, &record),
+                        .for_task(&app.hasher, &record.id, &record.correlation_id),
                 );
                 return Ok(result_message(
                     &ctx.id(),
@@ -389,7 +389,7 @@ impl TaskCreation {
         app.audit.log(
             ctx.audit("task.created", Decision::Allow, "created")
                 .tool(&pending.tool)
-                .for_task(&app.hasher, &record)
+                .for_task(&app.hasher, &record.id, &record.correlation_id)
                 .detail("ttlMs", record.ttl_ms)
                 .detail("deadlineAt", iso_millis(record.deadline_at))
                 .detail("arguments", summarize(&ctx.tool_arguments())),

@@ -123,7 +123,7 @@ async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskR
             app.audit.log(
                 ctx.audit("task.result_read", Decision::Allow, "owner")
                     .tool(&record.tool)
-                    .for_task(&app.hasher, record)
+                    .for_task(&app.hasher, &record.id, &record.correlation_id)
                     .detail("reads", reads),
             );
         } else {
@@ -154,7 +154,7 @@ fn audit_status_read(
         app.audit.log(
             ctx.audit("task.status_read", Decision::Allow, "owner")
                 .tool(&record.tool)
-                .for_task(&app.hasher, record)
+                .for_task(&app.hasher, &record.id, &record.correlation_id)
                 .detail("status", status.as_str()),
         );
     }

@@ -104,7 +104,9 @@ async fn authorized_task(
                 .detail("method", ctx.request.method.clone());
             if let Some(r) = &record {
                 // Attempts on someone else's task belong to that task's story.
-                event = event.tool(&r.tool).for_task(&app.hasher, r);
+                event = event
+                    .tool(&r.tool)
+                    .for_task(&app.hasher, &r.id, &r.correlation_id);
             }
             app.audit.log(event);
             return Err(respond::task_not_found(&ctx.id()));
@@ -124,7 +126,7 @@ async fn authorized_task(
             app.audit.log(
                 ctx.audit("task.denied", Decision::Deny, "scope")
                     .tool(&record.tool)
-                    .for_task(&app.hasher, &record)
+                    .for_task(&app.hasher, &record.id, &record.correlation_id)
                     .detail("missingScopes", json!(missing)),
             );
             return Err(respond::insufficient_scope(

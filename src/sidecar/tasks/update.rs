@@ -29,7 +29,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         app.audit.log(
             ctx.audit("task.updated", Decision::Allow, "terminal_ignored")
                 .tool(&record.tool)
-                .for_task(&app.hasher, &record),
+                .for_task(&app.hasher, &record.id, &record.correlation_id),
         );
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
@@ -54,7 +54,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
             let base = ctx
                 .audit("capability.answered", Decision::Allow, "exception")
                 .tool(&record.tool)
-                .for_task(&app.hasher, &record);
+                .for_task(&app.hasher, &record.id, &record.correlation_id);
             if let Some(event) = answered_event(base, &allowance, method, answer) {
                 app.audit.log(event);
             }
@@ -63,7 +63,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     app.audit.log(
         ctx.audit("task.updated", Decision::Allow, "owner")
             .tool(&record.tool)
-            .for_task(&app.hasher, &record)
+            .for_task(&app.hasher, &record.id, &record.correlation_id)
             .detail("inputsForwarded", forwarded)
             .detail("inputsDropped", offered_count - forwarded),
     );
