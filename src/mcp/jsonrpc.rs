@@ -46,6 +46,18 @@ impl Request {
     }
 }
 
+/// Whether a numeric id can be answered with the very number the client sent (JSON-RPC
+/// requires the id echoed unchanged): 64-bit integers, and doubles below 2^53 in magnitude or
+/// with a fraction. An integral double beyond 2^53 was an integer literal no 64-bit type holds
+/// (`123456789012345678901234567890`): its digits are already lost.
+fn echoes_exactly(n: &serde_json::Number) -> bool {
+    if n.is_i64() || n.is_u64() {
+        return true;
+    }
+    n.as_f64()
+        .is_some_and(|x| x.is_finite() && (x.fract() != 0.0 || x.abs() < 9_007_199_254_740_992.0))
+}
+
 /// A JSON-RPC error object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ErrorObject {
@@ -126,7 +138,15 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ErrorObject> {
         .to_owned();
     let id = match object.get("id") {
         None => None,
-        Some(id @ (Value::String(_) | Value::Number(_))) => Some(id.clone()),
+        Some(id @ Value::String(_)) => Some(id.clone()),
+        Some(id @ Value::Number(n)) if echoes_exactly(n) => Some(id.clone()),
+        Some(Value::Number(_)) => {
+            return Err(ErrorObject::new(
+                codes::INVALID_REQUEST,
+                "Invalid Request: a numeric id must be an integer of at most 64 bits, or a \
+                 number a double holds exactly",
+            ));
+        }
         Some(_) => {
             return Err(ErrorObject::new(
                 codes::INVALID_REQUEST,
@@ -212,7 +232,11 @@ mod tests {
 
     #[test]
     fn rejects_malformed_envelopes_with_the_right_code() {
-        let cases: [(&[u8], i64); 6] = [
+        let cases: [(&[u8], i64); 7] = [
+            (
+                br#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"m"}"#,
+                codes::INVALID_REQUEST,
+            ),
             (b"{", codes::PARSE_ERROR),
             (b"[]", codes::INVALID_REQUEST),
             (
@@ -232,6 +256,16 @@ mod tests {
         for (body, code) in cases {
             assert_eq!(parse_request(body).unwrap_err().code, code, "{body:?}");
         }
+        let widest = parse_request(br#"{"jsonrpc":"2.0","id":18446744073709551615,"method":"m"}"#)
+            .expect("a u64 id is an integer id");
+        assert_eq!(widest.response_id().to_string(), "18446744073709551615");
+        let negative =
+            parse_request(br#"{"jsonrpc":"2.0","id":-9223372036854775808,"method":"m"}"#)
+                .expect("an i64 id is an integer id");
+        assert_eq!(negative.response_id().to_string(), "-9223372036854775808");
+        let fraction = parse_request(br#"{"jsonrpc":"2.0","id":7.5,"method":"m"}"#)
+            .expect("JSON-RPC allows fractional ids");
+        assert_eq!(fraction.response_id().to_string(), "7.5");
     }
 
     #[test]
