@@ -4,10 +4,10 @@
 //! The key lives in the ledger, so only whoever may read the ledger can answer; the command
 //! prints one `VALUE<TAB>DIGEST` line per value asked about.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use lifeguard::audit::IdentityDigester;
-use lifeguard::ledger::{LedgerLocation, LedgerScope};
+use lifeguard::ledger::LedgerScope;
 use lifeguard::sidecar::AUDIT_IDENTITY_SECRET;
 
 /// Arguments of `lifeguard audit digest`.
@@ -30,17 +30,9 @@ pub struct AuditDigestArgs {
 }
 
 pub fn digest(args: &AuditDigestArgs) -> Result<()> {
-    let location: LedgerLocation = args
-        .ledger
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--ledger (or $LIFEGUARD_LEDGER) refused: {e}"))?;
-    let server = match args.ledger_scope.as_deref().map(str::trim) {
-        Some("") => bail!("--ledger-scope (or $LIFEGUARD_LEDGER_SCOPE) is empty"),
-        Some(scope) => scope.to_owned(),
-        None => "local".to_owned(),
-    };
+    let location = super::sidecar::parse_ledger(&args.ledger)?;
     let scope = LedgerScope {
-        server,
+        server: super::sidecar::ledger_server(args.ledger_scope.as_deref())?,
         replica: "lifeguard-audit-digest".to_owned(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

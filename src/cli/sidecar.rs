@@ -41,18 +41,28 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
 /// `--ledger`, parsed. The error names what is wrong, never the value: a database URL may
 /// carry a password.
 fn ledger_location(args: &SidecarArgs) -> Result<LedgerLocation> {
-    args.ledger
+    parse_ledger(&args.ledger)
+}
+
+/// A `--ledger` value, parsed (shared by every command that opens a ledger).
+pub fn parse_ledger(value: &str) -> Result<LedgerLocation> {
+    value
         .parse()
         .map_err(|e| anyhow::anyhow!("--ledger (or $LIFEGUARD_LEDGER) refused: {e}"))
 }
 
-/// The ledger scope from `--ledger-scope` and `--replica-id` (or their defaults).
-fn ledger_scope(args: &SidecarArgs) -> Result<LedgerScope> {
-    let server = match args.ledger_scope.as_deref().map(str::trim) {
+/// The server a `--ledger-scope` value names (default `local`).
+pub fn ledger_server(scope: Option<&str>) -> Result<String> {
+    Ok(match scope.map(str::trim) {
         Some("") => bail!("--ledger-scope (or $LIFEGUARD_LEDGER_SCOPE) is empty"),
         Some(scope) => scope.to_owned(),
         None => "local".to_owned(),
-    };
+    })
+}
+
+/// The ledger scope from `--ledger-scope` and `--replica-id` (or their defaults).
+fn ledger_scope(args: &SidecarArgs) -> Result<LedgerScope> {
+    let server = ledger_server(args.ledger_scope.as_deref())?;
     let replica = match (args.replica_id.as_deref(), args.pod_name.as_deref()) {
         (Some(id), _) if id.trim().is_empty() => bail!("--replica-id is empty"),
         (Some(id), _) => id.trim().to_owned(),
