@@ -203,6 +203,54 @@ fn cases() -> Vec<Case> {
             Some(rules::REDACT_DROP_POINTER),
         ),
         case(
+            "an object is named by a JSON pointer and the authorizer by an https URL",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "https://authz/access/v1/evaluation", "timeout": "2s", "cacheTtl": "0s"},
+                "tools": {"report": {"pointer": "/projectId"}}}}})),
+            None,
+            None,
+        ),
+        case(
+            "an object that is not a JSON pointer",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "https://authz/e"},
+                "tools": {"report": {"pointer": "projectId"}}}}})),
+            None,
+            Some(rules::OBJECT_POINTER),
+        ),
+        case(
+            "an authorizer over plain http beyond loopback",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "http://authz.svc/e"},
+                "tools": {"report": {"pointer": "/p"}}}}})),
+            None,
+            Some(rules::AUTHORIZER_URL),
+        ),
+        case(
+            "an authorizer on loopback over plain http",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "http://127.0.0.1:8181/access/v1/evaluation"},
+                "tools": {"report": {"pointer": "/p"}}}}})),
+            None,
+            None,
+        ),
+        case(
+            "an authorizer timeout beyond 30s",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "https://authz/e", "timeout": "31s"},
+                "tools": {"report": {"pointer": "/p"}}}}})),
+            None,
+            Some(rules::AUTHORIZER_TIMEOUT),
+        ),
+        case(
+            "an authorizer cache TTL beyond 10m",
+            policy(json!({"tasks": {"objects": {
+                "authorizer": {"url": "https://authz/e", "cacheTtl": "11m"},
+                "tools": {"report": {"pointer": "/p"}}}}})),
+            None,
+            Some(rules::AUTHORIZER_CACHE_TTL),
+        ),
+        case(
             "zero max stream duration",
             policy(json!({"listen": {"maxStreamDuration": "0h"}})),
             None,

@@ -12,6 +12,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod exception;
+pub mod objects;
 pub mod revocation;
 pub mod rules;
 pub mod secret_key_ref;
@@ -25,6 +26,7 @@ pub use exception::{
     CapabilityException, CapabilityExceptionSpec, CapabilityExceptionStatus, ExceptionCapability,
     ExceptionLimits, ExceptionState, IncludeContextGrant, PolicyRef, PrincipalRef, TenantRef,
 };
+pub use objects::{AuthorizerFormat, AuthorizerSpec, ObjectsSpec, ToolObject};
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,
     RevocationSource, RevocationSourceKind,

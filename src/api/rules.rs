@@ -27,3 +27,9 @@ pub const SECURITY_EVENT_SOURCE_FIELDS: &str =
 pub const SECRET_NAME_DNS_SUBDOMAIN: &str =
     "name must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-', '.'; at most 253 characters)";
 pub const SECRET_DATA_KEY: &str = "key must be a Secret data key: letters, digits, '-', '_' and '.', not '.' and not starting with '..' (at most 253 characters)";
+pub const OBJECT_POINTER: &str =
+    "pointer must be a JSON pointer into the tool's arguments starting with '/', e.g. /projectId";
+pub const AUTHORIZER_URL: &str =
+    "url must use https (plain http only to a loopback authorizer, e.g. http://127.0.0.1:8181)";
+pub const AUTHORIZER_TIMEOUT: &str = "timeout must be more than 0s and at most 30s";
+pub const AUTHORIZER_CACHE_TTL: &str = "cacheTtl must be at most 10m";

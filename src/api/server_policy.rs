@@ -329,6 +329,12 @@ pub struct TasksSpec {
     /// result, as the server gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<ResultsSpec>,
+
+    /// Object-level permission: per tool, the object its arguments name (stored with the
+    /// task), and the external authorizer asked about it at creation and on every get,
+    /// update, cancel, result read and listen delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<super::objects::ObjectsSpec>,
 }
 
 /// Result minimization: applied to a completed task's result before the ledger stores it, so

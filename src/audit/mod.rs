@@ -161,6 +161,12 @@ impl TaskHasher {
         self.hash_text(id.as_str())
     }
 
+    /// The digest of the object a task acts on (`tasks.objects`), as audit lines show it:
+    /// keyed like task IDs, separated by type so equal values of different types differ.
+    pub fn object_digest(&self, resource_type: &str, object: &str) -> String {
+        self.hash_text(&format!("object\u{1f}{resource_type}\u{1f}{object}"))
+    }
+
     /// [`Self::hash`] of any text.
     pub fn hash_text(&self, text: &str) -> String {
         // HMAC accepts keys of any length, so this cannot fail.

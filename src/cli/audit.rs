@@ -1,14 +1,15 @@
 //! `lifeguard audit digest`: which digest an audit trail written under
-//! `audit.identityDigests` shows for a given subject or tenant.
+//! `audit.identityDigests` shows for a given subject or tenant, or (with `--object-type`)
+//! which `detail.object` digest it shows for an object of `tasks.objects`.
 //!
 //! The key lives in the ledger, so only whoever may read the ledger can answer; the command
 //! prints one `VALUE<TAB>DIGEST` line per value asked about.
 
 use anyhow::{Context, Result};
 
-use lifeguard::audit::IdentityDigester;
+use lifeguard::audit::{IdentityDigester, TaskHasher};
 use lifeguard::ledger::LedgerScope;
-use lifeguard::sidecar::AUDIT_IDENTITY_SECRET;
+use lifeguard::sidecar::{AUDIT_HASH_SECRET, AUDIT_IDENTITY_SECRET};
 
 /// Arguments of `lifeguard audit digest`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +25,12 @@ pub struct AuditDigestArgs {
     /// The sidecar's --ledger-scope (default `local`).
     #[arg(long, value_name = "NAME", env = "LIFEGUARD_LEDGER_SCOPE")]
     pub ledger_scope: Option<String>,
-    /// Subjects or tenants to digest (the same key digests both).
+    /// Digest the values as objects of this resource type (`tasks.objects.tools.*.type`, or
+    /// the tool's name when the policy gives no type) instead of as subjects or tenants.
+    #[arg(long, value_name = "TYPE")]
+    pub object_type: Option<String>,
+    /// Subjects or tenants to digest (the same key digests both), or objects with
+    /// --object-type.
     #[arg(required = true, value_name = "VALUE")]
     pub values: Vec<String>,
 }
@@ -39,19 +45,33 @@ pub fn digest(args: &AuditDigestArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let secret = match args.object_type {
+        Some(_) => AUDIT_HASH_SECRET,
+        None => AUDIT_IDENTITY_SECRET,
+    };
     let key = runtime.block_on(async {
         let ledger = location
             .open(scope)
             .await
             .with_context(|| format!("opening the task ledger {location}"))?;
         ledger
-            .secret(AUDIT_IDENTITY_SECRET)
+            .secret(secret)
             .await
-            .context("reading the audit identity key from the ledger")
+            .with_context(|| format!("reading the audit key {secret} from the ledger"))
     })?;
-    let digester = IdentityDigester::new(key);
-    for value in &args.values {
-        println!("{value}\t{}", digester.digest(value));
+    match &args.object_type {
+        Some(resource_type) => {
+            let hasher = TaskHasher::new(key);
+            for value in &args.values {
+                println!("{value}\t{}", hasher.object_digest(resource_type, value));
+            }
+        }
+        None => {
+            let digester = IdentityDigester::new(key);
+            for value in &args.values {
+                println!("{value}\t{}", digester.digest(value));
+            }
+        }
     }
     Ok(())
 }

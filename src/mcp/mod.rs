@@ -66,4 +66,7 @@ pub mod codes {
     /// An exhausted concurrency quota (tasks or listen streams). Outside the ranges JSON-RPC
     /// (-32768…-32000) and MCP reserve; `data.scope` names the quota.
     pub const QUOTA_EXCEEDED: i64 = -31429;
+    /// The object authorizer (`tasks.objects`) refused the object a `tools/call` names. In the
+    /// same Lifeguard range as [`QUOTA_EXCEEDED`].
+    pub const OBJECT_FORBIDDEN: i64 = -31403;
 }

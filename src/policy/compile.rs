@@ -41,6 +41,9 @@ pub mod defaults {
     pub const TENANT_CLAIM: &str = "tid";
     pub const CLIENT_CLAIM: &str = "client_id";
     pub const SCOPES_CLAIM: &str = "scope";
+    pub const AUTHORIZER_TIMEOUT: Duration = Duration::from_secs(1);
+    pub const AUTHORIZER_CACHE_TTL: Duration = Duration::from_secs(5);
+    pub const AUTHORIZER_CACHE_SIZE: u32 = 10_000;
     /// Namespace of objects that do not name one, as kubectl assumes.
     pub const NAMESPACE: &str = "default";
 }
@@ -459,7 +462,42 @@ fn compile_tasks(spec: &TasksSpec) -> Option<TaskRules> {
             .unwrap_or(false),
         admin_cancel_scope: spec.admin_cancel_scope.clone(),
         results: compile_results(spec.results.as_ref()),
+        objects: spec.objects.as_ref().map(compile_objects),
     })
+}
+
+fn compile_objects(spec: &crate::api::ObjectsSpec) -> ObjectRules {
+    let a = &spec.authorizer;
+    ObjectRules {
+        authorizer: AuthorizerRules {
+            url: a.url.clone(),
+            format: a.format.unwrap_or_default(),
+            timeout: get(&a.timeout)
+                .unwrap_or(defaults::AUTHORIZER_TIMEOUT)
+                .into(),
+            cache_ttl: get(&a.cache_ttl)
+                .unwrap_or(defaults::AUTHORIZER_CACHE_TTL)
+                .into(),
+            cache_size: a.cache_size.unwrap_or(defaults::AUTHORIZER_CACHE_SIZE),
+            ca_file: a.ca_file.clone(),
+            token_file: a.token_file.clone(),
+        },
+        tools: spec
+            .tools
+            .iter()
+            .map(|(tool, object)| {
+                let resource_type = object.r#type.clone().unwrap_or_else(|| tool.clone());
+                let pointer = object.pointer.clone();
+                (
+                    tool.clone(),
+                    ObjectPointer {
+                        pointer,
+                        resource_type,
+                    },
+                )
+            })
+            .collect(),
+    }
 }
 
 fn compile_results(spec: Option<&crate::api::ResultsSpec>) -> ResultRules {

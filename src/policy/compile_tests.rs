@@ -621,3 +621,61 @@ fn result_rules_compile_with_their_patterns_checked() {
         status_only.problems
     );
 }
+
+#[test]
+fn object_rules_compile_with_defaults_and_their_pointers_checked() {
+    let c = compile_one(
+        &policy(
+            "  tasks:\n    objects:\n      authorizer: {url: 'https://authz.example/access/v1/evaluation'}\n      tools:\n        report: {pointer: /projectId, type: project}\n        export: {pointer: '/target/a~1b'}\n",
+        ),
+        &[],
+        &[],
+    );
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    let hash_with_objects = c.effective.as_ref().unwrap().hash();
+    let objects = c.effective.unwrap().tasks.unwrap().objects.unwrap();
+    use crate::policy::compile::defaults;
+    let a = &objects.authorizer;
+    assert_eq!(a.format, crate::api::AuthorizerFormat::Authzen);
+    assert_eq!(a.timeout.get(), defaults::AUTHORIZER_TIMEOUT);
+    assert_eq!(a.cache_ttl.get(), defaults::AUTHORIZER_CACHE_TTL);
+    assert_eq!(a.cache_size, defaults::AUTHORIZER_CACHE_SIZE);
+    let report = objects.for_tool("report").unwrap();
+    assert_eq!(
+        (report.pointer.as_str(), report.resource_type.as_str()),
+        ("/projectId", "project")
+    );
+    // Without a type, the authorizer is told the tool's name.
+    assert_eq!(objects.for_tool("export").unwrap().resource_type, "export");
+    assert!(objects.for_tool("greet").is_none());
+
+    // A policy without objects hashes as it did before the field existed.
+    let plain = compile_one(&policy("  tasks: {}\n"), &[], &[]);
+    let plain_json = serde_json::to_value(plain.effective.as_ref().unwrap()).unwrap();
+    assert!(plain_json["tasks"].get("objects").is_none(), "{plain_json}");
+    assert_ne!(plain.effective.unwrap().hash(), hash_with_objects);
+
+    let bad = compile_one(
+        &policy(
+            "  tasks:\n    objects:\n      authorizer: {url: 'http://authz.svc/e', timeout: 0s, cacheTtl: 1h, cacheSize: 0, caFile: ' '}\n      tools:\n        report: {pointer: projectId}\n        export: {pointer: '/a~2b'}\n",
+        ),
+        &[],
+        &[],
+    );
+    let found: Vec<String> = bad.problems.iter().map(|p| p.problem.to_string()).collect();
+    assert!(bad.effective.is_none(), "{found:?}");
+    for expected in [
+        "spec.tasks.objects.authorizer.url: must use https",
+        "spec.tasks.objects.authorizer.timeout",
+        "spec.tasks.objects.authorizer.cacheTtl",
+        "spec.tasks.objects.authorizer.cacheSize: must be at least 1",
+        "spec.tasks.objects.authorizer.caFile: must not be empty",
+        "spec.tasks.objects.tools.report.pointer",
+        "spec.tasks.objects.tools.export.pointer",
+    ] {
+        assert!(
+            found.iter().any(|f| f.contains(expected)),
+            "{expected} in {found:?}"
+        );
+    }
+}

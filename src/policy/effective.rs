@@ -152,6 +152,48 @@ pub struct TaskRules {
     /// What is kept of completed results (`tasks.results`).
     #[serde(default)]
     pub results: ResultRules,
+    /// Object-level permission (`tasks.objects`); absent when the policy names no objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<ObjectRules>,
+}
+
+/// `tasks.objects` with defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRules {
+    pub authorizer: AuthorizerRules,
+    /// Tool → where its arguments name its object.
+    pub tools: BTreeMap<String, ObjectPointer>,
+}
+
+/// Where one tool's arguments name its object, and the resource type the authorizer is told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectPointer {
+    pub pointer: String,
+    pub resource_type: String,
+}
+
+/// The decision point of [`ObjectRules`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizerRules {
+    pub url: String,
+    pub format: crate::api::AuthorizerFormat,
+    pub timeout: PolicyDuration,
+    pub cache_ttl: PolicyDuration,
+    pub cache_size: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+}
+
+impl ObjectRules {
+    /// Where `tool`'s arguments name its object, when they do.
+    pub fn for_tool(&self, tool: &str) -> Option<&ObjectPointer> {
+        self.tools.get(tool)
+    }
 }
 
 /// `tasks.results` with defaults applied. The mask patterns are kept as text (the policy

@@ -373,9 +373,68 @@ fn validate_results(results: &crate::api::ResultsSpec, p: &mut Problems) {
     }
 }
 
+/// Whether `pointer` is a JSON pointer (RFC 6901) naming something below the root: it starts
+/// with `/` and every `~` is followed by `0` or `1`.
+pub fn is_json_pointer(pointer: &str) -> bool {
+    pointer.starts_with('/')
+        && pointer
+            .split('~')
+            .skip(1)
+            .all(|rest| rest.starts_with('0') || rest.starts_with('1'))
+}
+
+fn validate_objects(objects: &crate::api::ObjectsSpec, p: &mut Problems) {
+    let a = &objects.authorizer;
+    let base = "spec.tasks.objects.authorizer";
+    if let Err(reason) = check_secure_url(&a.url) {
+        p.error(format!("{base}.url"), reason);
+    }
+    if let Some(t) = &a.timeout
+        && (t.get().is_zero() || t.get() > std::time::Duration::from_secs(30))
+    {
+        p.error(format!("{base}.timeout"), rules::AUTHORIZER_TIMEOUT);
+    }
+    if let Some(t) = &a.cache_ttl
+        && t.get() > std::time::Duration::from_secs(600)
+    {
+        p.error(format!("{base}.cacheTtl"), rules::AUTHORIZER_CACHE_TTL);
+    }
+    if a.cache_size == Some(0) {
+        p.error(format!("{base}.cacheSize"), "must be at least 1");
+    }
+    for (field, path) in [("caFile", &a.ca_file), ("tokenFile", &a.token_file)] {
+        if path.as_ref().is_some_and(|f| f.trim().is_empty()) {
+            p.error(format!("{base}.{field}"), "must not be empty");
+        }
+    }
+    if objects.tools.is_empty() {
+        p.warning(
+            "spec.tasks.objects.tools",
+            "names no tool, so the authorizer is never asked",
+        );
+    }
+    for (tool, object) in &objects.tools {
+        if !is_json_pointer(&object.pointer) {
+            p.error(
+                format!("spec.tasks.objects.tools.{tool}.pointer"),
+                rules::OBJECT_POINTER,
+            );
+        }
+        if object.r#type.as_ref().is_some_and(|t| t.trim().is_empty()) {
+            p.error(
+                format!("spec.tasks.objects.tools.{tool}.type"),
+                "must not be empty",
+            );
+        }
+    }
+}
+
 fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
     if let Some(results) = &tasks.results {
         validate_results(results, p);
+    }
+    if let Some(objects) = &tasks.objects {
+        validate_objects(objects, p);
     }
     let tools: Option<BTreeSet<&str>> = tasks
         .tools

@@ -58,6 +58,7 @@ mod hop;
 mod hop_server;
 mod listen;
 mod logging_gate;
+mod objects;
 mod pipeline;
 mod policy_file;
 mod policy_source;
@@ -221,8 +222,8 @@ pub struct SidecarConfig {
     pub app_probes: AppProbes,
 }
 
-/// Name of the ledger secret that keys audit hashes of task IDs.
-const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
+/// Name of the ledger secret that keys audit hashes of task IDs (and object digests).
+pub const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
 /// Name of the ledger secret that keys identity digests in the audit trail
 /// (`audit.identityDigests`).
 pub const AUDIT_IDENTITY_SECRET: &str = "audit-identity-digest";
@@ -387,6 +388,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         hasher,
         metrics,
         idempotency_secret,
+        objects: objects::ObjectGate::default(),
         gate: capability::CapabilityGate::default(),
         polls: state::PollClock::default(),
         reconciles: state::ReconcileClock::default(),

@@ -57,6 +57,24 @@ pub fn task_not_found(id: &Value) -> Response {
     )
 }
 
+/// The object authorizer gave no decision (fail closed): retryable, and reached only by the
+/// task's owner (the ownership check comes first), so it tells nobody else anything.
+pub fn authorizer_unavailable(id: &Value) -> Response {
+    let mut response = rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        &ErrorObject::new(
+            codes::INTERNAL_ERROR,
+            "Authorization is unavailable right now; retry",
+        ),
+    );
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    response
+}
+
 /// `https://host/path` → `https://host/.well-known/oauth-protected-resource/path` (RFC 9728).
 pub fn resource_metadata_url(resource: &str) -> String {
     match url::Url::parse(resource) {

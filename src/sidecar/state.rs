@@ -32,6 +32,8 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// Asks the object authorizer (`tasks.objects`).
+    pub objects: super::objects::ObjectGate,
     /// Decisions and budgets of the capability gate.
     pub gate: CapabilityGate,
     /// When each task's state was last asked of the server.

@@ -33,6 +33,14 @@ pub struct CapabilityLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectDecisionLabels {
+    /// `allow`, `deny` or `error`.
+    pub decision: &'static str,
+    /// `authorizer`, `cache`, or `unknown_object` (a task without a recorded object).
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -62,6 +70,10 @@ pub struct SidecarMetrics {
     /// Requests about tasks homed here authorized from the home replica's memory of a recent
     /// read instead of a ledger read.
     pub home_memory_answers: Counter,
+    /// Object-level permission decisions (`tasks.objects`), by decision and source.
+    pub object_decisions: Family<ObjectDecisionLabels, Counter>,
+    /// Time the object authorizer took to answer (cache hits not included).
+    pub authorizer_seconds: Histogram,
 }
 
 impl Default for SidecarMetrics {
@@ -90,6 +102,18 @@ impl SidecarMetrics {
         let hop_received = Counter::default();
         let tasks_orphaned = Counter::default();
         let home_memory_answers = Counter::default();
+        let object_decisions = Family::<ObjectDecisionLabels, Counter>::default();
+        let authorizer_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "object_decisions",
+            "Object-level permission decisions (tasks.objects), by decision (allow, deny, error) and source (authorizer, cache, unknown_object)",
+            object_decisions.clone(),
+        );
+        registry.register(
+            "authorizer_request_seconds",
+            "Time the object authorizer took to answer one evaluation",
+            authorizer_seconds.clone(),
+        );
         registry.register(
             "home_memory_answers",
             "Requests about tasks homed here authorized from a read of the last second instead of a ledger read",
@@ -190,6 +214,8 @@ impl SidecarMetrics {
             hop_received,
             tasks_orphaned,
             home_memory_answers,
+            object_decisions,
+            authorizer_seconds,
         }
     }
 

@@ -2,6 +2,7 @@
 //! signed with the test keys, and an MCP client that speaks 2026-07-28 over HTTP.
 #![allow(dead_code, unused_imports)]
 
+pub mod authorizer;
 pub mod client;
 pub mod cluster;
 pub mod control_plane;

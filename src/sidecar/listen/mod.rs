@@ -33,9 +33,11 @@ use super::context::{Arrival, RequestContext};
 use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
+use super::objects::Action;
 use super::respond;
 use super::state::AppState;
 use super::task_state::now_ms;
+use super::tasks::object_verdict;
 use super::upstream::{EventStream, UpstreamBody};
 
 /// Frames buffered per stream before the listener counts as a slow consumer and is cut off:
@@ -128,6 +130,9 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         if authorize(record.as_ref(), &ctx.identity, Operation::Read, None, now).is_ok()
             && let Some(record) = record
             && holds_scopes(tasks_rules, &ctx.identity, &record.tool)
+            && object_verdict(&app, &ctx, &record, Action::Listen)
+                .await
+                .allowed()
         {
             if let Some(home) = app.replica.remote_home(&ctx.policy, &record) {
                 if ctx.arrival == Arrival::Client && !record.status.is_terminal() {

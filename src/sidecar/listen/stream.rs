@@ -23,6 +23,7 @@ use super::super::bounded_body::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, Report, authorize, holds_scopes, task_view};
+use super::super::objects::Action;
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
 use super::super::task_state::{end_for_server_report, now_ms, settle_terminal};
@@ -195,6 +196,27 @@ impl Pump {
             &self.ctx.identity,
             &record.tool,
         ) {
+            return None;
+        }
+        // Every delivery about a task is an operation on its object (`tasks.objects`).
+        let objects = policy
+            .effective
+            .tasks
+            .as_ref()
+            .and_then(|t| t.objects.as_ref());
+        let verdict = self
+            .app
+            .objects
+            .for_task(
+                objects,
+                &policy.name,
+                &self.ctx.identity,
+                &record,
+                Action::Listen,
+                &self.app.metrics,
+            )
+            .await;
+        if !verdict.allowed() {
             return None;
         }
         let params = frame.get("params").cloned().unwrap_or(Value::Null);

@@ -25,6 +25,7 @@ use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{confirmation_terms, missing_scopes, task_view};
 use super::super::error::Error;
+use super::super::objects::{self, Action, Verdict, object_of};
 use super::super::relay::{FinalStep, RefuseTasks, send_and_relay};
 use super::super::respond;
 use super::super::revocation::cancel_if_revoked;
@@ -32,6 +33,7 @@ use super::super::server_tasks::cancel_orphan;
 use super::super::state::AppState;
 use super::super::task_state::now_ms;
 use super::idempotency;
+use super::object_digest;
 use super::reconcile::reconcile_principal;
 
 /// How long a reservation outlives the upstream timeout before it is considered abandoned.
@@ -53,6 +55,11 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
             return respond::insufficient_scope(&policy.resource_metadata_url, &missing);
         }
     }
+    // The object the call acts on, when the tool names one: the authorizer decides first.
+    let object = match authorize_object(&app, &ctx, &tool).await {
+        Ok(object) => object,
+        Err(refusal) => return refusal,
+    };
     let headers = ctx.upstream_headers();
     let task_terms = policy
         .effective
@@ -79,7 +86,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         return Error::AuditUnavailable.respond(&app.metrics, &ctx.id());
     }
 
-    let pending = match reserve(&app, &ctx, &tool, &rules, &numbers).await {
+    let pending = match reserve(&app, &ctx, &tool, &rules, &numbers, object).await {
         Ok(Reserved::Pending(pending)) => pending,
         Ok(Reserved::Answered(response)) => return response,
         Err(e) => return e.respond(&app.metrics, &ctx.id()),
@@ -98,6 +105,79 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         tokio::spawn(async move { send_and_relay(app2, ctx, headers, body, creation).await });
     work.await
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
+}
+
+/// For a tool whose arguments name an object (`tasks.objects`): the object, once the authorizer
+/// allowed the caller to `create` with it. `Ok(None)` for tools that name none; `Err` is the
+/// answer to a call refused here (no object in the arguments, refused, or no decision).
+async fn authorize_object(
+    app: &AppState,
+    ctx: &RequestContext,
+    tool: &str,
+) -> Result<Option<String>, Response> {
+    let Some(rules) = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .and_then(|t| t.objects.as_ref())
+    else {
+        return Ok(None);
+    };
+    let Some(pointer) = rules.for_tool(tool) else {
+        return Ok(None);
+    };
+    let object = match object_of(&ctx.tool_arguments(), &pointer.pointer) {
+        Ok(object) => object,
+        Err(e) => {
+            app.metrics.denial("object_missing");
+            app.audit.log(
+                ctx.audit("task.denied", Decision::Deny, "object_missing")
+                    .tool(tool)
+                    .detail("pointer", pointer.pointer.clone()),
+            );
+            return Err(respond::rpc_error(
+                StatusCode::BAD_REQUEST,
+                &ctx.id(),
+                &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+            ));
+        }
+    };
+    let question = objects::question(
+        &ctx.identity,
+        tool,
+        &pointer.resource_type,
+        &object,
+        Action::Create,
+    );
+    let verdict = app
+        .objects
+        .decide(&rules.authorizer, &ctx.policy.name, question, &app.metrics)
+        .await;
+    if verdict.allowed() {
+        return Ok(Some(object));
+    }
+    let reason = verdict.reason();
+    app.metrics.denial(reason);
+    app.audit.log(
+        ctx.audit("task.denied", Decision::Deny, reason)
+            .tool(tool)
+            .detail(
+                "object",
+                app.hasher.object_digest(&pointer.resource_type, &object),
+            ),
+    );
+    Err(match verdict {
+        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id()),
+        _ => respond::rpc_error(
+            StatusCode::FORBIDDEN,
+            &ctx.id(),
+            &ErrorObject::new(
+                codes::OBJECT_FORBIDDEN,
+                "Access to the object this call names is denied",
+            ),
+        ),
+    })
 }
 
 fn strip_tasks_extension(message: &mut Value) {
@@ -125,6 +205,7 @@ async fn reserve(
     tool: &str,
     rules: &TaskRules,
     numbers: &TaskNumbers,
+    object: Option<String>,
 ) -> Result<Reserved, Error> {
     let id = ctx.id();
     let derive = rules.derive_idempotency_key;
@@ -159,7 +240,7 @@ async fn reserve(
         reservation_expires_at: now + (app.upstream_timeout + RESERVATION_GRACE).as_millis() as i64,
         token_issued_at: ctx.identity.issued_at,
         correlation_id: ctx.correlation_id.clone(),
-        object: None,
+        object,
     };
     Ok(match reserve_slot(app, ctx, reservation).await? {
         ReserveOutcome::Reserved => Reserved::Pending(PendingTask {
@@ -386,14 +467,17 @@ impl TaskCreation {
         pending.armed = false;
         app.metrics.tasks_created.inc();
         cancel_if_revoked(app, &ctx.correlation_id, &record).await;
-        app.audit.log(
-            ctx.audit("task.created", Decision::Allow, "created")
-                .tool(&pending.tool)
-                .for_task(&app.hasher, &record.id, &record.correlation_id)
-                .detail("ttlMs", record.ttl_ms)
-                .detail("deadlineAt", iso_millis(record.deadline_at))
-                .detail("arguments", summarize(&ctx.tool_arguments())),
-        );
+        let mut created_event = ctx
+            .audit("task.created", Decision::Allow, "created")
+            .tool(&pending.tool)
+            .for_task(&app.hasher, &record.id, &record.correlation_id)
+            .detail("ttlMs", record.ttl_ms)
+            .detail("deadlineAt", iso_millis(record.deadline_at))
+            .detail("arguments", summarize(&ctx.tool_arguments()));
+        if let Some(digest) = object_digest(app, ctx, &record) {
+            created_event = created_event.detail("object", digest);
+        }
+        app.audit.log(created_event);
         if let Some(result) = message.get_mut("result") {
             present_task(
                 result,

@@ -17,13 +17,16 @@ use super::super::decisions::{
     task_view,
 };
 use super::super::error::Error;
+use super::super::objects::Action;
 use super::super::respond;
 use super::super::state::AppState;
 use super::super::task_state::{
     end_for_server_report, now_ms, observe_if_changed, settle_terminal,
 };
 use super::super::upstream::UpstreamError;
-use super::{authorized_task, forwarded_task_message};
+use super::{
+    authorized_task, forwarded_task_message, object_digest, object_refusal, object_verdict,
+};
 
 /// Status message of a completed task whose result was read once under
 /// `deleteResultAfterRetrieval`.
@@ -118,14 +121,22 @@ async fn answer_from_ledger(app: &AppState, ctx: &RequestContext, record: &TaskR
     let completed = record.status == TaskStatus::Completed;
     let read_once = ctx.policy.tasks.as_ref().is_some_and(|t| t.read_once);
     if completed && payload.is_some() {
+        // Reading the result is an operation of its own on the object.
+        let verdict = object_verdict(app, ctx, record, Action::Result).await;
+        if !verdict.allowed() {
+            return object_refusal(app, ctx, record, &verdict);
+        }
         let reads = app.ledger.note_result_read(&record.id).await.unwrap_or(0);
         if deliver_result(read_once, reads) {
-            app.audit.log(
-                ctx.audit("task.result_read", Decision::Allow, "owner")
-                    .tool(&record.tool)
-                    .for_task(&app.hasher, &record.id, &record.correlation_id)
-                    .detail("reads", reads),
-            );
+            let mut event = ctx
+                .audit("task.result_read", Decision::Allow, "owner")
+                .tool(&record.tool)
+                .for_task(&app.hasher, &record.id, &record.correlation_id)
+                .detail("reads", reads);
+            if let Some(digest) = object_digest(app, ctx, record) {
+                event = event.detail("object", digest);
+            }
+            app.audit.log(event);
         } else {
             payload = None;
         }

@@ -27,6 +27,7 @@ use super::decisions::{Access, Operation, authorize, missing_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
 use super::hop::{ForwardError, unreachable_answer as hop_unreachable};
+use super::objects::{Action, Verdict};
 use super::respond;
 use super::state::AppState;
 use super::task_state::fail_orphaned;
@@ -59,6 +60,8 @@ async fn authorized_task(
     // authorizing and routing needs never changes, so a request its owner (or an
     // administrator) may make goes straight to the home. Anything else — including every
     // refusal — takes the ledger path below, so refusals cost the same whatever was cached.
+    // (The object authorizer's refusals are the exception: they reach only the task's owner,
+    // who learns nothing from their timing.)
     if ctx.arrival == Arrival::Client
         && let Some(remembered) = app.replica.remembered_remote(&id, now_ms())
         && app.replica.remote_home(&ctx.policy, &remembered).is_some()
@@ -68,6 +71,12 @@ async fn authorized_task(
                 missing_scopes(t.scopes_for(&remembered.tool), &ctx.identity).is_empty()
             }))
     {
+        if access == Access::Owner {
+            let verdict = object_verdict(app, ctx, &remembered, op.into()).await;
+            if !verdict.allowed() {
+                return Err(object_refusal(app, ctx, &remembered, &verdict));
+            }
+        }
         return match route_to_home(app, ctx, (*remembered).clone()).await {
             Routed::Here(record) => Ok((*record, access)),
             Routed::Answered(response) => Err(response),
@@ -83,6 +92,12 @@ async fn authorized_task(
                 missing_scopes(t.scopes_for(&known.tool), &ctx.identity).is_empty()
             }))
     {
+        if access == Access::Owner {
+            let verdict = object_verdict(app, ctx, &known, op.into()).await;
+            if !verdict.allowed() {
+                return Err(object_refusal(app, ctx, &known, &verdict));
+            }
+        }
         app.metrics.home_memory_answers.inc();
         return Ok(((*known).clone(), access));
     }
@@ -135,11 +150,97 @@ async fn authorized_task(
             ));
         }
     }
+    if access == Access::Owner {
+        let verdict = object_verdict(app, ctx, &record, op.into()).await;
+        if !verdict.allowed() {
+            return Err(object_refusal(app, ctx, &record, &verdict));
+        }
+    }
     let record = match route_to_home(app, ctx, record).await {
         Routed::Here(record) => *record,
         Routed::Answered(response) => return Err(response),
     };
     Ok((record, access))
+}
+
+impl From<Operation> for Action {
+    fn from(op: Operation) -> Self {
+        match op {
+            Operation::Read => Action::Read,
+            Operation::Update => Action::Update,
+            Operation::Cancel => Action::Cancel,
+        }
+    }
+}
+
+/// Asks the object authorizer (`tasks.objects`) whether the caller may do `action` to the
+/// object `record` acts on; allowed without asking when its tool names no object.
+pub(super) async fn object_verdict(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    action: Action,
+) -> Verdict {
+    let rules = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .and_then(|t| t.objects.as_ref());
+    app.objects
+        .for_task(
+            rules,
+            &ctx.policy.name,
+            &ctx.identity,
+            record,
+            action,
+            &app.metrics,
+        )
+        .await
+}
+
+/// The audit digest of the object `record` acts on, when it names one.
+pub(super) fn object_digest(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+) -> Option<String> {
+    let object = record.object.as_deref()?;
+    let resource_type = ctx
+        .policy
+        .effective
+        .tasks
+        .as_ref()
+        .and_then(|t| t.objects.as_ref())
+        .and_then(|o| o.for_tool(&record.tool))
+        .map_or(record.tool.as_str(), |p| p.resource_type.as_str());
+    Some(app.hasher.object_digest(resource_type, object))
+}
+
+/// The answer to an operation the object authorizer did not allow, audited as `task.denied`
+/// with the object's digest: the uniform "Task not found" for a refusal, a retryable error
+/// when no decision could be had.
+pub(super) fn object_refusal(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    verdict: &Verdict,
+) -> Response {
+    let reason = verdict.reason();
+    app.metrics.denial(reason);
+    let mut event = ctx
+        .audit("task.denied", Decision::Deny, reason)
+        .tool(&record.tool)
+        .for_task(&app.hasher, &record.id, &record.correlation_id)
+        .detail("method", ctx.request.method.clone());
+    if let Some(digest) = object_digest(app, ctx, record) {
+        event = event.detail("object", digest);
+    }
+    app.audit.log(event);
+    match verdict {
+        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id()),
+        _ => respond::task_not_found(&ctx.id()),
+    }
 }
 
 /// Where an authorized request about a task is answered.
