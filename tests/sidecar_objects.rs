@@ -130,6 +130,18 @@ async fn a_grant_revoked_mid_run_hides_the_task_and_its_result_until_granted_aga
             "{denial}"
         );
     }
+    // Whoever may read the ledger can tell which digest is proj-x's.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(["audit", "digest", "--object-type", "project", "--ledger"])
+        .arg(&sidecar.ledger_path)
+        .arg("proj-x")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        format!("proj-x\t{digest}\n")
+    );
     let read = sidecar
         .audit_event(|e| e["event"] == "task.result_read")
         .await
