@@ -48,6 +48,8 @@ async fn main() {
             token_issued_at: None,
             correlation_id: format!("r{n}"),
             object: None,
+            lease_until: None,
+            delegated_until: None,
         };
         ledger.reserve(r).await.unwrap();
         ledger

@@ -112,6 +112,8 @@ async fn ledger(dir: &Path, n: usize) -> Result<Components> {
             token_issued_at: None,
             correlation_id: format!("bench-{i}"),
             object: None,
+            lease_until: None,
+            delegated_until: None,
         };
         let started = Instant::now();
         let outcome = ledger

@@ -212,8 +212,13 @@ pub struct UpstreamSpec {
     /// `Lifeguard-Subject`, `Lifeguard-Tenant`, `Lifeguard-Client` and `Lifeguard-Scopes` headers
     /// set by the sidecar (clients can never set them) and no bearer token. `forwardToken`: the
     /// validated token is also passed on, over loopback only, for servers that check tokens
-    /// themselves. Requests the sidecar makes on its own (deadline, revocation and admin cancels)
-    /// never carry a token.
+    /// themselves (it invites servers to keep tokens: prefer `delegation`). `delegation`: no
+    /// client token either; instead every request a client makes carries
+    /// `Authorization: Bearer` with a short-lived assertion the sidecar signs (`sub` the owner,
+    /// `act` the sidecar, the task, one tenant, the tool's scopes, `exp` at most the task's
+    /// deadline and the owner's own token expiry), verifiable with the keys the sidecar
+    /// publishes at `/.well-known/jwks.json` on its admin port. Requests the sidecar makes on
+    /// its own (deadline, revocation and admin cancels) never carry a token or an assertion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<UpstreamIdentity>,
 
@@ -256,6 +261,7 @@ pub struct LedgerSpec {
 pub enum UpstreamIdentity {
     IdentityHeaders,
     ForwardToken,
+    Delegation,
 }
 
 /// Protocol-level acceptance rules.
@@ -329,6 +335,13 @@ pub struct TasksSpec {
     /// result, as the server gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<ResultsSpec>,
+
+    /// How long a task may go without its owner presenting a valid token (on any request about
+    /// it); past it the task is cancelled with reason `identity_lease_expired`. Unset: no
+    /// lease (the deadline alone bounds the task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message(rules::DURATION_POSITIVE))]
+    pub identity_lease: Option<PolicyDuration>,
 
     /// Object-level permission: per tool, the object its arguments name (stored with the
     /// task), and the external authorizer asked about it at creation and on every get,

@@ -1,6 +1,7 @@
 //! Who is calling: bearer JWTs validated locally against the policy's trusted issuers.
 
 pub mod cache;
+pub mod delegation;
 pub mod jwt;
 pub mod keys;
 pub mod mint;

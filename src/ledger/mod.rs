@@ -52,6 +52,9 @@ pub enum EndReason {
     /// The server asked for a capability the policy refuses and that cannot be declined
     /// (sampling): the task cannot go on.
     CapabilityRefused,
+    /// The owner presented no valid token within the task's identity lease
+    /// (`tasks.identityLease`).
+    IdentityLeaseExpired,
 }
 
 impl EndReason {
@@ -64,6 +67,7 @@ impl EndReason {
             Self::Deadline => "deadline",
             Self::UpstreamLost => "upstream_lost",
             Self::CapabilityRefused => "capability_refused",
+            Self::IdentityLeaseExpired => "identity_lease_expired",
         }
     }
 
@@ -76,6 +80,7 @@ impl EndReason {
             "deadline" => Self::Deadline,
             "upstream_lost" => Self::UpstreamLost,
             "capability_refused" => Self::CapabilityRefused,
+            "identity_lease_expired" => Self::IdentityLeaseExpired,
             _ => return None,
         })
     }
@@ -85,7 +90,11 @@ impl EndReason {
     pub fn is_cancellation(self) -> bool {
         matches!(
             self,
-            Self::OwnerCancel | Self::AdminCancel | Self::Deadline | Self::Revocation
+            Self::OwnerCancel
+                | Self::AdminCancel
+                | Self::Deadline
+                | Self::Revocation
+                | Self::IdentityLeaseExpired
         )
     }
 }
@@ -125,6 +134,12 @@ pub struct TaskRecord {
     /// The object the task acts on (the value at the tool's `tasks.objects` pointer), asked
     /// about at every later request when the policy has an object authorizer.
     pub object: Option<String>,
+    /// Unix ms by which the owner must present a valid token again (`tasks.identityLease`),
+    /// or the task is ended with reason `identity_lease_expired`; `None` without a lease.
+    pub lease_until: Option<i64>,
+    /// Unix ms until which the task's upstream delegation runs: the latest owner token
+    /// expiry seen (capped at the deadline) under `upstream.identity: delegation`.
+    pub delegated_until: Option<i64>,
     /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
     /// gone once the task is terminal (`finish` removes it in the same transaction).
     pub cancel: Option<CancelIntent>,
@@ -261,6 +276,10 @@ pub struct Reservation {
     pub correlation_id: String,
     /// The object the task acts on, when the tool names one.
     pub object: Option<String>,
+    /// The first identity lease's end (`tasks.identityLease`), if any.
+    pub lease_until: Option<i64>,
+    /// How long the creating token delegates (`upstream.identity: delegation`), if it does.
+    pub delegated_until: Option<i64>,
 }
 
 /// Result of [`TaskLedger::reserve`].
@@ -538,7 +557,19 @@ pub trait TaskLedger: Send + Sync {
     /// Non-terminal tasks whose deadline is at or before `now`, oldest deadline first. Tasks
     /// with a pending cancellation intent are left out: their cancellation is already under
     /// way, so a sweeper calling this every round does not request it again.
+    /// (Also those whose identity lease ended, `lease_until <= now`: the caller tells the two
+    /// apart by the deadline.)
     async fn past_deadline(&self, now: i64, limit: usize) -> Result<Vec<TaskRecord>>;
+
+    /// Moves a non-terminal task's identity lease and delegation forward to `lease_until` and
+    /// `delegated_until` (each only when given and later than what is stored: neither ever
+    /// moves back). Returns whether anything changed.
+    async fn renew_identity(
+        &self,
+        id: &TaskId,
+        lease_until: Option<i64>,
+        delegated_until: Option<i64>,
+    ) -> Result<bool>;
 
     /// Deletes tasks whose retention ended (`created_at + ttl_ms <= now`) with everything stored
     /// about them (their upstream task IDs become free; a pending cancellation intent and the

@@ -462,6 +462,7 @@ fn compile_tasks(spec: &TasksSpec) -> Option<TaskRules> {
             .unwrap_or(false),
         admin_cancel_scope: spec.admin_cancel_scope.clone(),
         results: compile_results(spec.results.as_ref()),
+        identity_lease: spec.identity_lease.clone(),
         objects: spec.objects.as_ref().map(compile_objects),
     })
 }

@@ -152,6 +152,9 @@ pub struct TaskRules {
     /// What is kept of completed results (`tasks.results`).
     #[serde(default)]
     pub results: ResultRules,
+    /// `tasks.identityLease`; absent when tasks have no identity lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_lease: Option<PolicyDuration>,
     /// Object-level permission (`tasks.objects`); absent when the policy names no objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objects: Option<ObjectRules>,

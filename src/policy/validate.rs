@@ -230,6 +230,14 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
 
 fn validate_identity(policy: &McpServerPolicy, mode: CompileMode, p: &mut Problems) {
     let spec = &policy.spec;
+    if spec.upstream.as_ref().and_then(|u| u.identity)
+        == Some(crate::api::UpstreamIdentity::ForwardToken)
+    {
+        p.warning(
+            "spec.upstream.identity",
+            "forwardToken hands the container the user's own token, which it can keep and replay until it expires; prefer delegation (short-lived assertions bound to one task)",
+        );
+    }
     if spec.identity.issuers.is_empty() {
         p.error("spec.identity.issuers", "must list at least one issuer");
     }
@@ -435,6 +443,16 @@ fn validate_tasks(tasks: &crate::api::TasksSpec, p: &mut Problems) {
     }
     if let Some(objects) = &tasks.objects {
         validate_objects(objects, p);
+    }
+    check_positive(tasks.identity_lease.as_ref(), "spec.tasks.identityLease", p);
+    if let Some(lease) = &tasks.identity_lease
+        && !lease.get().is_zero()
+        && lease.get() < std::time::Duration::from_secs(60)
+    {
+        p.warning(
+            "spec.tasks.identityLease",
+            "a lease under 1m cancels tasks whose owners merely pause polling; leave room for token refreshes",
+        );
     }
     let tools: Option<BTreeSet<&str>> = tasks
         .tools

@@ -220,7 +220,10 @@ pub async fn screen_request_inputs(
         // The client's request again, answering with the refusals under the server's
         // requestState.
         set_input_responses(&mut retry, declines, Some(response_request_state(&message)));
-        message = match app.upstream.call(ctx.upstream_headers(), &retry).await {
+        let mut headers = ctx.upstream_headers();
+        let tool = ctx.request.params().and_then(|p| p.get("name")).and_then(Value::as_str);
+        super::delegate::attach(app, ctx, &mut headers, None, tool);
+        message = match app.upstream.call(headers, &retry).await {
             Ok((_, answer)) => answer,
             Err(e) => {
                 tracing::warn!(error = %e, "retrying with capability declines failed");

@@ -50,6 +50,7 @@ mod capability_screen;
 mod context;
 mod control_plane;
 mod decisions;
+mod delegate;
 mod denials;
 mod error;
 mod forward;
@@ -389,6 +390,10 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         metrics,
         idempotency_secret,
         objects: objects::ObjectGate::default(),
+        delegation: crate::identity::delegation::DelegationKeys::new(
+            jiff::Timestamp::now().as_second(),
+        )
+        .context("generating the delegation signing key")?,
         gate: capability::CapabilityGate::default(),
         polls: state::PollClock::default(),
         reconciles: state::ReconcileClock::default(),
@@ -427,7 +432,8 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     tracing::info!(%local, upstream = %config.upstream, "sidecar listening");
 
     if let Some(admin_addr) = config.admin {
-        let probes = app_probes::router(Arc::new(config.app_probes.clone()));
+        let probes = app_probes::router(Arc::new(config.app_probes.clone()))
+            .merge(delegation_keys_router(app.clone()));
         crate::runtime::admin::spawn_with(admin_addr, app.clone(), probes, shutdown.clone())
             .await?;
     }
@@ -490,6 +496,28 @@ impl Health for AppState {
             .set(i64::try_from(self.streams.len()).unwrap_or(i64::MAX));
         self.metrics.encode()
     }
+}
+
+/// Path of the delegation keys on the admin port.
+pub const DELEGATION_JWKS_PATH: &str = "/.well-known/jwks.json";
+
+/// The public keys of the sidecar's delegation assertions (`upstream.identity: delegation`),
+/// for the protected server to verify them with; served on the admin port, which only the pod
+/// reaches. Not cacheable beyond a minute: keys rotate.
+fn delegation_keys_router(app: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            DELEGATION_JWKS_PATH,
+            get(async |State(app): State<Arc<AppState>>| {
+                let mut response = respond::json(StatusCode::OK, &app.delegation.jwks());
+                response.headers_mut().insert(
+                    http::header::CACHE_CONTROL,
+                    http::HeaderValue::from_static("max-age=60"),
+                );
+                response
+            }),
+        )
+        .with_state(app)
 }
 
 /// RFC 9728 protected resource metadata, so clients can discover which authorization servers

@@ -82,7 +82,8 @@ impl FinalStep for RefuseTasks {
 
 /// Forwards a request that needs no special handling.
 pub async fn forward_plain(app: Arc<AppState>, ctx: RequestContext) -> Response {
-    let headers = ctx.upstream_headers();
+    let mut headers = ctx.upstream_headers();
+    super::delegate::attach(&app, &ctx, &mut headers, None, None);
     let body = ctx.body.clone();
     send_and_relay(app, Arc::new(ctx), headers, body, RefuseTasks).await
 }

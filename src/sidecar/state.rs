@@ -32,6 +32,9 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// Signs delegation assertions (`upstream.identity: delegation`); its public keys are
+    /// served at `/.well-known/jwks.json` on the admin port.
+    pub delegation: crate::identity::delegation::DelegationKeys,
     /// Asks the object authorizer (`tasks.objects`).
     pub objects: super::objects::ObjectGate,
     /// Decisions and budgets of the capability gate.

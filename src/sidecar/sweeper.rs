@@ -16,7 +16,7 @@ use crate::ledger::TaskRecord;
 use super::active_policy::ActivePolicy;
 use super::cancellation::{self, drive_outbox};
 use super::context::new_correlation_id;
-use super::decisions::deadline_exceeded;
+use super::decisions::{deadline_exceeded, identity_lease_expired};
 use super::server_tasks::cancel_at_server;
 use super::state::AppState;
 use super::task_state::{fail_orphaned, now_ms};
@@ -36,6 +36,9 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
         }
         app.denials.flush(&app.audit, std::time::Instant::now());
+        if let Err(e) = app.delegation.rotate_if_due(now_ms() / 1000) {
+            tracing::error!(error = %e, "rotating the delegation signing key failed; the current key signs on");
+        }
         let Some(policy) = app.policy() else { continue };
         // Cancellations waiting for the server's confirmation: asked again, or given up. Every
         // replica drives the intents of its own tasks.
@@ -48,7 +51,11 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
         match app.ledger.past_deadline(now, SWEEP_BATCH).await {
             Ok(due) => {
                 for record in due {
-                    end_at_deadline(&app, &policy, &record).await;
+                    if record.deadline_at <= now {
+                        end_at_deadline(&app, &policy, &record).await;
+                    } else {
+                        end_at_lease(&app, &policy, &record).await;
+                    }
                 }
             }
             Err(e) => tracing::error!(error = %e, "reading tasks past their deadline failed"),
@@ -93,6 +100,16 @@ async fn fail_orphans(app: &AppState, policy: &ActivePolicy, now: i64) {
         }
         Err(e) => tracing::error!(error = %e, "reading tasks of gone replicas failed"),
     }
+}
+
+/// Cancels a task whose owner presented no valid token within its identity lease: it ends
+/// (cancelled, `identity_lease_expired`) once the server confirms it stopped, or when the
+/// sidecar stops waiting.
+async fn end_at_lease(app: &AppState, policy: &ActivePolicy, record: &TaskRecord) {
+    let correlation = new_correlation_id();
+    let end = identity_lease_expired(record, now_ms());
+    let send = async || cancel_at_server(app, &correlation, record, "identity_lease").await;
+    cancellation::request(app, policy, &correlation, record, end, None, send).await;
 }
 
 /// Cancels a task past its deadline: it ends (failed, "Deadline exceeded") once the server

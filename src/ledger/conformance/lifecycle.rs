@@ -10,7 +10,7 @@ use super::{
 };
 use crate::ledger::{
     Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner,
-    PrincipalFilter, Reservation, TaskId, TaskLedger, TaskStatus,
+    PrincipalFilter, Reservation, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 /// The first terminal write wins; later ones see it unchanged.
@@ -271,17 +271,12 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
         .past_deadline(now, 10_000)
         .await
         .expect("past_deadline");
+    let due_at = |r: &TaskRecord| r.deadline_at.min(r.lease_until.unwrap_or(r.deadline_at));
     assert!(
-        listed
-            .windows(2)
-            .all(|w| w[0].deadline_at <= w[1].deadline_at),
+        listed.windows(2).all(|w| due_at(&w[0]) <= due_at(&w[1])),
         "ordered"
     );
-    assert!(
-        listed
-            .iter()
-            .all(|r| r.ended.is_none() && r.deadline_at <= now)
-    );
+    assert!(listed.iter().all(|r| r.ended.is_none() && due_at(r) <= now));
     let mine: Vec<TaskId> = listed
         .into_iter()
         .filter(|r| r.owner == owner)
@@ -307,6 +302,93 @@ pub async fn past_deadline(ledger: &dyn TaskLedger) {
         .await
         .expect("past_deadline");
     assert!(listed.iter().all(|r| r.owner != owner));
+}
+
+/// `renew_identity` moves a live task's identity lease and delegation forward, never back, and
+/// `past_deadline` also lists tasks whose lease ended.
+pub async fn identity_renewal(ledger: &dyn TaskLedger) {
+    // Times far before NOW and apart from `past_deadline`'s, so only this function's task is due.
+    let owner = fresh_owner();
+    let id = reserve_ok(
+        ledger,
+        Reservation {
+            lease_until: Some(25_000),
+            delegated_until: Some(24_000),
+            ..reservation(&owner, UNLIMITED)
+        },
+    )
+    .await;
+    let c = Confirmation {
+        deadline_at: 90_000,
+        ttl_ms: NOW,
+        ..confirmation(500)
+    };
+    confirm(ledger, &id, c).await;
+    let stored = |r: Option<TaskRecord>| r.map(|r| (r.lease_until, r.delegated_until));
+    assert_eq!(
+        stored(get(ledger, &id).await),
+        Some((Some(25_000), Some(24_000)))
+    );
+
+    let renew = async |lease: Option<i64>, delegated: Option<i64>| {
+        ledger
+            .renew_identity(&id, lease, delegated)
+            .await
+            .expect("renew_identity")
+    };
+    assert!(!renew(Some(22_000), None).await, "a lease never moves back");
+    assert!(!renew(None, Some(20_000)).await, "nor a delegation");
+    assert!(!renew(None, None).await);
+    assert_eq!(
+        stored(get(ledger, &id).await),
+        Some((Some(25_000), Some(24_000)))
+    );
+    assert!(renew(Some(28_000), None).await);
+    assert!(
+        renew(Some(27_000), Some(26_000)).await,
+        "the delegation alone moves"
+    );
+    assert_eq!(
+        stored(get(ledger, &id).await),
+        Some((Some(28_000), Some(26_000)))
+    );
+
+    let due = async |now: i64| -> bool {
+        ledger
+            .past_deadline(now, 10_000)
+            .await
+            .expect("past_deadline")
+            .iter()
+            .any(|r| r.id == id)
+    };
+    assert!(
+        !due(27_999).await,
+        "neither the lease nor the deadline has passed"
+    );
+    assert!(due(28_000).await, "the lease ended before the deadline");
+    // The sweeper ends it with a cancellation of its own reason.
+    let pending = request_ok(ledger, &id, intent(EndReason::IdentityLeaseExpired, 28_000)).await;
+    assert_eq!(
+        pending.cancel.map(|c| c.reason),
+        Some(EndReason::IdentityLeaseExpired)
+    );
+    assert!(
+        !due(28_000).await,
+        "a task whose cancellation is under way is not listed again"
+    );
+
+    end(ledger, &id).await;
+    assert!(
+        !renew(Some(40_000), Some(40_000)).await,
+        "a finished task is not renewed"
+    );
+    assert!(!due(30_000).await);
+    assert!(
+        !ledger
+            .renew_identity(&new_id(), Some(1), Some(1))
+            .await
+            .expect("unknown is a no-op")
+    );
 }
 
 /// Retention removes tasks, terminal or not, with everything about them (their cancellation

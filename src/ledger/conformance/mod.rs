@@ -63,6 +63,7 @@ macro_rules! ledger_conformance_tests {
             result_reads,
             forget_payload,
             past_deadline,
+            identity_renewal,
             purge_expired,
             active_for,
             secret,
@@ -107,7 +108,7 @@ use futures_util::FutureExt;
 use futures_util::future::{LocalBoxFuture, join_all};
 
 mod admission;
-mod cancellation;
+pub mod cancellation;
 mod lifecycle;
 mod records;
 mod replicas;
@@ -121,8 +122,8 @@ pub use admission::{
 };
 pub use cancellation::{cancel_holds_quota, cancel_race, cancel_request, cancels_due};
 pub use lifecycle::{
-    active_for, finish_cas, finish_race, forget_payload, observe, past_deadline, purge_expired,
-    result_reads, secret,
+    active_for, finish_cas, finish_race, forget_payload, identity_renewal, observe, past_deadline,
+    purge_expired, result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
 pub use replicas::{
@@ -182,6 +183,7 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     result_reads(ledger).await;
     forget_payload(ledger).await;
     past_deadline(ledger).await;
+    identity_renewal(ledger).await;
     purge_expired(ledger).await;
     active_for(ledger).await;
     secret(ledger).await;
@@ -230,6 +232,7 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         result_reads(ledger).boxed_local(),
         forget_payload(ledger).boxed_local(),
         past_deadline(ledger).boxed_local(),
+        identity_renewal(ledger).boxed_local(),
         purge_expired(ledger).boxed_local(),
         active_for(ledger).boxed_local(),
         secret(ledger).boxed_local(),
@@ -302,6 +305,8 @@ pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
         token_issued_at: Some(NOW / 1000 - 30),
         correlation_id: unique("request-"),
         object: Some("projects/p-1".into()),
+        lease_until: None,
+        delegated_until: Some(NOW + 5 * 60_000),
     }
 }
 

@@ -48,6 +48,8 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         home: ledger.scope().replica.clone(),
         correlation_id: r.correlation_id.clone(),
         object: r.object.clone(),
+        lease_until: r.lease_until,
+        delegated_until: r.delegated_until,
         cancel: None,
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);

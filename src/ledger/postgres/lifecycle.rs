@@ -236,6 +236,31 @@ pub(super) async fn note_result_read<C: GenericClient>(
     }
 }
 
+pub(super) async fn renew_identity<C: GenericClient>(
+    c: &C,
+    server: &str,
+    id: &str,
+    lease_until: Option<i64>,
+    delegated_until: Option<i64>,
+) -> Result<bool> {
+    let sql = "UPDATE lifeguard_tasks SET \
+                 lease_until = CASE WHEN $3::bigint > COALESCE(lease_until, -1) \
+                   THEN $3 ELSE lease_until END, \
+                 delegated_until = CASE WHEN $4::bigint > COALESCE(delegated_until, -1) \
+                   THEN $4 ELSE delegated_until END \
+               WHERE server = $1 AND id = $2 AND confirmed AND ended_at IS NULL \
+                 AND ($3::bigint > COALESCE(lease_until, -1) \
+                   OR $4::bigint > COALESCE(delegated_until, -1))";
+    let changed = exec(
+        c,
+        sql,
+        &[&server, &id, &lease_until, &delegated_until],
+        "renew identity",
+    )
+    .await?;
+    Ok(changed > 0)
+}
+
 pub(super) async fn forget_payload<C: GenericClient>(c: &C, server: &str, id: &str) -> Result<()> {
     let sql = "UPDATE lifeguard_tasks SET payload = NULL \
                WHERE server = $1 AND id = $2 AND confirmed AND ended_at IS NOT NULL";
@@ -254,8 +279,10 @@ pub(super) async fn past_deadline<C: GenericClient>(
         task_columns!(),
         " FROM ",
         task_from!(),
-        " WHERE t.server = $1 AND t.ended_at IS NULL AND t.confirmed AND t.deadline_at <= $2 \
-         AND c.task_id IS NULL ORDER BY t.deadline_at, t.id LIMIT $3"
+        " WHERE t.server = $1 AND t.ended_at IS NULL AND t.confirmed \
+         AND (t.deadline_at <= $2 OR t.lease_until <= $2) \
+         AND c.task_id IS NULL \
+         ORDER BY LEAST(t.deadline_at, COALESCE(t.lease_until, t.deadline_at)), t.id LIMIT $3"
     );
     let found = rows(
         c,

@@ -212,6 +212,21 @@ impl TaskLedger for PostgresLedger {
         .await
     }
 
+    async fn renew_identity(
+        &self,
+        id: &TaskId,
+        lease_until: Option<i64>,
+        delegated_until: Option<i64>,
+    ) -> Result<bool> {
+        let (pool, server) = self.handles();
+        let id = id.as_str().to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            lifecycle::renew_identity(&client, &server, &id, lease_until, delegated_until).await
+        })
+        .await
+    }
+
     async fn forget_payload(&self, id: &TaskId) -> Result<()> {
         let (pool, server) = self.handles();
         let id = id.as_str().to_owned();

@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -155,6 +155,20 @@ CREATE INDEX lifeguard_budget_uses_task ON lifeguard_budget_uses (server, task_i
 const V2: &str = "
 ALTER TABLE lifeguard_tasks ADD COLUMN correlation_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE lifeguard_tasks ADD COLUMN object TEXT;
+";
+
+/// Version 3 (SQLite's version 6): when the owner must next present a valid token
+/// (`tasks.identityLease`) and how long the task's upstream delegation runs.
+const V3: &str = "
+ALTER TABLE lifeguard_tasks ADD COLUMN lease_until BIGINT;
+ALTER TABLE lifeguard_tasks ADD COLUMN delegated_until BIGINT;
+CREATE INDEX lifeguard_tasks_lease ON lifeguard_tasks (server, lease_until)
+    WHERE ended_at IS NULL AND lease_until IS NOT NULL;
+ALTER TABLE lifeguard_cancel_intents
+    DROP CONSTRAINT lifeguard_cancel_intents_reason_check,
+    ADD CONSTRAINT lifeguard_cancel_intents_reason_check
+        CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation',
+                          'identity_lease_expired'));
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

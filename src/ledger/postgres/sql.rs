@@ -19,7 +19,7 @@ macro_rules! task_columns {
          t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, t.deadline_at, \
          t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, t.result_reads, \
          t.token_issued_at, t.home, t.correlation_id, t.object, c.reason, c.requested_by, \
-         c.pending_message, c.requested_at, c.give_up_at"
+         c.pending_message, c.requested_at, c.give_up_at, t.lease_until, t.delegated_until"
     };
 }
 pub(super) use task_columns;
@@ -34,7 +34,7 @@ macro_rules! task_from {
 pub(super) use task_from;
 
 /// How many columns [`task_columns!`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 29;
+pub(super) const TASK_COLUMN_COUNT: usize = 31;
 
 pub(super) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -180,6 +180,8 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
         home: col(row, 21)?,
         correlation_id: col(row, 22)?,
         object: col(row, 23)?,
+        lease_until: col(row, 29)?,
+        delegated_until: col(row, 30)?,
         cancel,
     })
 }

@@ -293,6 +293,18 @@ impl TaskLedger for SqliteLedger {
             .await
     }
 
+    async fn renew_identity(
+        &self,
+        id: &TaskId,
+        lease_until: Option<i64>,
+        delegated_until: Option<i64>,
+    ) -> Result<bool> {
+        let id = id.as_str().to_owned();
+        self.writer
+            .call(move |conn| ops::renew_identity(conn, &id, lease_until, delegated_until))
+            .await
+    }
+
     async fn forget_payload(&self, id: &TaskId) -> Result<()> {
         let id = id.as_str().to_owned();
         self.writer

@@ -17,10 +17,10 @@ pub(super) const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject,
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
+    t.lease_until, t.delegated_until, c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
 
 /// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
-const TASK_COLUMN_COUNT: usize = 29;
+const TASK_COLUMN_COUNT: usize = 31;
 
 /// Every task with its intent, if any.
 pub(super) const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
@@ -48,6 +48,8 @@ pub(super) struct RawTask {
     home: String,
     correlation_id: String,
     object: Option<String>,
+    lease_until: Option<i64>,
+    delegated_until: Option<i64>,
     cancel_reason: Option<String>,
     cancel_by: Option<String>,
     cancel_message: Option<String>,
@@ -84,11 +86,13 @@ impl RawTask {
             home: row.get(21)?,
             correlation_id: row.get(22)?,
             object: row.get(23)?,
-            cancel_reason: row.get(24)?,
-            cancel_by: row.get(25)?,
-            cancel_message: row.get(26)?,
-            cancel_requested_at: row.get(27)?,
-            cancel_give_up_at: row.get(28)?,
+            lease_until: row.get(24)?,
+            delegated_until: row.get(25)?,
+            cancel_reason: row.get(26)?,
+            cancel_by: row.get(27)?,
+            cancel_message: row.get(28)?,
+            cancel_requested_at: row.get(29)?,
+            cancel_give_up_at: row.get(30)?,
         })
     }
 
@@ -161,6 +165,8 @@ impl RawTask {
             home: self.home,
             correlation_id: self.correlation_id,
             object: self.object,
+            lease_until: self.lease_until,
+            delegated_until: self.delegated_until,
             cancel,
         })
     }
@@ -193,7 +199,7 @@ const TASK_ONLY_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.ten
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    NULL, NULL, NULL, NULL, NULL";
+    t.lease_until, t.delegated_until, NULL, NULL, NULL, NULL, NULL";
 
 /// One task by ID, the read of every `tasks/get`. Two primary-key lookups rather than the
 /// join of [`TASK_FROM`]: SQLite re-prepared the joined statement at every call (30 µs a read
@@ -359,8 +365,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     conn.prepare_cached(
         "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
          idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at, \
-         token_issued_at, correlation_id, object) \
-         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         token_issued_at, correlation_id, object, lease_until, delegated_until) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )
     .ctx("prepare reservation insert")?
     .execute(params![
@@ -378,6 +384,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         r.token_issued_at,
         r.correlation_id,
         r.object,
+        r.lease_until,
+        r.delegated_until,
     ])
     .ctx("insert reservation")?;
     Ok(ReserveOutcome::Reserved)
@@ -674,6 +682,30 @@ pub(super) fn note_result_read(conn: &Connection, id: &str) -> Result<u32> {
     }
 }
 
+/// Moves a non-terminal task's lease and delegation forward, never back.
+pub(super) fn renew_identity(
+    conn: &Connection,
+    id: &str,
+    lease_until: Option<i64>,
+    delegated_until: Option<i64>,
+) -> Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE tasks SET \
+               lease_until = CASE WHEN ?2 IS NOT NULL AND ?2 > coalesce(lease_until, -1) \
+                 THEN ?2 ELSE lease_until END, \
+               delegated_until = CASE WHEN ?3 IS NOT NULL AND ?3 > coalesce(delegated_until, -1) \
+                 THEN ?3 ELSE delegated_until END \
+             WHERE id = ?1 AND confirmed = 1 AND ended_at IS NULL \
+               AND ((?2 IS NOT NULL AND ?2 > coalesce(lease_until, -1)) \
+                 OR (?3 IS NOT NULL AND ?3 > coalesce(delegated_until, -1)))",
+        )
+        .ctx("prepare identity renewal")?
+        .execute(params![id, lease_until, delegated_until])
+        .ctx("renew identity")?;
+    Ok(changed > 0)
+}
+
 /// Drops a terminal task's payload (its result or error); the task itself stays.
 pub(super) fn forget_payload(conn: &Connection, id: &str) -> Result<()> {
     conn.prepare_cached(
@@ -688,9 +720,10 @@ pub(super) fn forget_payload(conn: &Connection, id: &str) -> Result<()> {
 pub(super) fn past_deadline(conn: &Connection, now: i64, limit: usize) -> Result<Vec<TaskRecord>> {
     let sql = format!(
         "SELECT {TASK_COLUMNS} FROM {TASK_FROM} \
-         WHERE t.ended_at IS NULL AND t.confirmed = 1 AND t.deadline_at <= ?1 \
+         WHERE t.ended_at IS NULL AND t.confirmed = 1 \
+         AND (t.deadline_at <= ?1 OR t.lease_until <= ?1) \
          AND c.task_id IS NULL \
-         ORDER BY t.deadline_at, t.id LIMIT ?2"
+         ORDER BY min(t.deadline_at, coalesce(t.lease_until, t.deadline_at)), t.id LIMIT ?2"
     );
     let mut stmt = conn.prepare_cached(&sql).ctx("prepare deadline scan")?;
     let rows = stmt

@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -29,6 +29,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Code(to_v3),
     Step::Sql(V4),
     Step::Sql(V5),
+    Step::Sql(V6),
 ];
 
 /// Version 1.
@@ -189,6 +190,37 @@ CREATE INDEX budget_uses_task ON budget_uses (task_id) WHERE task_id IS NOT NULL
 pub(super) const V5: &str = "
 ALTER TABLE tasks ADD COLUMN correlation_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE tasks ADD COLUMN object TEXT;
+";
+
+/// Version 6: identity at minute forty. When the owner must next present a valid token
+/// (`tasks.identityLease`; the deadline scan also finds leases that ended) and how long the
+/// task's upstream delegation runs (`upstream.identity: delegation`). Cancellation intents may
+/// now carry `identity_lease_expired` (SQLite cannot change a CHECK in place: the table is
+/// rebuilt with its rows).
+pub(super) const V6: &str = "
+ALTER TABLE tasks ADD COLUMN lease_until INTEGER;
+ALTER TABLE tasks ADD COLUMN delegated_until INTEGER;
+CREATE INDEX tasks_lease ON tasks (lease_until) WHERE ended_at IS NULL AND lease_until IS NOT NULL;
+
+CREATE TABLE cancel_intents_v6 (
+    task_id         TEXT PRIMARY KEY NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+    reason          TEXT NOT NULL
+        CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation',
+                          'identity_lease_expired')),
+    requested_by    TEXT,                  -- JSON Owner
+    pending_message TEXT NOT NULL,
+    requested_at    INTEGER NOT NULL,
+    give_up_at      INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    next_attempt_at INTEGER NOT NULL
+) STRICT;
+INSERT INTO cancel_intents_v6 (task_id, reason, requested_by, pending_message, requested_at,
+    give_up_at, attempts, next_attempt_at)
+    SELECT task_id, reason, requested_by, pending_message, requested_at, give_up_at, attempts,
+           next_attempt_at FROM cancel_intents;
+DROP TABLE cancel_intents;
+ALTER TABLE cancel_intents_v6 RENAME TO cancel_intents;
+CREATE INDEX cancel_intents_due ON cancel_intents (next_attempt_at);
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

@@ -293,6 +293,16 @@ async fn a_version_2_ledger_is_migrated_in_place() {
     );
     assert_eq!(get("lgt_second").await, None, "the later one is gone");
     assert!(get("lgt_own").await.is_some());
+    // Version 6 rebuilt the intents table: it takes the identity lease's reason.
+    let own = TaskId::from_string("lgt_own");
+    let intent =
+        conformance::cancellation::intent(crate::ledger::EndReason::IdentityLeaseExpired, NOW);
+    ledger.request_cancel(&own, intent).await.unwrap();
+    let cancel = get("lgt_own").await.and_then(|t| t.cancel);
+    assert_eq!(
+        cancel.map(|c| c.reason),
+        Some(crate::ledger::EndReason::IdentityLeaseExpired)
+    );
 
     // The reservation survives; its owner cannot take u1.
     let c = crate::ledger::Confirmation {

@@ -117,6 +117,23 @@ pub fn deadline_exceeded(record: &TaskRecord, now_ms: i64) -> Finish {
     }
 }
 
+/// The end of a task whose owner presented no valid token within its identity lease.
+pub fn identity_lease_expired(record: &TaskRecord, now_ms: i64) -> Finish {
+    Finish {
+        status: TaskStatus::Cancelled,
+        status_message: Some(format!(
+            "Cancelled: the owner presented no valid token since {} (tasks.identityLease)",
+            crate::mcp::task::iso_millis(record.lease_until.unwrap_or(now_ms).min(now_ms))
+        )),
+        ending: Ending {
+            reason: EndReason::IdentityLeaseExpired,
+            by: None,
+            payload: None,
+            at: now_ms,
+        },
+    }
+}
+
 /// The end of a task whose owner's access was revoked.
 pub fn revocation(reason: RevocationReason, now_ms: i64) -> Finish {
     let reason = serde_json::to_value(reason)

@@ -16,8 +16,8 @@ pub use cancellation::{
 };
 pub use creation::confirmation_terms;
 pub use endings::{
-    cancellation, capability_refused, deadline_exceeded, home_replica_gone, lifecycle_event,
-    revocation,
+    cancellation, capability_refused, deadline_exceeded, home_replica_gone, identity_lease_expired,
+    lifecycle_event, revocation,
 };
 pub use reads::{ReadPlan, deliver_result, plan_read, task_view};
 pub use replies::{
@@ -49,6 +49,8 @@ pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord
         home: String::new(),
         correlation_id: String::new(),
         object: None,
+        lease_until: None,
+        delegated_until: None,
         cancel: None,
     }
 }

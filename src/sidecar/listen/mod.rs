@@ -245,6 +245,7 @@ async fn subscribe_upstream(
     let mut message = ctx.request.message.clone();
     message["params"]["notifications"] = allowed.to_wire();
     let mut headers = ctx.upstream_headers();
+    super::delegate::attach(app, ctx, &mut headers, None, None);
     set_mcp_headers(&mut headers, methods::LISTEN, None);
     headers.insert(
         header::ACCEPT,

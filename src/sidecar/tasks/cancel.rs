@@ -35,7 +35,7 @@ pub async fn cancel(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
             .detail("taskOwner", json!(record.owner)),
     };
     let forward = async || {
-        let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
+        let (headers, message) = forwarded_task_message(app, ctx, &record);
         if let Err(e) = app.upstream.call(headers, &message).await {
             // The intent is recorded; the outbox asks again.
             tracing::warn!(error = %e, "forwarding tasks/cancel failed");

@@ -33,6 +33,7 @@ use super::super::server_tasks::cancel_orphan;
 use super::super::state::AppState;
 use super::super::task_state::now_ms;
 use super::idempotency;
+use super::super::delegate::{self, TaskBinding};
 use super::object_digest;
 use super::reconcile::reconcile_principal;
 
@@ -60,7 +61,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         Ok(object) => object,
         Err(refusal) => return refusal,
     };
-    let headers = ctx.upstream_headers();
+    let mut headers = ctx.upstream_headers();
     let task_terms = policy
         .effective
         .tasks
@@ -76,6 +77,7 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         } else {
             ctx.body.clone()
         };
+        delegate::attach(&app, &ctx, &mut headers, None, Some(&tool));
         return send_and_relay(app, Arc::new(ctx), headers, body, RefuseTasks).await;
     };
     let rules = rules.clone();
@@ -91,6 +93,13 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
         Ok(Reserved::Answered(response)) => return response,
         Err(e) => return e.respond(&app.metrics, &ctx.id()),
     };
+    // The server learns whom it works for from an assertion bound to this very task.
+    let binding = TaskBinding {
+        id: &pending.id,
+        tool: &tool,
+        deadline_at: pending.deadline_at,
+    };
+    delegate::attach(&app, &ctx, &mut headers, Some(binding), None);
     let creation = TaskCreation {
         pending,
         rules,
@@ -221,6 +230,7 @@ async fn reserve(
     };
     let task_id = TaskId::generate()?;
     let now = now_ms();
+    let deadline_at = now.saturating_add(rules.deadline_for(tool).as_millis() as i64);
     let reservation = Reservation {
         id: task_id.clone(),
         owner: ctx.identity.owner.clone(),
@@ -241,12 +251,19 @@ async fn reserve(
         token_issued_at: ctx.identity.issued_at,
         correlation_id: ctx.correlation_id.clone(),
         object,
+        delegated_until: delegate::delegates(ctx)
+            .then(|| delegate::delegated_until(ctx, deadline_at)),
+        lease_until: rules
+            .identity_lease
+            .as_ref()
+            .map(|lease| now.saturating_add(lease.get().as_millis() as i64)),
     };
     Ok(match reserve_slot(app, ctx, reservation).await? {
         ReserveOutcome::Reserved => Reserved::Pending(PendingTask {
             id: task_id,
             tool: tool.to_owned(),
             started_ms: now,
+            deadline_at,
             ledger: app.ledger.clone(),
             armed: true,
         }),
@@ -347,6 +364,8 @@ struct PendingTask {
     id: TaskId,
     tool: String,
     started_ms: i64,
+    /// The deadline the task will be given (Unix ms).
+    deadline_at: i64,
     ledger: Arc<dyn TaskLedger>,
     armed: bool,
 }
@@ -478,6 +497,21 @@ impl TaskCreation {
             created_event = created_event.detail("object", digest);
         }
         app.audit.log(created_event);
+        if let Some(until) = record.delegated_until {
+            let scopes: Vec<&str> = self
+                .rules
+                .scopes_for(&record.tool)
+                .filter(|s| ctx.identity.has_scope(s))
+                .collect();
+            app.audit.log(
+                ctx.audit("task.delegated", Decision::Allow, "delegation")
+                    .tool(&record.tool)
+                    .for_task(&app.hasher, &record.id, &record.correlation_id)
+                    .detail("actor", delegate::sidecar_name(ctx))
+                    .detail("delegatedUntil", iso_millis(until))
+                    .detail("scopes", json!(scopes)),
+            );
+        }
         if let Some(result) = message.get_mut("result") {
             present_task(
                 result,

@@ -47,7 +47,7 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
     if plan == ReadPlan::FromLedger {
         return answer_from_ledger(app, ctx, &record).await;
     }
-    let (headers, message) = forwarded_task_message(ctx, &record.upstream_id);
+    let (headers, message) = forwarded_task_message(app, ctx, &record);
     let (status, mut reply) = match app.upstream.call(headers, &message).await {
         Ok(r) => r,
         Err(e) => return Error::from(e).respond(&app.metrics, &ctx.id()),

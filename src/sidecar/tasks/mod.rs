@@ -24,6 +24,7 @@ use crate::model::TaskId;
 
 use super::context::{Arrival, RequestContext};
 use super::decisions::{Access, Operation, authorize, missing_scopes};
+use super::delegate;
 use super::error::Error;
 use super::forward::set_mcp_headers;
 use super::hop::{ForwardError, unreachable_answer as hop_unreachable};
@@ -34,14 +35,18 @@ use super::task_state::fail_orphaned;
 use super::task_state::now_ms;
 use crate::telemetry::metrics::ReasonLabels;
 
-/// The client's own message with the task ID swapped for the upstream's, and headers to match.
+/// The client's own message with the task ID swapped for the upstream's, and headers to match
+/// (with the task's delegation assertion when the policy delegates).
 fn forwarded_task_message(
+    app: &AppState,
     ctx: &RequestContext,
-    upstream_id: &str,
+    record: &TaskRecord,
 ) -> (http::HeaderMap, serde_json::Value) {
+    let upstream_id = record.upstream_id.as_str();
     let mut message = ctx.request.message.clone();
     message["params"]["taskId"] = json!(upstream_id);
     let mut headers = ctx.upstream_headers();
+    delegate::attach(app, ctx, &mut headers, Some(record.into()), None);
     set_mcp_headers(&mut headers, &ctx.request.method, Some(upstream_id));
     (headers, message)
 }
@@ -76,6 +81,7 @@ async fn authorized_task(
             if !verdict.allowed() {
                 return Err(object_refusal(app, ctx, &remembered, &verdict));
             }
+            delegate::renew(app, ctx, &remembered).await;
         }
         return match route_to_home(app, ctx, (*remembered).clone()).await {
             Routed::Here(record) => Ok((*record, access)),
@@ -97,6 +103,7 @@ async fn authorized_task(
             if !verdict.allowed() {
                 return Err(object_refusal(app, ctx, &known, &verdict));
             }
+            delegate::renew(app, ctx, &known).await;
         }
         app.metrics.home_memory_answers.inc();
         return Ok(((*known).clone(), access));
@@ -155,6 +162,9 @@ async fn authorized_task(
         if !verdict.allowed() {
             return Err(object_refusal(app, ctx, &record, &verdict));
         }
+        // The owner presented a valid token about the task: its identity lease (and its
+        // delegation) move forward.
+        delegate::renew(app, ctx, &record).await;
     }
     let record = match route_to_home(app, ctx, record).await {
         Routed::Here(record) => *record,

@@ -5,6 +5,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::audit::Decision;
+use crate::ledger::TaskRecord;
 use crate::mcp::methods;
 use crate::mcp::task::{
     empty_ack, input_requests_mut, input_responses, replace_task_id, set_input_responses,
@@ -34,7 +35,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
     // Ask the server which input requests are outstanding now.
-    let outstanding = match outstanding_inputs(app, ctx, &record.upstream_id).await {
+    let outstanding = match outstanding_inputs(app, ctx, &record).await {
         Ok(keys) => keys,
         Err(e) => return e.respond(&app.metrics, &ctx.id()),
     };
@@ -70,7 +71,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     if kept.is_empty() {
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
-    let (headers, mut message) = forwarded_task_message(ctx, &record.upstream_id);
+    let (headers, mut message) = forwarded_task_message(app, ctx, &record);
     set_input_responses(&mut message, kept, None);
     match app.upstream.call(headers, &message).await {
         Ok((status, mut reply)) => {
@@ -86,8 +87,9 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
 async fn outstanding_inputs(
     app: &AppState,
     ctx: &RequestContext,
-    upstream_id: &str,
+    record: &TaskRecord,
 ) -> Result<Vec<Outstanding>, Error> {
+    let upstream_id = record.upstream_id.as_str();
     let mut probe = ctx.request.message.clone();
     probe["method"] = json!(methods::TASKS_GET);
     probe["id"] = json!(ctx.sidecar_request_id());
@@ -96,6 +98,7 @@ async fn outstanding_inputs(
         "_meta": ctx.request.params().and_then(|p| p.get("_meta")).cloned().unwrap_or(Value::Null),
     });
     let mut headers = ctx.upstream_headers();
+    super::super::delegate::attach(app, ctx, &mut headers, Some(record.into()), None);
     set_mcp_headers(&mut headers, methods::TASKS_GET, Some(upstream_id));
     let (_, mut reply) = app.upstream.call(headers, &probe).await?;
     let Some(requests) = reply.get_mut("result").and_then(input_requests_mut) else {

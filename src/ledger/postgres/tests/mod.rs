@@ -96,7 +96,12 @@ async fn a_version_1_database_is_migrated_in_place() {
     db.client()
         .await
         .batch_execute(
-            "ALTER TABLE lifeguard_tasks DROP COLUMN correlation_id, DROP COLUMN object;
+            "ALTER TABLE lifeguard_tasks DROP COLUMN correlation_id, DROP COLUMN object,
+                 DROP COLUMN lease_until, DROP COLUMN delegated_until;
+             ALTER TABLE lifeguard_cancel_intents
+                 DROP CONSTRAINT lifeguard_cancel_intents_reason_check,
+                 ADD CONSTRAINT lifeguard_cancel_intents_reason_check
+                     CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation'));
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await
@@ -104,6 +109,7 @@ async fn a_version_1_database_is_migrated_in_place() {
     let ledger = db.open(SERVER, "r").await;
     let task = ledger.get(&id).await.unwrap().expect("the task survives");
     assert_eq!((task.correlation_id.as_str(), task.object), ("", None));
+    assert_eq!((task.lease_until, task.delegated_until), (None, None));
     let versions = db
         .client()
         .await
