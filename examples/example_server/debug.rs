@@ -18,9 +18,27 @@ use crate::store::Event;
 const REQUEST_LOG_LEN: usize = 200;
 
 /// The last [`REQUEST_LOG_LEN`] requests to `/mcp`. The Authorization header is recorded only
-/// as present/absent, never its value.
+/// as present/absent, never its value — except a Lifeguard delegation assertion (a JWT whose
+/// header says `typ: lifeguard-delegation+jwt`), kept as `delegation` so tests can verify what
+/// the sidecar signed. A user's own token is never recorded.
 #[derive(Default)]
 pub struct RequestLog(Mutex<VecDeque<Value>>);
+
+/// The bearer of `headers` when it is a Lifeguard delegation assertion.
+fn delegation_assertion(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine;
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?;
+    let header = bearer.split('.').next()?;
+    let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .ok()?;
+    let header: Value = serde_json::from_slice(&decoded).ok()?;
+    (header["typ"] == "lifeguard-delegation+jwt").then(|| bearer.to_owned())
+}
 
 impl RequestLog {
     pub fn record(
@@ -45,6 +63,7 @@ impl RequestLog {
             "mcpMethod": mcp_method,
             "taskId": task_id,
             "authorization": headers.contains_key(axum::http::header::AUTHORIZATION),
+            "delegation": delegation_assertion(headers),
             "lifeguard": lifeguard,
             "atMs": now_ms(),
         });

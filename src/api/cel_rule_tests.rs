@@ -251,6 +251,12 @@ fn cases() -> Vec<Case> {
             Some(rules::AUTHORIZER_CACHE_TTL),
         ),
         case(
+            "a zero identity lease",
+            policy(json!({"tasks": {"identityLease": "0s"}})),
+            None,
+            Some(rules::DURATION_POSITIVE),
+        ),
+        case(
             "zero max stream duration",
             policy(json!({"listen": {"maxStreamDuration": "0h"}})),
             None,

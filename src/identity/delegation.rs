@@ -221,7 +221,10 @@ mod tests {
 
     /// Verifies `token` against the published key set, as a server would.
     fn verify(keys: &DelegationKeys, token: &str, now: i64) -> Result<Value, String> {
-        let kid = decode_header(token).map_err(|e| e.to_string())?.kid.unwrap();
+        let kid = decode_header(token)
+            .map_err(|e| e.to_string())?
+            .kid
+            .unwrap();
         let jwks = keys.jwks();
         let jwk = jwks["keys"]
             .as_array()
@@ -266,7 +269,10 @@ mod tests {
         let d = delegation(1_000, 1_030);
         assert_eq!(d.expires_at(), 1_030);
         let d = delegation(1_000, 100_000);
-        assert_eq!(d.expires_at(), 1_000 + MAX_ASSERTION_LIFETIME.as_secs() as i64);
+        assert_eq!(
+            d.expires_at(),
+            1_000 + MAX_ASSERTION_LIFETIME.as_secs() as i64
+        );
         let mut no_tenant = delegation(1_000, 2_000);
         no_tenant.tenant = "";
         no_tenant.scopes.clear();
@@ -280,12 +286,19 @@ mod tests {
         let keys = DelegationKeys::new(t0).unwrap();
         let (old_token, _) = keys.sign(&delegation(t0, t0 + 3600)).unwrap();
         keys.rotate_if_due(t0 + 10).unwrap();
-        assert_eq!(keys.jwks()["keys"].as_array().unwrap().len(), 1, "not due yet");
+        assert_eq!(
+            keys.jwks()["keys"].as_array().unwrap().len(),
+            1,
+            "not due yet"
+        );
         let rotated_at = t0 + ROTATE_EVERY.as_secs() as i64;
         keys.rotate_if_due(rotated_at).unwrap();
         let published = keys.jwks()["keys"].as_array().unwrap().clone();
         assert_eq!(published.len(), 2, "{published:?}");
-        assert!(verify(&keys, &old_token, t0).is_ok(), "the retired key still verifies");
+        assert!(
+            verify(&keys, &old_token, t0).is_ok(),
+            "the retired key still verifies"
+        );
         let (new_token, _) = keys.sign(&delegation(t0, t0 + 3600)).unwrap();
         assert_ne!(
             decode_header(&new_token).unwrap().kid,

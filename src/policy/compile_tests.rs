@@ -679,3 +679,42 @@ fn object_rules_compile_with_defaults_and_their_pointers_checked() {
         );
     }
 }
+
+#[test]
+fn identity_lease_and_delegation_compile_and_forward_token_is_warned_about() {
+    let c = compile_one(
+        &policy("  upstream: {identity: delegation}\n  tasks: {identityLease: 30m}\n"),
+        &[],
+        &[],
+    );
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    let effective = c.effective.unwrap();
+    assert_eq!(
+        effective.upstream_identity,
+        crate::api::UpstreamIdentity::Delegation
+    );
+    let lease = effective.tasks.unwrap().identity_lease.unwrap();
+    assert_eq!(lease.get(), Duration::from_secs(1800));
+
+    let short = compile_one(&policy("  tasks: {identityLease: 10s}\n"), &[], &[]);
+    assert!(short.effective.is_some());
+    assert!(
+        short
+            .problems
+            .iter()
+            .any(|p| p.problem.path == "spec.tasks.identityLease"),
+        "{:?}",
+        short.problems
+    );
+    let forwarding = compile_one(&policy("  upstream: {identity: forwardToken}\n"), &[], &[]);
+    assert!(forwarding.effective.is_some(), "a warning, not an error");
+    assert!(
+        forwarding
+            .problems
+            .iter()
+            .any(|p| p.problem.path == "spec.upstream.identity"
+                && p.problem.message.contains("prefer delegation")),
+        "{:?}",
+        forwarding.problems
+    );
+}

@@ -221,7 +221,11 @@ pub async fn screen_request_inputs(
         // requestState.
         set_input_responses(&mut retry, declines, Some(response_request_state(&message)));
         let mut headers = ctx.upstream_headers();
-        let tool = ctx.request.params().and_then(|p| p.get("name")).and_then(Value::as_str);
+        let tool = ctx
+            .request
+            .params()
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str);
         super::delegate::attach(app, ctx, &mut headers, None, tool);
         message = match app.upstream.call(headers, &retry).await {
             Ok((_, answer)) => answer,

@@ -154,7 +154,10 @@ pub async fn renew(app: &AppState, ctx: &RequestContext, record: &TaskRecord) {
                         .detail("delegatedUntil", iso_millis(until))
                         .detail(
                             "previousUntil",
-                            record.delegated_until.map(iso_millis).map_or(json!(null), |t| json!(t)),
+                            record
+                                .delegated_until
+                                .map(iso_millis)
+                                .map_or(json!(null), |t| json!(t)),
                         ),
                 );
             }

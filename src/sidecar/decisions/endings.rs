@@ -159,9 +159,13 @@ pub fn revocation(reason: RevocationReason, now_ms: i64) -> Finish {
 pub fn lifecycle_event(status: TaskStatus, reason: EndReason) -> &'static str {
     match (reason, status) {
         (EndReason::AdminCancel, _) => "task.admin_cancelled",
-        (EndReason::OwnerCancel | EndReason::Deadline | EndReason::Revocation, _) => {
-            "task.cancelled"
-        }
+        (
+            EndReason::OwnerCancel
+            | EndReason::Deadline
+            | EndReason::Revocation
+            | EndReason::IdentityLeaseExpired,
+            _,
+        ) => "task.cancelled",
         (_, TaskStatus::Completed) => "task.completed",
         (_, TaskStatus::Cancelled) => "task.cancelled",
         _ => "task.failed",

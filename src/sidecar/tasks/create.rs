@@ -24,6 +24,7 @@ use super::super::active_policy::TaskNumbers;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{confirmation_terms, missing_scopes, task_view};
+use super::super::delegate::{self, TaskBinding};
 use super::super::error::Error;
 use super::super::objects::{self, Action, Verdict, object_of};
 use super::super::relay::{FinalStep, RefuseTasks, send_and_relay};
@@ -33,7 +34,6 @@ use super::super::server_tasks::cancel_orphan;
 use super::super::state::AppState;
 use super::super::task_state::now_ms;
 use super::idempotency;
-use super::super::delegate::{self, TaskBinding};
 use super::object_digest;
 use super::reconcile::reconcile_principal;
 
