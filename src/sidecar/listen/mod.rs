@@ -134,6 +134,9 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
                 .await
                 .allowed()
         {
+            // Subscribing with a valid token is a request about the task: its identity lease
+            // (and delegation) move forward as for a poll.
+            super::delegate::renew(&app, &ctx, &record).await;
             if let Some(home) = app.replica.remote_home(&ctx.policy, &record) {
                 if ctx.arrival == Arrival::Client && !record.status.is_terminal() {
                     remote

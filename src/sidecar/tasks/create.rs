@@ -230,7 +230,10 @@ async fn reserve(
     };
     let task_id = TaskId::generate()?;
     let now = now_ms();
-    let deadline_at = now.saturating_add(rules.deadline_for(tool).as_millis() as i64);
+    // The latest deadline the task can get: its tool's, never past the longest retention (the
+    // confirmation may shorten it further when the server states a shorter TTL).
+    let longest = rules.deadline_for(tool).min(rules.max_ttl.get());
+    let deadline_at = now.saturating_add(longest.as_millis() as i64);
     let reservation = Reservation {
         id: task_id.clone(),
         owner: ctx.identity.owner.clone(),
