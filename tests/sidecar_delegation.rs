@@ -23,12 +23,9 @@ const DELEGATING: &str = r#"  upstream: {identity: delegation}
 /// The assertions the server received for `mcp_method`, oldest first.
 async fn assertions(server: &support::ExampleServer, mcp_method: &str) -> Vec<String> {
     server
-        .debug("/_example/requests")
+        .requests(mcp_method)
         .await
-        .as_array()
-        .unwrap()
         .iter()
-        .filter(|r| r["mcpMethod"] == mcp_method)
         .filter_map(|r| r["delegation"].as_str().map(str::to_owned))
         .collect()
 }

@@ -66,6 +66,11 @@ pub struct EffectivePolicy {
 }
 
 impl EffectivePolicy {
+    /// Object-level permission (`tasks.objects`), when tasks are on and the policy names objects.
+    pub fn object_rules(&self) -> Option<&ObjectRules> {
+        self.tasks.as_ref().and_then(|t| t.objects.as_ref())
+    }
+
     /// SHA-256 (hex) of the policy's canonical serialization: equal policies hash equally, so
     /// the operator and sidecars can tell whether they agree without comparing whole documents.
     pub fn hash(&self) -> String {

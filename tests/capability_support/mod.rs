@@ -355,14 +355,7 @@ pub async fn sidecar_requests(server: &ExampleServer, method: &str, reason: &str
 
 /// Requests to the server with MCP method `method`, whoever sent them.
 pub async fn upstream_requests(server: &ExampleServer, method: &str) -> usize {
-    server
-        .debug("/_example/requests")
-        .await
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["mcpMethod"] == method)
-        .count()
+    server.requests(method).await.len()
 }
 
 pub fn result_text(state: &Value) -> String {

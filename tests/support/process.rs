@@ -219,6 +219,19 @@ impl ExampleServer {
             .unwrap()
     }
 
+    /// The requests the server logged (`/_example/requests`) with MCP method `method`, oldest
+    /// first.
+    pub async fn requests(&self, method: &str) -> Vec<serde_json::Value> {
+        self.debug("/_example/requests")
+            .await
+            .as_array()
+            .expect("requests array")
+            .iter()
+            .filter(|r| r["mcpMethod"] == method)
+            .cloned()
+            .collect()
+    }
+
     /// The rows `write_rows` wrote whose `field` is `value`.
     pub async fn rows_where(&self, field: &str, value: &str) -> Vec<serde_json::Value> {
         self.debug("/_example/rows")

@@ -199,11 +199,7 @@ impl Pump {
             return None;
         }
         // Every delivery about a task is an operation on its object (`tasks.objects`).
-        let objects = policy
-            .effective
-            .tasks
-            .as_ref()
-            .and_then(|t| t.objects.as_ref());
+        let objects = policy.effective.object_rules();
         let verdict = self
             .app
             .objects

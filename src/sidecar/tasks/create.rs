@@ -124,13 +124,7 @@ async fn authorize_object(
     ctx: &RequestContext,
     tool: &str,
 ) -> Result<Option<String>, Response> {
-    let Some(rules) = ctx
-        .policy
-        .effective
-        .tasks
-        .as_ref()
-        .and_then(|t| t.objects.as_ref())
-    else {
+    let Some(rules) = ctx.policy.effective.object_rules() else {
         return Ok(None);
     };
     let Some(pointer) = rules.for_tool(tool) else {

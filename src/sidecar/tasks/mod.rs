@@ -191,15 +191,9 @@ pub(super) async fn object_verdict(
     record: &TaskRecord,
     action: Action,
 ) -> Verdict {
-    let rules = ctx
-        .policy
-        .effective
-        .tasks
-        .as_ref()
-        .and_then(|t| t.objects.as_ref());
     app.objects
         .for_task(
-            rules,
+            ctx.policy.effective.object_rules(),
             &ctx.policy.name,
             &ctx.identity,
             record,
@@ -219,9 +213,7 @@ pub(super) fn object_digest(
     let resource_type = ctx
         .policy
         .effective
-        .tasks
-        .as_ref()
-        .and_then(|t| t.objects.as_ref())
+        .object_rules()
         .and_then(|o| o.for_tool(&record.tool))
         .map_or(record.tool.as_str(), |p| p.resource_type.as_str());
     Some(app.hasher.object_digest(resource_type, object))
