@@ -3,8 +3,11 @@
 # then measures the bundled example MCP server directly and through the sidecar, side by side.
 # Prints a table and writes target/bench/results.json. Reports the targets; never fails on them.
 #
-# Usage: scripts/bench.sh            full run (a few minutes)
+# Usage: scripts/bench.sh            full run (about 6 minutes)
 #        scripts/bench.sh --smoke    every phase, tiny (seconds)
+#        scripts/bench.sh --soak     10 minutes at 80 % of the measured maximum throughput:
+#                                    RSS must stay flat, no request may fail (target/bench/soak.json)
+#        scripts/bench.sh --baseline FILE   compare the reduction targets with an earlier run
 #        scripts/bench.sh --help     all options (sample counts, durations, --keep, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."

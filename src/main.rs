@@ -4,7 +4,8 @@ mod cli;
 
 /// mimalloc instead of the system allocator: the proxy allocates many small, short-lived
 /// buffers per request across threads, where glibc malloc showed up as a fifth of the CPU time
-/// (docs/performance.md).
+/// (docs/performance.md). The `system-allocator` feature (heap profiling only) turns it off.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -59,7 +59,31 @@ fn benchmark_smoke_run_has_no_errors() {
     )
     .expect("results are JSON");
     assert_eq!(json["passed"], true);
-    assert_eq!(json["targets"].as_array().map(Vec::len), Some(9));
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(13));
+    // The in-process hot path ran both methods at 1 and 2 workers, without failures.
+    let lanes = json["hot_path"].as_array().expect("hot-path lanes");
+    for method in ["greet", "tasks/get"] {
+        for workers in [1, 2] {
+            let lane = lanes
+                .iter()
+                .find(|l| l["method"] == method && l["workers"] == workers)
+                .unwrap_or_else(|| panic!("no hot-path lane {method} at {workers}: {lanes:?}"));
+            assert!(lane["requests"].as_u64().unwrap_or(0) > 0, "{lane}");
+            assert_eq!(lane["errors"], 0, "{lane}");
+        }
+    }
+    // Without --baseline the reduction target says why it does not apply.
+    let reduction = json["targets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| {
+            t["target"]
+                .as_str()
+                .is_some_and(|n| n.contains("reduction vs --baseline"))
+        })
+        .expect("the tasks/get CPU reduction target");
+    assert_eq!(reduction["verdict"], "N/A", "{reduction}");
     // The exhaustion phase's attack was refused and the sidecar served again afterwards.
     let exhaustion = &json["exhaustion"];
     assert_eq!(exhaustion["recovered"], true, "{exhaustion}");
@@ -71,6 +95,43 @@ fn benchmark_smoke_run_has_no_errors() {
         assert!(l["expected"].as_u64().unwrap_or(0) > 0, "{lane}: {l}");
         assert_eq!(l["delivered"], l["expected"], "{lane}: {l}");
     }
+}
+
+/// `--soak`, tiny: the paced load, the task poller and the listen stream run without a failed
+/// request, and the RSS series is written.
+#[test]
+fn benchmark_soak_smoke_run_has_no_errors() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/soak-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--soak", "--smoke", "--soak-secs", "3"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the soak smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "soak smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("soak: "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("soak results")).expect("JSON");
+    assert_eq!(json["errors"]["count"], 0, "{json}");
+    assert!(json["requests"].as_u64().unwrap_or(0) > 0, "{json}");
+    assert!(json["polls"].as_u64().unwrap_or(0) > 0, "{json}");
+    assert!(
+        json["rss_kib"].as_array().is_some_and(|s| s.len() >= 2),
+        "{json}"
+    );
 }
 
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against

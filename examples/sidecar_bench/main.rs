@@ -9,11 +9,13 @@
 mod client;
 mod components;
 mod exhaustion;
+mod hot_path;
 mod listen;
 mod phases;
 mod procs;
 mod report;
 mod run;
+mod soak;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -75,6 +77,23 @@ struct Args {
     /// Keep the work directory (ledger, audit trail, logs) after the run.
     #[arg(long)]
     keep: bool,
+    /// Seconds measured per lane of the in-process hot path (per worker count).
+    #[arg(long)]
+    hot_path_secs: Option<f64>,
+    /// results.json of an earlier run (e.g. `--lifeguard` of an older build): the targets
+    /// that are reductions compare with it.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Instead of the run: hold the sidecar at --soak-fraction of its measured maximum
+    /// throughput for --soak-secs, reading its RSS every second (results: target/bench/soak.json).
+    #[arg(long)]
+    soak: bool,
+    /// Seconds of the soak.
+    #[arg(long, default_value_t = 600.0)]
+    soak_secs: f64,
+    /// Fraction of the measured maximum throughput the soak holds.
+    #[arg(long, default_value_t = 0.8)]
+    soak_fraction: f64,
 }
 
 fn main() -> ExitCode {
@@ -100,6 +119,42 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The soak mode: one result file, exit status 1 when a request failed.
+async fn soak(
+    args: &Args,
+    repo: &Path,
+    work: &Path,
+    bins: &Binaries,
+    target: &Path,
+) -> Result<u64> {
+    if !(args.soak_fraction > 0.0 && args.soak_fraction <= 1.0) || args.soak_secs <= 0.0 {
+        bail!("--soak-fraction must be in (0, 1] and --soak-secs positive");
+    }
+    let duration = std::time::Duration::from_secs_f64(args.soak_secs);
+    let plan = soak::SoakPlan {
+        duration,
+        fraction: args.soak_fraction,
+        probe: std::time::Duration::from_secs_f64(if args.smoke { 1.0 } else { 10.0 }),
+        warmup: (duration / 5).min(std::time::Duration::from_secs(60)),
+    };
+    let result = soak::run(&plan, repo, work, bins).await?;
+    print!("{}", result.table());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| target.join("bench").join("soak.json"));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&result.to_json()).context("serializing results")?;
+    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    println!("results: {}", out.display());
+    if !args.keep && result.errors.count == 0 {
+        let _ = std::fs::remove_dir_all(work);
+    }
+    Ok(result.errors.count)
 }
 
 /// target/ (this program runs from target/<profile>/examples/).
@@ -172,6 +227,9 @@ async fn run(args: Args) -> Result<u64> {
         example,
         sidecar_env,
     };
+    if args.soak {
+        return soak(&args, &repo, &work, &bins, &target).await;
+    }
     let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
     let results = match results {
         Ok(r) => r,

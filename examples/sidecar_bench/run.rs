@@ -35,6 +35,10 @@ pub struct Plan {
     pub rest: Duration,
     pub listen: ListenPlan,
     pub exhaustion: ExhaustionPlan,
+    /// Measured seconds per lane of the in-process hot path.
+    pub hot_path: Duration,
+    /// An earlier run's results, for the targets that are reductions.
+    pub baseline: Option<PathBuf>,
 }
 
 impl Plan {
@@ -69,6 +73,8 @@ impl Plan {
                 duration: Duration::from_secs_f64(args.listen_secs.unwrap_or(secs(20.0, 1.0))),
             },
             exhaustion: ExhaustionPlan::new(smoke),
+            hot_path: Duration::from_secs_f64(args.hot_path_secs.unwrap_or(secs(5.0, 0.5))),
+            baseline: args.baseline.clone(),
         }
         .with_listen_groups()
     }
@@ -91,9 +97,16 @@ impl Plan {
             "rest_seconds": self.rest.as_secs_f64(),
             "listen": self.listen.to_json(),
             "exhaustion": self.exhaustion.to_json(),
+            "hot_path_seconds_per_lane": self.hot_path.as_secs_f64(),
         })
     }
 }
+
+/// Names of the throughput lanes (the report finds them by these).
+pub const GREET_DIRECT: &str = "greet direct";
+pub const GREET_VIA: &str = "greet via sidecar";
+pub const POLL_DIRECT: &str = "tasks/get direct (running task)";
+pub const POLL_VIA: &str = "tasks/get via sidecar (running task)";
 
 /// The programs under test and how the sidecar is started.
 pub struct Binaries {
@@ -314,16 +327,25 @@ impl Bench<'_> {
             name,
             ..Load::default()
         };
+        // Forwarded polls under load too: their CPU is what the wire translation saves.
+        let upstream_task = running_task(&direct, &self.owner).await?;
+        let sidecar_task = running_task(&via, &self.owner).await?;
         let mut loads = [
             (
                 direct.clone(),
                 self.greet(&direct, &self.owner),
-                load("greet direct"),
+                load(GREET_DIRECT),
+            ),
+            (via.clone(), self.greet(&via, &self.owner), load(GREET_VIA)),
+            (
+                direct.clone(),
+                Template::task_get(&direct, &self.owner, &upstream_task),
+                load(POLL_DIRECT),
             ),
             (
                 via.clone(),
-                self.greet(&via, &self.owner),
-                load("greet via sidecar"),
+                Template::task_get(&via, &self.owner, &sidecar_task),
+                load(POLL_VIA),
             ),
         ];
         let p = self.plan;
@@ -536,9 +558,37 @@ pub async fn measure(
     let dir = work.join("components");
     let components = components::measure(&keys, &dir, plan.component_iterations).await?;
 
-    let mut targets = targets(&latency, &added, &throughput, &memory, rows);
+    eprintln!("phase: hot path in process (1, then 2 workers)");
+    let hot_path = crate::hot_path::measure(repo, work, &[1, 2], plan.hot_path.as_secs_f64())?;
+    for lane in &hot_path {
+        if lane.errors > 0 {
+            errors_total.record(format!(
+                "hot path: {} of {} {} requests failed at {} workers",
+                lane.errors,
+                lane.errors + lane.requests,
+                lane.method,
+                lane.workers
+            ));
+            errors_total.count += lane.errors - 1;
+        }
+    }
+    let baseline = match &plan.baseline {
+        Some(path) => Some(crate::report::Baseline::read(path)?),
+        None => None,
+    };
+
+    let mut targets = targets(
+        &latency,
+        &added,
+        &throughput,
+        &memory,
+        rows,
+        ticks_per_sec,
+        baseline.as_ref(),
+    );
     targets.extend(crate::report::listen_targets(&listen));
     targets.push(exhaustion.target());
+    targets.extend(crate::report::hot_path_targets(&hot_path));
     if listen.lost() > 0 {
         errors_lost(&mut errors_total, listen.lost());
     }
@@ -568,6 +618,8 @@ pub async fn measure(
         listen,
         exhaustion,
         preflight_other_cores,
+        hot_path,
+        baseline,
     })
 }
 

@@ -7,6 +7,12 @@
 //! withdrew keeps validating already-seen tokens. Failures are never cached. Revocations are
 //! checked on every request, cache hit or not. The cache belongs to one policy version: a
 //! policy change (issuers, audiences, algorithms) starts an empty cache.
+//!
+//! Every request of every connection looks here, so the cache must not be a point where the
+//! sidecar's workers wait for each other: the SHA-256 is computed before any lock is taken, and
+//! the entries are split over [`SHARDS`] independently locked maps chosen by the key's first
+//! byte (uniformly distributed, being a hash), each holding at most its share of
+//! [`MAX_ENTRIES`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,10 +32,23 @@ struct Entry {
     verified_at: Instant,
 }
 
+/// Independently locked parts of the cache.
+pub const SHARDS: usize = 32;
+const SHARD_ENTRIES: usize = MAX_ENTRIES / SHARDS;
+
+type Shard = Mutex<HashMap<[u8; 32], Entry>>;
+
 /// Verified tokens of one policy version.
-#[derive(Default)]
 pub struct TokenCache {
-    entries: Mutex<HashMap<[u8; 32], Entry>>,
+    shards: Box<[Shard]>,
+}
+
+impl Default for TokenCache {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
 }
 
 fn key(token: &str) -> [u8; 32] {
@@ -39,8 +58,9 @@ fn key(token: &str) -> [u8; 32] {
 impl TokenCache {
     /// The identity of `token` if it validated recently and has not expired at `now_secs`.
     pub fn get(&self, token: &str, now_secs: u64) -> Option<Identity> {
-        let entries = self.entries.lock().ok()?;
-        let entry = entries.get(&key(token))?;
+        let key = key(token);
+        let entries = self.shard(&key).lock().ok()?;
+        let entry = entries.get(&key)?;
         let fresh = entry.verified_at.elapsed() < MAX_ENTRY_AGE
             && entry.identity.expires_at.saturating_add(LEEWAY_SECS as i64) >= now_secs as i64;
         fresh.then(|| entry.identity.clone())
@@ -48,17 +68,18 @@ impl TokenCache {
 
     /// Remembers a token that just validated.
     pub fn insert(&self, token: &str, identity: &Identity) {
-        let Ok(mut entries) = self.entries.lock() else {
+        let key = key(token);
+        let Ok(mut entries) = self.shard(&key).lock() else {
             return;
         };
-        if entries.len() >= MAX_ENTRIES {
+        if entries.len() >= SHARD_ENTRIES {
             entries.retain(|_, e| e.verified_at.elapsed() < MAX_ENTRY_AGE);
-            if entries.len() >= MAX_ENTRIES {
+            if entries.len() >= SHARD_ENTRIES {
                 entries.clear();
             }
         }
         entries.insert(
-            key(token),
+            key,
             Entry {
                 identity: identity.clone(),
                 verified_at: Instant::now(),
@@ -66,8 +87,15 @@ impl TokenCache {
         );
     }
 
+    fn shard(&self, key: &[u8; 32]) -> &Shard {
+        &self.shards[usize::from(key[0]) % SHARDS]
+    }
+
     pub fn len(&self) -> usize {
-        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+        self.shards
+            .iter()
+            .map(|s| s.lock().map(|e| e.len()).unwrap_or(0))
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -116,5 +144,21 @@ mod tests {
             cache.insert(&format!("t{i}"), &identity(10));
         }
         assert!(cache.len() <= MAX_ENTRIES);
+    }
+
+    #[test]
+    fn entries_spread_over_the_shards() {
+        let cache = TokenCache::default();
+        for i in 0..(SHARDS * 20) {
+            cache.insert(&format!("t{i}"), &identity(10));
+        }
+        let used = cache
+            .shards
+            .iter()
+            .filter(|s| !s.lock().unwrap().is_empty())
+            .count();
+        assert_eq!(used, SHARDS, "every shard holds some tokens");
+        assert_eq!(cache.len(), SHARDS * 20);
+        assert_eq!(cache.get("t7", 1), Some(identity(10)));
     }
 }

@@ -12,6 +12,7 @@ pub mod jsonrpc;
 pub mod listen;
 pub mod strict_json;
 pub mod task;
+pub mod task_wire;
 
 /// The protocol revision Lifeguard enforces.
 pub const PROTOCOL_VERSION: &str = "2026-07-28";

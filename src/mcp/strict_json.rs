@@ -31,6 +31,14 @@ pub fn from_str(text: &str) -> Result<Value, StrictJsonError> {
     from_slice(text.as_bytes())
 }
 
+/// Checks `bytes` like [`from_slice`] without building a tree: for callers that pass the bytes
+/// on (or read a few fields of them) but must refuse what [`from_slice`] refuses.
+pub fn check_slice(bytes: &[u8]) -> Result<(), StrictJsonError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    StrictCheck.deserialize(&mut de).map_err(classify)?;
+    de.end().map_err(classify)
+}
+
 const DUPLICATE: &str = "lifeguard-duplicate-key:";
 
 fn classify(e: serde_json::Error) -> StrictJsonError {
@@ -116,6 +124,93 @@ impl<'de> Visitor<'de> for StrictValue {
     }
 }
 
+/// Walks a value, refusing duplicate keys; keeps nothing but the keys of the object it is in.
+#[derive(Clone, Copy)]
+struct StrictCheck;
+
+impl<'de> DeserializeSeed<'de> for StrictCheck {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// An object key, borrowed from the input unless it had to be unescaped.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictCheck {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(StrictCheck)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut keys: Vec<Key<'de>> = Vec::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            map.next_value_seed(StrictCheck)?;
+            if keys.iter().any(|k| k.0 == key.0) {
+                return Err(de::Error::custom(format_args!("{DUPLICATE}{}", key.0)));
+            }
+            keys.push(key);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -147,6 +242,10 @@ mod tests {
                 Err(StrictJsonError::DuplicateKey(k)) => assert_eq!(k, key, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
+            match check_slice(text.as_bytes()) {
+                Err(StrictJsonError::DuplicateKey(k)) => assert_eq!(k, key, "check {text}"),
+                other => panic!("check {text}: {other:?}"),
+            }
         }
     }
 
@@ -154,5 +253,26 @@ mod tests {
     fn refuses_syntax_errors_and_trailing_data() {
         assert!(matches!(from_str("{"), Err(StrictJsonError::Syntax(_))));
         assert!(matches!(from_str("{} {}"), Err(StrictJsonError::Syntax(_))));
+        for text in ["{", "{} {}", "[1,]", r#"{"a":}"#] {
+            assert!(
+                matches!(
+                    check_slice(text.as_bytes()),
+                    Err(StrictJsonError::Syntax(_))
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_check_accepts_what_the_parser_accepts() {
+        for text in [
+            r#"{"a":[1,-2,3.5,"x",null,true,{"b":{}}],"c":"\u00e9"}"#,
+            r#"{"a":{"x":1},"b":{"x":1}}"#,
+            "7",
+        ] {
+            assert!(from_str(text).is_ok(), "{text}");
+            assert!(check_slice(text.as_bytes()).is_ok(), "{text}");
+        }
     }
 }

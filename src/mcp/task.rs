@@ -276,7 +276,7 @@ pub fn parse_reported_state(result: &Value) -> Option<ReportedState> {
 
 /// Shortest upstream ID rewritten inside longer strings. Shorter IDs (`"1"`) would also match
 /// unrelated text, so for them only whole-string occurrences are replaced.
-const MIN_SUBSTRING_ID_LEN: usize = 6;
+pub const MIN_SUBSTRING_ID_LEN: usize = 6;
 
 /// Replaces every occurrence of `upstream_id` in string values (and object keys) of `value`
 /// with `sidecar_id`, so the upstream's ID cannot leak through `statusMessage`, error texts or

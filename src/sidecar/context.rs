@@ -100,10 +100,11 @@ pub fn sidecar_request_id(correlation_id: &str) -> String {
 }
 
 /// 128 random bits, hex: ties audit lines and logs of one request together.
+///
+/// The bits come from the OS generator, fetched for [`IDS_PER_FILL`] ids at a time per thread
+/// (one `getrandom` call per request was a measurable share of the request path).
 pub fn new_correlation_id() -> String {
-    let mut bytes = [0u8; 16];
-    // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
-    let _ = getrandom::fill(&mut bytes);
+    let bytes = RANDOM_POOL.with(|pool| pool.borrow_mut().take());
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(32);
     for b in bytes {
@@ -111,6 +112,40 @@ pub fn new_correlation_id() -> String {
         out.push(HEX[usize::from(b & 0x0f)] as char);
     }
     out
+}
+
+/// Correlation ids drawn per call to the OS generator.
+const IDS_PER_FILL: usize = 32;
+
+/// Random bytes of this thread not yet handed out; each is handed out once.
+struct RandomPool {
+    bytes: [u8; 16 * IDS_PER_FILL],
+    next: usize,
+}
+
+impl RandomPool {
+    fn take(&mut self) -> [u8; 16] {
+        if self.next == IDS_PER_FILL {
+            // An OS RNG failure leaves zeros: the id only correlates, it protects nothing.
+            if getrandom::fill(&mut self.bytes).is_err() {
+                self.bytes.fill(0);
+            }
+            self.next = 0;
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&self.bytes[self.next * 16..(self.next + 1) * 16]);
+        self.next += 1;
+        out
+    }
+}
+
+thread_local! {
+    static RANDOM_POOL: std::cell::RefCell<RandomPool> = const {
+        std::cell::RefCell::new(RandomPool {
+            bytes: [0; 16 * IDS_PER_FILL],
+            next: IDS_PER_FILL,
+        })
+    };
 }
 
 #[cfg(test)]
@@ -124,5 +159,13 @@ mod tests {
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_ne!(a, new_correlation_id());
         assert_eq!(sidecar_request_id("ab"), "lifeguard-ab");
+    }
+
+    #[test]
+    fn no_correlation_id_repeats_across_refills() {
+        let ids: std::collections::HashSet<String> = (0..IDS_PER_FILL * 5)
+            .map(|_| new_correlation_id())
+            .collect();
+        assert_eq!(ids.len(), IDS_PER_FILL * 5);
     }
 }

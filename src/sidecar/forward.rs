@@ -60,8 +60,12 @@ pub fn client_request_headers(
     for (name, value) in incoming {
         // CGI/WSGI servers read `Lifeguard_Subject` as `Lifeguard-Subject`: names are compared
         // with `_` read as `-`.
-        let normalized = name.as_str().replace('_', "-");
-        let n = normalized.as_str();
+        let normalized = if name.as_str().contains('_') {
+            std::borrow::Cow::Owned(name.as_str().replace('_', "-"))
+        } else {
+            std::borrow::Cow::Borrowed(name.as_str())
+        };
+        let n = normalized.as_ref();
         if DROPPED.contains(&n)
             || n.starts_with(IDENTITY_HEADER_PREFIX)
             || connection_listed.iter().any(|c| c.replace('_', "-") == n)

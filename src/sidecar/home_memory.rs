@@ -1,7 +1,9 @@
 //! The home replica's memory of its own unfinished tasks, so its owners' polls do not wait for
 //! a database round trip.
 //!
-//! With per-replica server state on a shared ledger, only a task's home replica talks to the
+//! With a ledger of its own (SQLite), the sidecar is the only writer of its tasks' rows, so
+//! everything below holds with no other replica at all. With per-replica server state on a
+//! shared ledger, only a task's home replica talks to the
 //! task's server, so only the home records what the server reports (state changes, ends) and
 //! carries cancellations to it. Other replicas write two things about a live home's tasks: a
 //! cancellation intent (a revocation or a deadline found by the sweep leader), which the home's

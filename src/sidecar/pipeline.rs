@@ -17,7 +17,6 @@ use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
-use crate::telemetry::metrics::RequestLabels;
 
 use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
@@ -163,13 +162,7 @@ pub async fn serve(
         Ok(facts) => facts,
         Err(violation) => {
             refuse(violation.reason());
-            app.metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    method,
-                    decision: "deny",
-                })
-                .inc();
+            app.metrics.request(method, "deny");
             let (status, error) = violation.to_error();
             return respond::rpc_error(status, &request.response_id(), &error);
         }
@@ -204,10 +197,7 @@ pub async fn serve(
     } else {
         "deny"
     };
-    app.metrics
-        .requests
-        .get_or_create(&RequestLabels { method, decision })
-        .inc();
+    app.metrics.request(method, decision);
     response
 }
 

@@ -67,17 +67,26 @@ impl Replica {
     }
 
     /// A remembered unfinished task homed here that may answer without reading the ledger
-    /// (per-replica server state on a shared ledger only; see [`HomeMemory`]).
+    /// (see [`HomeMemory`] and [`Self::remembers_home_tasks`]).
     pub fn recall_home(
         &self,
         policy: &ActivePolicy,
         id: &TaskId,
         now: i64,
     ) -> Option<Arc<TaskRecord>> {
-        if !self.separate_server_state(policy) {
+        if !self.remembers_home_tasks(policy) {
             return None;
         }
         self.home_tasks.recall(id, now)
+    }
+
+    /// Whether this replica answers from its memory of its own unfinished tasks: with a ledger
+    /// of its own (SQLite: this process is the only writer, and each of its writes drops the
+    /// entry), and with per-replica server state on a shared ledger (only the home writes what
+    /// its server reports). Not with shared server state, where any replica records any task's
+    /// reports.
+    pub fn remembers_home_tasks(&self, policy: &ActivePolicy) -> bool {
+        !self.shared || self.separate_server_state(policy)
     }
 
     /// Call before reading a task from the ledger, for [`Replica::remember_home`].
@@ -88,7 +97,7 @@ impl Replica {
     /// Remembers `record`, read from the ledger in a read that began at `start`, when it is an
     /// unfinished task homed here and memory is in use.
     pub fn remember_home(&self, policy: &ActivePolicy, record: &TaskRecord, start: ReadStart) {
-        if self.separate_server_state(policy) && record.home == self.id {
+        if self.remembers_home_tasks(policy) && record.home == self.id {
             self.home_tasks.remember(record, start);
         }
     }

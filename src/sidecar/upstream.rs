@@ -51,12 +51,45 @@ pub enum UpstreamError {
     BadResponse(String),
 }
 
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The pooled client each worker thread uses for one [`Upstream`].
+///
+/// hyper's pool is one mutex-guarded list of idle connections: shared by every worker, each
+/// request's checkout and return would meet all other workers' there, and a connection made on
+/// one worker would be driven there while its requests come from all the others (a cross-thread
+/// wake-up per request). So each thread that sends upstream gets a pool of its own — the model
+/// of proxies that run a worker per core with its own connection pools — and a connection's
+/// task starts on the thread that made it, next to the requests that use it.
+struct ThreadClients {
+    /// (the `Upstream` it belongs to, whether that `Upstream` still exists, its client)
+    clients: Vec<(u64, std::sync::Weak<()>, HttpClient)>,
+}
+
+thread_local! {
+    static THREAD_CLIENTS: std::cell::RefCell<ThreadClients> =
+        const { std::cell::RefCell::new(ThreadClients { clients: Vec::new() }) };
+}
+
+fn new_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(2)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
+
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// Tells the thread-local clients of this upstream apart from those of others (several
+    /// sidecars in one test process) and lets them be dropped with it.
+    id: u64,
+    alive: std::sync::Arc<()>,
     uri: Uri,
     timeout: Duration,
-    metrics: Option<prometheus_client::metrics::histogram::Histogram>,
+    metrics: Option<crate::telemetry::striped::StripedHistogram>,
 }
 
 impl Upstream {
@@ -65,21 +98,37 @@ impl Upstream {
     pub fn new(
         uri: Uri,
         timeout: Duration,
-        metrics: Option<prometheus_client::metrics::histogram::Histogram>,
+        metrics: Option<crate::telemetry::striped::StripedHistogram>,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Self {
-            client,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            alive: std::sync::Arc::new(()),
             uri,
             timeout,
             metrics,
         }
+    }
+
+    /// This thread's client of this upstream (made on first use).
+    fn client(&self) -> HttpClient {
+        THREAD_CLIENTS.with(|cell| {
+            let mut clients = cell.borrow_mut();
+            if let Some((_, _, client)) = clients.clients.iter().find(|(id, ..)| *id == self.id) {
+                return client.clone();
+            }
+            // Clients of upstreams that no longer exist are dropped with their idle connections.
+            clients
+                .clients
+                .retain(|(_, alive, _)| alive.strong_count() > 0);
+            let client = new_client();
+            clients.clients.push((
+                self.id,
+                std::sync::Arc::downgrade(&self.alive),
+                client.clone(),
+            ));
+            client
+        })
     }
 
     /// POSTs one message and classifies the response; an event stream answers this one
@@ -111,7 +160,7 @@ impl Upstream {
             HeaderValue::from_static("application/json"),
         );
         let started = Instant::now();
-        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+        let response = tokio::time::timeout(self.timeout, self.client().request(request))
             .await
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
@@ -155,20 +204,26 @@ impl Upstream {
         message: &Value,
     ) -> Result<(StatusCode, Value), UpstreamError> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let (status, answer) = self.call_answer(headers, message).await?;
+        let value = match answer {
+            Answer::Json(bytes) => response_message(&bytes, &id)?,
+            Answer::Message(value) => value,
+        };
+        Ok((status, value))
+    }
+
+    /// Like [`Self::call`], but a JSON answer comes back unparsed, for callers that can read
+    /// what they need without a tree (they fall back to [`response_message`]).
+    pub async fn call_answer(
+        &self,
+        headers: HeaderMap,
+        message: &Value,
+    ) -> Result<(StatusCode, Answer), UpstreamError> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
         let body = Bytes::from(serde_json::to_vec(message).unwrap_or_default());
         let response = self.send(headers, body).await?;
         match response.body {
-            UpstreamBody::Json(bytes) => {
-                let value = crate::mcp::strict_json::from_slice(&bytes)
-                    .map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
-                // Exactly the response to this request (same id, same JSON type), or nothing.
-                if classify(&value, &id) != MessageKind::ResponseToRequest {
-                    return Err(UpstreamError::BadResponse(
-                        "the answer is not the response to this request".into(),
-                    ));
-                }
-                Ok((response.status, value))
-            }
+            UpstreamBody::Json(bytes) => Ok((response.status, Answer::Json(bytes))),
             UpstreamBody::Sse(mut stream) => {
                 while let Some(event) = stream.next().await {
                     let event = event.map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
@@ -177,7 +232,7 @@ impl Upstream {
                         continue;
                     };
                     if classify(&value, &id) == MessageKind::ResponseToRequest {
-                        return Ok((response.status, value));
+                        return Ok((response.status, Answer::Message(value)));
                     }
                 }
                 Err(UpstreamError::BadResponse(
@@ -190,4 +245,25 @@ impl Upstream {
             ))),
         }
     }
+}
+
+/// The server's answer to a request the sidecar sent.
+pub enum Answer {
+    /// A JSON body, not yet parsed: [`response_message`] reads it.
+    Json(Bytes),
+    /// The response found in an event stream, parsed strictly.
+    Message(Value),
+}
+
+/// The response message in a JSON answer: parsed strictly, and exactly the response to the
+/// request `id` (same id, same JSON type), or an error.
+pub fn response_message(bytes: &[u8], id: &Value) -> Result<Value, UpstreamError> {
+    let value = crate::mcp::strict_json::from_slice(bytes)
+        .map_err(|e| UpstreamError::BadResponse(e.to_string()))?;
+    if classify(&value, id) != MessageKind::ResponseToRequest {
+        return Err(UpstreamError::BadResponse(
+            "the answer is not the response to this request".into(),
+        ));
+    }
+    Ok(value)
 }

@@ -5,8 +5,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
+
+use super::striped::StripedHistogram;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -49,13 +51,16 @@ pub struct ResultLabels {
 pub struct SidecarMetrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
+    /// The `requests` counters of the labels the pipeline uses, resolved once: counting a
+    /// request is then one atomic addition, without the family's lock and hash lookup.
+    request_counters: RequestCounters,
     pub denials: Family<ReasonLabels, Counter>,
     pub tasks_created: Counter,
     pub tasks_terminal: Family<TerminalLabels, Counter>,
     pub policy_reloads: Family<ResultLabels, Counter>,
     pub policy_loaded: Gauge,
-    pub ledger_write_seconds: Histogram,
-    pub upstream_seconds: Histogram,
+    pub ledger_write_seconds: StripedHistogram,
+    pub upstream_seconds: StripedHistogram,
     pub anomalies: Family<ReasonLabels, Counter>,
     pub listen_streams: Gauge,
     pub listen_closed: Family<ReasonLabels, Counter>,
@@ -73,7 +78,37 @@ pub struct SidecarMetrics {
     /// Object-level permission decisions (`tasks.objects`), by decision and source.
     pub object_decisions: Family<ObjectDecisionLabels, Counter>,
     /// Time the object authorizer took to answer (cache hits not included).
-    pub authorizer_seconds: Histogram,
+    pub authorizer_seconds: StripedHistogram,
+}
+
+/// Methods whose request counters are resolved once (the pipeline's method labels).
+const COUNTED_METHODS: [&str; 8] = [
+    "tools/call",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+    "subscriptions/listen",
+    "server/discover",
+    "tools/list",
+    "other",
+];
+
+#[derive(Default)]
+struct RequestCounters {
+    /// `[method][allow, deny]`
+    slots: [[std::sync::OnceLock<Counter>; 2]; COUNTED_METHODS.len()],
+}
+
+impl RequestCounters {
+    fn slot(&self, method: &str, decision: &str) -> Option<&std::sync::OnceLock<Counter>> {
+        let m = COUNTED_METHODS.iter().position(|c| *c == method)?;
+        let d = match decision {
+            "allow" => 0,
+            "deny" => 1,
+            _ => return None,
+        };
+        Some(&self.slots[m][d])
+    }
 }
 
 impl Default for SidecarMetrics {
@@ -91,8 +126,8 @@ impl SidecarMetrics {
         let tasks_terminal = Family::<TerminalLabels, Counter>::default();
         let policy_reloads = Family::<ResultLabels, Counter>::default();
         let policy_loaded = Gauge::default();
-        let ledger_write_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        let upstream_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 20));
+        let ledger_write_seconds = StripedHistogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let upstream_seconds = StripedHistogram::new(exponential_buckets(0.0001, 2.0, 20));
         let anomalies = Family::<ReasonLabels, Counter>::default();
         let listen_streams = Gauge::default();
         let listen_closed = Family::<ReasonLabels, Counter>::default();
@@ -103,7 +138,7 @@ impl SidecarMetrics {
         let tasks_orphaned = Counter::default();
         let home_memory_answers = Counter::default();
         let object_decisions = Family::<ObjectDecisionLabels, Counter>::default();
-        let authorizer_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let authorizer_seconds = StripedHistogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
             "object_decisions",
             "Object-level permission decisions (tasks.objects), by decision (allow, deny, error) and source (authorizer, cache, unknown_object)",
@@ -197,6 +232,7 @@ impl SidecarMetrics {
         );
         Self {
             registry,
+            request_counters: RequestCounters::default(),
             requests,
             denials,
             tasks_created,
@@ -225,6 +261,17 @@ impl SidecarMetrics {
     }
 
     /// Counts one refused request.
+    /// Counts one MCP request in `lifeguard_requests_total`.
+    pub fn request(&self, method: &'static str, decision: &'static str) {
+        let labels = RequestLabels { method, decision };
+        match self.request_counters.slot(method, decision) {
+            Some(slot) => slot
+                .get_or_init(|| self.requests.get_or_create(&labels).clone())
+                .inc(),
+            None => self.requests.get_or_create(&labels).inc(),
+        };
+    }
+
     pub fn denial(&self, reason: &'static str) {
         self.denials.get_or_create(&ReasonLabels { reason }).inc();
     }
@@ -270,5 +317,36 @@ impl ControlPlaneMetrics {
             metrics.snapshot_version.clone(),
         );
         metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_counted_per_label_through_the_resolved_counters() {
+        let metrics = SidecarMetrics::new();
+        for _ in 0..3 {
+            metrics.request("tasks/get", "allow");
+        }
+        metrics.request("tasks/get", "deny");
+        // A label outside the resolved set still counts.
+        metrics.request("tasks/get", "other-decision");
+        let text = metrics.encode();
+        let line = |labels: &str| {
+            text.lines()
+                .find(|l| l.starts_with("lifeguard_requests_total{") && l.contains(labels))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
+        assert_eq!(
+            line(r#"method="tasks/get",decision="allow""#).as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            line(r#"method="tasks/get",decision="deny""#).as_deref(),
+            Some("1")
+        );
+        assert_eq!(line(r#"decision="other-decision""#).as_deref(), Some("1"));
     }
 }

@@ -1,6 +1,7 @@
 //! Logs and metrics.
 
 pub mod metrics;
+pub mod striped;
 
 use tracing_subscriber::EnvFilter;
 

@@ -219,6 +219,12 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             ),
     );
 
+    // The stream may stay open for hours: it keeps what its events need, not the request's
+    // body (whose bytes would pin the connection's whole first read buffer) nor its parsed
+    // message.
+    let mut ctx = ctx;
+    ctx.body = Bytes::new();
+    ctx.request.message = Value::Null;
     let pump = stream::Pump {
         app: app.clone(),
         ctx: Arc::new(ctx),

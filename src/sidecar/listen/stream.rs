@@ -55,6 +55,8 @@ pub(super) struct Pump {
 
 enum Step {
     Continue,
+    /// A server event to check before it is delivered.
+    Filter(Value),
     Close(CloseReason),
 }
 
@@ -64,6 +66,14 @@ impl Pump {
         let end_by_duration = started + self.max_duration;
         let token_left = (self.ctx.identity.expires_at - jiff::Timestamp::now().as_second()).max(0);
         let end_by_token = started + Duration::from_secs(token_left as u64);
+        // One timer for whichever ends the stream first (the token wins a tie).
+        let (deadline_at, deadline_reason) = if end_by_token <= end_by_duration {
+            (end_by_token, CloseReason::TokenExpired)
+        } else {
+            (end_by_duration, CloseReason::MaxDuration)
+        };
+        let deadline = tokio::time::sleep_until(deadline_at);
+        tokio::pin!(deadline);
         let mut policy = self.app.policy.clone();
         policy.borrow_and_update();
         let mut delivered = 0u64;
@@ -75,8 +85,7 @@ impl Pump {
                     (Ok(()), Some(reason)) => Step::Close(reason),
                     _ => Step::Continue,
                 },
-                _ = tokio::time::sleep_until(end_by_token) => Step::Close(CloseReason::TokenExpired),
-                _ = tokio::time::sleep_until(end_by_duration) => Step::Close(CloseReason::MaxDuration),
+                _ = &mut deadline => Step::Close(deadline_reason),
                 changed = policy.changed() => {
                     let still = changed.is_ok() && policy.borrow_and_update().as_ref().is_some_and(|p| {
                         p.effective.listen.as_ref().is_some_and(|rules| self.client_filter.survives(rules, &listener(&self.ctx.identity.owner)))
@@ -105,14 +114,7 @@ impl Pump {
                 }
                 event = next_event(&mut self.events) => match event {
                     Some(Ok(event)) => match event.data.and_then(|d| crate::mcp::strict_json::from_str(&d).ok()) {
-                        Some(frame) => match self.filter(frame).await {
-                            Some(frame) => match self.tx.try_send(frame) {
-                                Ok(()) => { delivered += 1; Step::Continue }
-                                Err(mpsc::error::TrySendError::Full(_)) => Step::Close(CloseReason::SlowConsumer),
-                                Err(mpsc::error::TrySendError::Closed(_)) => Step::Close(CloseReason::ClientClosed),
-                            },
-                            None => { dropped += 1; Step::Continue }
-                        },
+                        Some(frame) => Step::Filter(frame),
                         None => { dropped += 1; Step::Continue }
                     },
                     Some(Err(e)) if broke_bound(&e) => {
@@ -121,6 +123,29 @@ impl Pump {
                     }
                     Some(Err(_)) | None => Step::Close(CloseReason::UpstreamEnded),
                 },
+            };
+            let step = match step {
+                // Filtering awaits the ledger and the authorizer: boxed, so the stream's task
+                // does not carry that future's state for hours while it waits for events.
+                Step::Filter(frame) => match Box::pin(self.filter(frame)).await {
+                    Some(frame) => match self.tx.try_send(frame) {
+                        Ok(()) => {
+                            delivered += 1;
+                            Step::Continue
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            Step::Close(CloseReason::SlowConsumer)
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            Step::Close(CloseReason::ClientClosed)
+                        }
+                    },
+                    None => {
+                        dropped += 1;
+                        Step::Continue
+                    }
+                },
+                other => other,
             };
             if let Step::Close(reason) = step {
                 break reason;

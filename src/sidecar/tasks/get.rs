@@ -23,10 +23,11 @@ use super::super::state::AppState;
 use super::super::task_state::{
     end_for_server_report, now_ms, observe_if_changed, settle_terminal,
 };
-use super::super::upstream::UpstreamError;
+use super::super::upstream::{Answer, UpstreamError, response_message};
 use super::{
     authorized_task, forwarded_task_message, object_digest, object_refusal, object_verdict,
 };
+use crate::mcp::task_wire::{PollTerms, translate_poll_answer};
 
 /// Status message of a completed task whose result was read once under
 /// `deleteResultAfterRetrieval`.
@@ -48,10 +49,71 @@ pub async fn get(app: &AppState, ctx: &RequestContext, task_id: &str) -> Respons
         return answer_from_ledger(app, ctx, &record).await;
     }
     let (headers, message) = forwarded_task_message(app, ctx, &record);
-    let (status, mut reply) = match app.upstream.call(headers, &message).await {
+    let (status, answer) = match app.upstream.call_answer(headers, &message).await {
         Ok(r) => r,
         Err(e) => return Error::from(e).respond(&app.metrics, &ctx.id()),
     };
+    let reply = match answer {
+        Answer::Json(bytes) => {
+            if let Some(response) = answer_on_the_wire(app, ctx, &record, &bytes).await {
+                return response;
+            }
+            match response_message(&bytes, &ctx.id()) {
+                Ok(reply) => reply,
+                Err(e) => return Error::from(e).respond(&app.metrics, &ctx.id()),
+            }
+        }
+        Answer::Message(reply) => reply,
+    };
+    answer_from_reply(app, ctx, &record, status, reply).await
+}
+
+/// The common poll of a running task, translated without a JSON tree ([`task_wire`]): `None`
+/// when the answer needs the tree path (anything but a plain unfinished state, or a task with
+/// a pending cancellation, whose status message is the sidecar's to tell).
+async fn answer_on_the_wire(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    bytes: &[u8],
+) -> Option<Response> {
+    if record.cancel.is_some() {
+        return None;
+    }
+    let request_id = ctx.id();
+    let terms = PollTerms {
+        request_id: &request_id,
+        upstream_id: &record.upstream_id,
+        sidecar_id: record.id.as_str(),
+        ttl_ms: record.ttl_ms,
+        poll_floor_ms: task_view(record, ctx.policy.min_poll_ms()).poll_interval_ms,
+    };
+    let translated = translate_poll_answer(bytes, &terms)?;
+    if let Some(finish) = end_for_server_report(app, record, Report::State(&translated.state)).await
+    {
+        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
+        return Some(match settled {
+            Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
+            None => respond::task_not_found(&ctx.id()),
+        });
+    }
+    app.polls.touch(&record.id, now_ms());
+    observe_if_changed(app, record, &translated.state).await;
+    audit_status_read(app, ctx, record, translated.state.status);
+    Some(respond::raw_json(
+        StatusCode::OK,
+        bytes::Bytes::from(translated.body),
+    ))
+}
+
+/// A poll answered from the server's reply, parsed.
+async fn answer_from_reply(
+    app: &AppState,
+    ctx: &RequestContext,
+    record: &TaskRecord,
+    status: StatusCode,
+    mut reply: Value,
+) -> Response {
     let state = match interpret_task_reply(&reply) {
         TaskReply::State(state) => state,
         TaskReply::Lost => {

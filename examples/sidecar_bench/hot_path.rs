@@ -1,0 +1,355 @@
+//! The hot path in one process, per worker count: is there a point where the sidecar's
+//! workers wait for each other?
+//!
+//! For each worker count W (1, then 2) the phase builds a tokio runtime of exactly W worker
+//! threads and runs everything on it: the sidecar itself (`lifeguard::sidecar::run`, the
+//! library code of the binary, with the bench policy, an SQLite ledger and the audit file), a
+//! minimal MCP server that answers from memory (so the server costs next to nothing and
+//! scales with the workers), and 8 × W closed-loop client connections. Nothing else runs: the
+//! example server and the sidecar processes of the other phases are stopped. If nothing on the
+//! request path serializes the workers (a lock, a single-threaded stage, a shared pool), the
+//! throughput per worker stays flat from 1 to 2 workers; on two cores W = 2 uses the whole
+//! machine, so anything else running on it shows up as a lower ratio.
+//!
+//! Recorded per lane: requests per second per worker, CPU per request of the whole process
+//! (all its threads, including the sidecar's ledger and audit threads), and context switches
+//! per request (voluntary + involuntary over all threads: the wake-up profile).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use axum::Json;
+use axum::routing::post;
+use jsonwebtoken::Algorithm;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Conn, Endpoint, Template, is_success};
+use crate::procs::{self, Keys, TASK_TOOL};
+
+/// Client connections per worker.
+pub const CONNECTIONS_PER_WORKER: usize = 8;
+
+/// One lane: a method at a worker count.
+#[derive(Clone, Debug)]
+pub struct HotLane {
+    pub workers: usize,
+    pub method: &'static str,
+    pub requests: u64,
+    pub errors: u64,
+    pub secs: f64,
+    /// CPU of the whole process over the lane, seconds.
+    pub cpu_secs: f64,
+    pub context_switches: u64,
+}
+
+impl HotLane {
+    pub fn per_worker_rps(&self) -> f64 {
+        self.requests as f64 / self.secs / self.workers as f64
+    }
+
+    pub fn cpu_us_per_request(&self) -> f64 {
+        self.cpu_secs * 1e6 / self.requests.max(1) as f64
+    }
+
+    pub fn switches_per_request(&self) -> f64 {
+        self.context_switches as f64 / self.requests.max(1) as f64
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "workers": self.workers, "method": self.method, "requests": self.requests,
+            "errors": self.errors, "secs": self.secs, "cpu_secs": self.cpu_secs,
+            "context_switches": self.context_switches,
+            "per_worker_rps": self.per_worker_rps(),
+            "cpu_us_per_request": self.cpu_us_per_request(),
+            "switches_per_request": self.switches_per_request(),
+        })
+    }
+}
+
+/// Runs the phase: every worker count in `workers`, `secs` measured per lane.
+pub fn measure(repo: &Path, work: &Path, workers: &[usize], secs: f64) -> Result<Vec<HotLane>> {
+    let keys = Arc::new(Keys::load(repo)?);
+    let mut lanes = Vec::new();
+    for &count in workers {
+        let dir = work.join(format!("hot-path-{count}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let keys = keys.clone();
+        // A thread of its own: the runtime's workers must be the only ones doing the work.
+        let measured = std::thread::spawn(move || -> Result<Vec<HotLane>> {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(count)
+                .enable_all()
+                .build()
+                .context("building the runtime")?;
+            runtime.block_on(at_worker_count(count, &dir, &keys, secs))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the hot-path thread panicked"))??;
+        lanes.extend(measured);
+    }
+    Ok(lanes)
+}
+
+async fn at_worker_count(
+    workers: usize,
+    dir: &Path,
+    keys: &Keys,
+    secs: f64,
+) -> Result<Vec<HotLane>> {
+    let shutdown = CancellationToken::new();
+    let upstream = start_memory_server(shutdown.clone()).await?;
+    let endpoint = start_sidecar(dir, keys, upstream, shutdown.clone()).await?;
+    let token = keys.token(Algorithm::RS256, "hot-path", "bench", "bench-client")?;
+
+    let greet = Template::tool_call(&endpoint, &token, "greet", json!({"name": "bench"}), false);
+    let create = Template::tool_call(
+        &endpoint,
+        &token,
+        TASK_TOOL,
+        json!({"seconds": 86400}),
+        true,
+    );
+    let mut conn = Conn::connect(endpoint.addr).await?;
+    let status = conn.send(create.bytes()).await?;
+    let task_id = conn
+        .body_json()
+        .and_then(|v| {
+            v.pointer("/result/taskId")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .filter(|_| status == 200)
+        .with_context(|| {
+            format!(
+                "creating the task through the in-process sidecar: HTTP {status} {}",
+                String::from_utf8_lossy(conn.body())
+            )
+        })?;
+    let poll = Template::task_get(&endpoint, &token, &task_id);
+
+    let mut lanes = Vec::new();
+    for (method, template) in [("greet", greet), ("tasks/get", poll)] {
+        // Warm-up: connections open, caches filled, pools grown.
+        closed_loop(&endpoint, &template, workers, 0.5).await?;
+        let (cpu0, switches0) = (process_cpu_secs(), context_switches());
+        let (requests, errors, elapsed) = closed_loop(&endpoint, &template, workers, secs).await?;
+        let (cpu1, switches1) = (process_cpu_secs(), context_switches());
+        lanes.push(HotLane {
+            workers,
+            method,
+            requests,
+            errors,
+            secs: elapsed,
+            cpu_secs: cpu1 - cpu0,
+            context_switches: switches1.saturating_sub(switches0),
+        });
+    }
+    shutdown.cancel();
+    // Let the sidecar close its ledger and flush the audit trail.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(lanes)
+}
+
+/// `8 × workers` connections, each sending its next request when the previous answer came.
+async fn closed_loop(
+    endpoint: &Endpoint,
+    template: &Template,
+    workers: usize,
+    secs: f64,
+) -> Result<(u64, u64, f64)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for c in 0..CONNECTIONS_PER_WORKER * workers {
+        let mut conn = Conn::connect(endpoint.addr).await?;
+        let mut template = template.clone();
+        let (stop, requests, errors) = (stop.clone(), requests.clone(), errors.clone());
+        clients.push(tokio::spawn(async move {
+            let mut n = c as u64 * 1_000_000;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                template.set_id(n);
+                match conn.send(template.bytes()).await {
+                    Ok(status) if is_success(status, conn.body()) => {
+                        requests.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let done = requests.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    for client in clients {
+        let _ = client.await;
+    }
+    Ok((done, errors.load(Ordering::Relaxed), elapsed))
+}
+
+/// The sidecar of this process, in front of `upstream`; returns its MCP endpoint once it
+/// answers.
+async fn start_sidecar(
+    dir: &Path,
+    keys: &Keys,
+    upstream: SocketAddr,
+    shutdown: CancellationToken,
+) -> Result<Endpoint> {
+    std::fs::write(dir.join("jwks.json"), &keys.jwks).context("writing jwks.json")?;
+    let policy = dir.join("policy.yaml");
+    std::fs::write(&policy, procs::policy_yaml()).context("writing the bench policy")?;
+    let listen = free_port()?;
+    let config = lifeguard::sidecar::SidecarConfig {
+        policy: lifeguard::sidecar::PolicySourceConfig::File {
+            path: policy,
+            approver_keys: None,
+        },
+        upstream: format!("http://{upstream}/mcp").parse()?,
+        listen,
+        ledger: lifeguard::ledger::LedgerLocation::Sqlite(dir.join("ledger.db")),
+        ledger_scope: lifeguard::ledger::LedgerScope::local(),
+        internal_listen: None,
+        heartbeat_ttl: Duration::from_secs(30),
+        internal_advertise: None,
+        admin: None,
+        audit_file: Some(dir.join("audit.jsonl")),
+        upstream_timeout: Duration::from_secs(30),
+        cancel_confirm_timeout: Duration::from_secs(5),
+        limits: lifeguard::runtime::http::ServerLimits {
+            max_connections: 4096,
+            max_connections_per_peer: 4096,
+            ..Default::default()
+        },
+        app_probes: Default::default(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = lifeguard::sidecar::run(config, shutdown).await {
+            eprintln!("hot path: the in-process sidecar stopped: {e:#}");
+        }
+    });
+    let endpoint = Endpoint {
+        addr: listen,
+        path: "/mcp".into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Ready once a connection is accepted and the policy is in force (no 503).
+        if let Ok(mut conn) = Conn::connect(listen).await {
+            let probe = Template::mcp(
+                &endpoint,
+                "not-a-token",
+                "tools/list",
+                None,
+                json!({}),
+                false,
+            );
+            if let Ok(status) = conn.send(probe.bytes()).await
+                && status == 401
+            {
+                return Ok(endpoint);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the in-process sidecar never became ready");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn free_port() -> Result<SocketAddr> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(probe.local_addr()?)
+}
+
+/// An MCP server that answers `greet`, creates tasks that never end, and reports them working.
+async fn start_memory_server(shutdown: CancellationToken) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let next = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/mcp",
+        post(move |Json(request): Json<Value>| {
+            let next = next.clone();
+            async move { Json(answer(&request, &next)) }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+    });
+    Ok(addr)
+}
+
+const CREATED_AT: &str = "2026-12-02T00:00:00.000Z";
+
+fn answer(request: &Value, next: &AtomicU64) -> Value {
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let task = |task_id: &str, result_type: Option<&str>| {
+        let mut state = json!({
+            "taskId": task_id, "status": "working", "createdAt": CREATED_AT,
+            "lastUpdatedAt": CREATED_AT, "ttlMs": 86_400_000, "pollIntervalMs": 500,
+        });
+        if let Some(t) = result_type {
+            state["resultType"] = json!(t);
+        }
+        state
+    };
+    let result = match request.get("method").and_then(Value::as_str) {
+        Some("tools/call") if request.pointer("/params/name") == Some(&json!(TASK_TOOL)) => {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            task(&format!("memory-task-{n}"), Some("task"))
+        }
+        Some("tools/call") => json!({"content": [{"type": "text", "text": "Hello, bench!"}]}),
+        Some("tasks/get") => {
+            let task_id = request
+                .pointer("/params/taskId")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            task(task_id, None)
+        }
+        _ => json!({}),
+    };
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// CPU time of this process (all threads), seconds.
+fn process_cpu_secs() -> f64 {
+    procs::cpu_ticks("/proc/self/stat") as f64 / procs::clock_ticks_per_sec() as f64
+}
+
+/// Voluntary + involuntary context switches of all threads of this process.
+fn context_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| {
+                    l.starts_with("voluntary_ctxt_switches")
+                        || l.starts_with("nonvoluntary_ctxt_switches")
+                })
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
