@@ -191,7 +191,12 @@ async fn run(args: Args) -> Result<u64> {
         args.example_server.clone(),
         profile_dir.join("examples/example_server"),
     )?;
-    let mode = if args.smoke { "smoke" } else { "full" };
+    let mode = match (args.soak, args.smoke) {
+        (true, true) => "soak-smoke",
+        (true, false) => "soak",
+        (false, true) => "smoke",
+        (false, false) => "full",
+    };
     let base = args
         .work_dir
         .clone()

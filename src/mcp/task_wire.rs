@@ -9,7 +9,8 @@
 //! it appears in raw string tokens, and writes the answer once.
 //!
 //! It produces byte for byte what the tree path produces for the same answer, except that
-//! nested values keep the server's own formatting (whitespace, number spelling). It declines —
+//! nested values keep the server's own formatting (whitespace, number spelling, and the place
+//! of a nested key it renames, which a sorted tree would move). It declines —
 //! `None`, and the caller takes the tree path — whenever that equivalence is not plain: an
 //! answer that is not a result for this request, repeats a key anywhere (the tree path refuses
 //! it), reports a terminal or unknown status or outstanding input requests (which the sidecar

@@ -146,6 +146,8 @@ pub async fn renew(app: &AppState, ctx: &RequestContext, record: &TaskRecord) {
         .await
     {
         Ok(true) => {
+            // A write about the task: a remembered read of it is stale now.
+            app.replica.forget_home(&record.id);
             if let Some(until) = delegated {
                 app.audit.log(
                     ctx.audit("task.identity_refreshed", Decision::Allow, "owner_token")

@@ -33,7 +33,7 @@ struct Stripe {
 
 #[derive(Debug)]
 struct Inner {
-    /// Upper bounds, ascending, ending with `f64::MAX` (`+Inf`).
+    /// Upper bounds, ascending, ending with `+Inf`.
     bounds: Box<[f64]>,
     stripes: Box<[Stripe]>,
 }
@@ -58,7 +58,7 @@ impl StripedHistogram {
     pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
         let bounds: Box<[f64]> = bounds
             .into_iter()
-            .chain(std::iter::once(f64::MAX))
+            .chain(std::iter::once(f64::INFINITY))
             .collect();
         let stripes = (0..STRIPES)
             .map(|_| Stripe {
@@ -186,6 +186,6 @@ mod tests {
         histogram.observe(-3.0);
         let (sum, count, buckets) = histogram.totals();
         assert_eq!((sum, count), (0.0, 2));
-        assert_eq!(buckets, vec![(1.0, 2), (f64::MAX, 0)]);
+        assert_eq!(buckets, vec![(1.0, 2), (f64::INFINITY, 0)]);
     }
 }
