@@ -119,15 +119,15 @@ async fn answer_from_reply(
         TaskReply::Lost => {
             // The server forgot a task the ledger says is running (it restarted, or purged it;
             // or it confirms a pending cancellation).
-            if let Some(lost) = end_for_server_report(app, &record, Report::Lost).await
+            if let Some(lost) = end_for_server_report(app, record, Report::Lost).await
                 && let Some(settled) =
-                    settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, lost).await
+                    settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, lost).await
             {
                 return answer_from_ledger(app, ctx, &settled.record).await;
             }
-            return pass_on_error(status, reply, &record);
+            return pass_on_error(status, reply, record);
         }
-        TaskReply::Error => return pass_on_error(status, reply, &record),
+        TaskReply::Error => return pass_on_error(status, reply, record),
         TaskReply::NoResult => {
             let error = UpstreamError::BadResponse("no result".into());
             return Error::from(error).respond(&app.metrics, &ctx.id());
@@ -137,8 +137,8 @@ async fn answer_from_reply(
             return Error::MalformedTask.respond(&app.metrics, &ctx.id());
         }
     };
-    if let Some(finish) = end_for_server_report(app, &record, Report::State(&state)).await {
-        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, &record, finish).await;
+    if let Some(finish) = end_for_server_report(app, record, Report::State(&state)).await {
+        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
         return match settled {
             Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
             None => respond::task_not_found(&ctx.id()),
@@ -146,9 +146,9 @@ async fn answer_from_reply(
     }
     // An unchanged poll only updates the in-memory poll clock that paces the next one.
     app.polls.touch(&record.id, now_ms());
-    observe_if_changed(app, &record, &state).await;
+    observe_if_changed(app, record, &state).await;
     let mut result = reply.get_mut("result").map(Value::take).unwrap_or_default();
-    let floor = task_view(&record, ctx.policy.min_poll_ms()).poll_interval_ms;
+    let floor = task_view(record, ctx.policy.min_poll_ms()).poll_interval_ms;
     present_task(
         &mut result,
         &record.upstream_id,
@@ -161,11 +161,11 @@ async fn answer_from_reply(
         result["statusMessage"] = json!(intent.pending_message);
     }
     let screening =
-        screen_task_state(app, &ctx.policy, &record, &Recipient::of(ctx), &mut result).await;
+        screen_task_state(app, &ctx.policy, record, &Recipient::of(ctx), &mut result).await;
     if let Screening::TaskFailed(failed) = screening {
         return answer_from_ledger(app, ctx, &failed).await;
     }
-    audit_status_read(app, ctx, &record, state.status);
+    audit_status_read(app, ctx, record, state.status);
     respond::rpc_result(&ctx.id(), result)
 }
 
