@@ -181,33 +181,27 @@ pub async fn run(
     let mut workers = Vec::new();
     let interval = Duration::from_secs_f64(CONNECTIONS as f64 / target_rps.max(1.0));
     for c in 0..CONNECTIONS {
-        let mut conn = Conn::connect(via.addr).await?;
-        let mut template = greet.clone();
-        let (stop, requests, errors) = (stop.clone(), requests.clone(), errors.clone());
+        let conn = Conn::connect(via.addr).await?;
         // Spread the connections' schedules over one interval.
         let first = tokio::time::Instant::now() + interval.mul_f64(c as f64 / CONNECTIONS as f64);
-        workers.push(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval_at(first, interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let mut n = (c as u64) << 32;
-            while !stop.load(Ordering::Relaxed) {
-                ticks.tick().await;
-                n += 1;
-                template.set_id(n);
-                match conn.send(template.bytes()).await {
-                    Ok(status) if is_success(status, conn.body()) => {
-                        requests.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(status) => lock(&errors).record(describe_failure(status, conn.body())),
-                    Err(e) => {
-                        lock(&errors).record(format!("{e:#}"));
-                        return;
-                    }
-                }
-            }
-        }));
+        workers.push(tokio::spawn(paced(
+            conn,
+            greet.clone(),
+            tokio::time::interval_at(first, interval),
+            (c as u64) << 32,
+            Counters {
+                stop: stop.clone(),
+                done: requests.clone(),
+                errors: errors.clone(),
+            },
+        )));
     }
-    workers.push(spawn_poller(&via, &token, stop.clone(), polls.clone(), errors.clone()).await?);
+    let poll_counters = Counters {
+        stop: stop.clone(),
+        done: polls.clone(),
+        errors: errors.clone(),
+    };
+    workers.push(spawn_poller(&via, &token, poll_counters).await?);
     let _listener = open_listen(&via, &token).await?;
 
     let mut rss = Vec::new();
@@ -248,9 +242,7 @@ fn lock(errors: &std::sync::Mutex<Errors>) -> std::sync::MutexGuard<'_, Errors> 
 async fn spawn_poller(
     via: &Endpoint,
     token: &str,
-    stop: Arc<AtomicBool>,
-    polls: Arc<AtomicU64>,
-    errors: Arc<std::sync::Mutex<Errors>>,
+    counters: Counters,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let mut conn = Conn::connect(via.addr).await?;
     let create = Template::tool_call(via, token, TASK_TOOL, json!({"seconds": 86_400}), true);
@@ -265,26 +257,45 @@ async fn spawn_poller(
                 describe_failure(status, conn.body())
             )
         })?;
-    let mut poll = Template::task_get(via, token, &task_id);
-    Ok(tokio::spawn(async move {
-        let mut n = 1u64 << 40;
-        let mut ticks = tokio::time::interval(Duration::from_millis(10));
-        while !stop.load(Ordering::Relaxed) {
-            ticks.tick().await;
-            n += 1;
-            poll.set_id(n);
-            match conn.send(poll.bytes()).await {
-                Ok(status) if is_success(status, conn.body()) => {
-                    polls.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(status) => lock(&errors).record(describe_failure(status, conn.body())),
-                Err(e) => {
-                    lock(&errors).record(format!("poll: {e:#}"));
-                    return;
-                }
+    let poll = Template::task_get(via, token, &task_id);
+    let ticks = tokio::time::interval(Duration::from_millis(10));
+    Ok(tokio::spawn(paced(conn, poll, ticks, 1u64 << 40, counters)))
+}
+
+/// What a paced sender reports to.
+struct Counters {
+    stop: Arc<AtomicBool>,
+    /// Requests answered successfully.
+    done: Arc<AtomicU64>,
+    errors: Arc<std::sync::Mutex<Errors>>,
+}
+
+/// Sends `template` on `conn` at every tick until `stop` (ids from `first_id` on); a broken
+/// connection ends it.
+async fn paced(
+    mut conn: Conn,
+    mut template: Template,
+    mut ticks: tokio::time::Interval,
+    first_id: u64,
+    counters: Counters,
+) {
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut n = first_id;
+    while !counters.stop.load(Ordering::Relaxed) {
+        ticks.tick().await;
+        n += 1;
+        template.set_id(n);
+        match conn.send(template.bytes()).await {
+            Ok(status) if is_success(status, conn.body()) => {
+                counters.done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(status) => lock(&counters.errors).record(describe_failure(status, conn.body())),
+            Err(e) => {
+                lock(&counters.errors).record(format!("{e:#}"));
+                return;
             }
         }
-    }))
+    }
 }
 
 /// A listen stream held open for the whole soak (its head read, its body left to flow).

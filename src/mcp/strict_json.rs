@@ -137,7 +137,7 @@ impl<'de> DeserializeSeed<'de> for StrictCheck {
 }
 
 /// An object key, borrowed from the input unless it had to be unescaped.
-struct Key<'de>(std::borrow::Cow<'de, str>);
+pub(crate) struct Key<'de>(pub std::borrow::Cow<'de, str>);
 
 impl<'de> serde::Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 
 use crate::model::TaskStatus;
 
-use super::strict_json;
+use super::strict_json::{self, Key};
 use super::task::{MIN_SUBSTRING_ID_LEN, ReportedState};
 
 /// A poll answer ready to send, and what the server reported in it.
@@ -249,34 +249,13 @@ impl<'de> serde::Deserialize<'de> for Entries<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
                 let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<BorrowedKey<'de>>()? {
+                while let Some(key) = map.next_key::<Key<'de>>()? {
                     entries.push((key.0, map.next_value::<&'de RawValue>()?));
                 }
                 Ok(Entries(entries))
             }
         }
         d.deserialize_map(EntriesVisitor)
-    }
-}
-
-struct BorrowedKey<'a>(Cow<'a, str>);
-
-impl<'de> serde::Deserialize<'de> for BorrowedKey<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = BorrowedKey<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<BorrowedKey<'de>, E> {
-                Ok(BorrowedKey(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<BorrowedKey<'de>, E> {
-                Ok(BorrowedKey(Cow::Owned(v.to_owned())))
-            }
-        }
-        d.deserialize_str(KeyVisitor)
     }
 }
 
