@@ -1,11 +1,14 @@
 //! The hot path in one process, per worker count: is there a point where the sidecar's
 //! workers wait for each other?
 //!
-//! For each worker count W (1, then 2) the phase builds a tokio runtime of exactly W worker
-//! threads and runs everything on it: the sidecar itself (`lifeguard::sidecar::run`, the
-//! library code of the binary, with the bench policy, an SQLite ledger and the audit file), a
-//! minimal MCP server that answers from memory (so the server costs next to nothing and
-//! scales with the workers), and 8 × W closed-loop client connections. Nothing else runs: the
+//! For each worker count W (1, then 2) the phase starts exactly W connection workers
+//! (`lifeguard::runtime::workers::Workers`, the threads `lifeguard sidecar` serves its
+//! connections on) and runs all the request work on them: the sidecar itself
+//! (`lifeguard::sidecar::run`, the library code of the binary, with the bench policy, an SQLite
+//! ledger and the audit file), a minimal MCP server that answers from memory (so the server
+//! costs next to nothing and scales with the workers; served on the same workers), and 8 × W
+//! closed-loop client connections spread over the workers. Accept loops and the sidecar's
+//! background work run on a one-thread main runtime, as in the binary. Nothing else runs: the
 //! example server and the sidecar processes of the other phases are stopped. If nothing on the
 //! request path serializes the workers (a lock, a single-threaded stage, a shared pool), the
 //! throughput per worker stays flat from 1 to 2 workers; on two cores W = 2 uses the whole
@@ -25,6 +28,8 @@ use anyhow::{Context, Result, bail};
 use axum::Json;
 use axum::routing::post;
 use jsonwebtoken::Algorithm;
+use lifeguard::runtime::http::ServerLimits;
+use lifeguard::runtime::workers::Workers;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -83,11 +88,15 @@ pub fn measure(repo: &Path, work: &Path, workers: &[usize], secs: f64) -> Result
         // A thread of its own: the runtime's workers must be the only ones doing the work.
         let measured = std::thread::spawn(move || -> Result<Vec<HotLane>> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(count)
+                .worker_threads(1)
                 .enable_all()
                 .build()
                 .context("building the runtime")?;
-            runtime.block_on(at_worker_count(count, &dir, &keys, secs))
+            let workers = Workers::start(count, "hot-path").context("starting the workers")?;
+            let measured = runtime.block_on(at_worker_count(&workers, &dir, &keys, secs));
+            drop(runtime);
+            workers.stop();
+            measured
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the hot-path thread panicked"))??;
@@ -97,14 +106,14 @@ pub fn measure(repo: &Path, work: &Path, workers: &[usize], secs: f64) -> Result
 }
 
 async fn at_worker_count(
-    workers: usize,
+    workers: &Workers,
     dir: &Path,
     keys: &Keys,
     secs: f64,
 ) -> Result<Vec<HotLane>> {
     let shutdown = CancellationToken::new();
-    let upstream = start_memory_server(shutdown.clone()).await?;
-    let endpoint = start_sidecar(dir, keys, upstream, shutdown.clone()).await?;
+    let upstream = start_memory_server(workers, shutdown.clone()).await?;
+    let endpoint = start_sidecar(dir, keys, upstream, workers, shutdown.clone()).await?;
     let token = keys.token(Algorithm::RS256, "hot-path", "bench", "bench-client")?;
 
     let greet = Template::tool_call(&endpoint, &token, "greet", json!({"name": "bench"}), false);
@@ -141,7 +150,7 @@ async fn at_worker_count(
         let (requests, errors, elapsed) = closed_loop(&endpoint, &template, workers, secs).await?;
         let (cpu1, switches1) = (process_cpu_secs(), context_switches());
         lanes.push(HotLane {
-            workers,
+            workers: workers.len(),
             method,
             requests,
             errors,
@@ -156,22 +165,28 @@ async fn at_worker_count(
     Ok(lanes)
 }
 
-/// `8 × workers` connections, each sending its next request when the previous answer came.
+/// `8 × workers` connections spread over the workers, each connecting from its worker and
+/// sending its next request when the previous answer came.
 async fn closed_loop(
     endpoint: &Endpoint,
     template: &Template,
-    workers: usize,
+    workers: &Workers,
     secs: f64,
 ) -> Result<(u64, u64, f64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let (connected, mut ready) = tokio::sync::mpsc::channel(1);
     let mut clients = Vec::new();
-    for c in 0..CONNECTIONS_PER_WORKER * workers {
-        let mut conn = Conn::connect(endpoint.addr).await?;
+    for c in 0..CONNECTIONS_PER_WORKER * workers.len() {
         let mut template = template.clone();
+        let addr = endpoint.addr;
         let (stop, requests, errors) = (stop.clone(), requests.clone(), errors.clone());
-        clients.push(tokio::spawn(async move {
+        let connected = connected.clone();
+        clients.push(workers.handle(c).spawn(async move {
+            let mut conn = Conn::connect(addr).await?;
+            let _ = connected.send(()).await;
+            drop(connected);
             let mut n = c as u64 * 1_000_000;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
@@ -185,19 +200,27 @@ async fn closed_loop(
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
-                        return;
+                        break;
                     }
                 }
             }
+            anyhow::Ok(())
         }));
     }
-    let started = Instant::now();
+    drop(connected);
+    // Measured from the moment every client is connected.
+    for _ in 0..clients.len() {
+        if ready.recv().await.is_none() {
+            break;
+        }
+    }
+    let (before, started) = (requests.load(Ordering::Relaxed), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
-    let done = requests.load(Ordering::Relaxed);
+    let done = requests.load(Ordering::Relaxed) - before;
     let elapsed = started.elapsed().as_secs_f64();
     for client in clients {
-        let _ = client.await;
+        client.await.context("a hot-path client panicked")??;
     }
     Ok((done, errors.load(Ordering::Relaxed), elapsed))
 }
@@ -208,6 +231,7 @@ async fn start_sidecar(
     dir: &Path,
     keys: &Keys,
     upstream: SocketAddr,
+    workers: &Workers,
     shutdown: CancellationToken,
 ) -> Result<Endpoint> {
     std::fs::write(dir.join("jwks.json"), &keys.jwks).context("writing jwks.json")?;
@@ -230,12 +254,13 @@ async fn start_sidecar(
         audit_file: Some(dir.join("audit.jsonl")),
         upstream_timeout: Duration::from_secs(30),
         cancel_confirm_timeout: Duration::from_secs(5),
-        limits: lifeguard::runtime::http::ServerLimits {
+        limits: ServerLimits {
             max_connections: 4096,
             max_connections_per_peer: 4096,
             ..Default::default()
         },
         app_probes: Default::default(),
+        workers: Some(workers.clone()),
     };
     tokio::spawn(async move {
         if let Err(e) = lifeguard::sidecar::run(config, shutdown).await {
@@ -276,8 +301,9 @@ fn free_port() -> Result<SocketAddr> {
     Ok(probe.local_addr()?)
 }
 
-/// An MCP server that answers `greet`, creates tasks that never end, and reports them working.
-async fn start_memory_server(shutdown: CancellationToken) -> Result<SocketAddr> {
+/// An MCP server that answers `greet`, creates tasks that never end, and reports them working;
+/// its connections are served on `workers`.
+async fn start_memory_server(workers: &Workers, shutdown: CancellationToken) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let next = Arc::new(AtomicU64::new(0));
@@ -288,11 +314,20 @@ async fn start_memory_server(shutdown: CancellationToken) -> Result<SocketAddr> 
             async move { Json(answer(&request, &next)) }
         }),
     );
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-    });
+    let limits = ServerLimits {
+        max_connections: 4096,
+        max_connections_per_peer: 4096,
+        ..Default::default()
+    };
+    let metrics = lifeguard::runtime::http::ConnectionMetrics::default();
+    tokio::spawn(lifeguard::runtime::http::serve_on(
+        listener,
+        app,
+        limits,
+        metrics,
+        shutdown,
+        workers.clone(),
+    ));
     Ok(addr)
 }
 

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result, bail, ensure};
 use lifeguard::ledger::{LedgerLocation, LedgerScope};
 use lifeguard::runtime::http::ServerLimits;
+use lifeguard::runtime::workers::Workers;
 use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 
 use super::SidecarArgs;
@@ -30,12 +31,34 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
                 AppProbes::parse(json).context("--app-probes (or $LIFEGUARD_APP_PROBES) refused")?
             }
         },
+        workers: None,
     };
-    let runtime = lifeguard::runtime::tokio_runtime(args.worker_threads)?;
-    runtime.block_on(async move {
+    // Client connections are served on workers of their own, one connection per thread from
+    // start to end; the main runtime keeps what belongs to no connection (accept loops,
+    // sweeps, policy and revocation watches, the admin port).
+    let count = args.worker_threads.unwrap_or_else(available_cores);
+    let workers = Workers::start(count, "lifeguard-worker").context("starting worker threads")?;
+    let config = SidecarConfig {
+        workers: Some(workers.clone()),
+        ..config
+    };
+    let runtime = lifeguard::runtime::tokio_runtime(Some(MAIN_THREADS.min(count)))?;
+    let served = runtime.block_on(async move {
         let shutdown = lifeguard::runtime::shutdown_on_signals();
         lifeguard::sidecar::run(config, shutdown).await
-    })
+    });
+    drop(runtime);
+    workers.stop();
+    served
+}
+
+/// Threads of the main runtime (at most as many as there are workers): its work is off the
+/// request path.
+const MAIN_THREADS: usize = 2;
+
+/// CPUs this process may use (the container's CPU limit included, as Tokio counts them).
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// `--ledger`, parsed. The error names what is wrong, never the value: a database URL may

@@ -1,7 +1,8 @@
 //! Server plumbing every long-running subcommand shares (sidecar today; operator and webhook
 //! next): the Tokio runtime, shutdown on signals, the hardened HTTP server ([`http`]:
 //! connection caps, header-read, idle and body-read timeouts, graceful shutdown) and the admin
-//! endpoint (`/live`, `/ready`, `/metrics`) and the outbound TLS configuration ([`tls`]).
+//! endpoint (`/live`, `/ready`, `/metrics`), the outbound TLS configuration ([`tls`]) and the
+//! connection-affine worker threads that serve client connections ([`workers`]).
 //! Nothing here knows what the server does.
 
 pub mod admin;
@@ -10,6 +11,7 @@ pub mod http;
 pub mod signals;
 pub mod tls;
 pub mod tls_client;
+pub mod workers;
 
 pub use admin::{Health, Readiness};
 pub use signals::shutdown_on_signals;

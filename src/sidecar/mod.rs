@@ -93,6 +93,7 @@ use crate::audit::{AuditLog, AuditTarget, IdentityDigester, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::{LedgerLocation, LedgerScope};
 use crate::runtime::http::{ConnectionMetrics, ServerLimits};
+use crate::runtime::workers::Workers;
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::{ControlPlaneMetrics, SidecarMetrics};
 
@@ -221,6 +222,10 @@ pub struct SidecarConfig {
     /// The app containers' probes answered at `/app-health/<container>/<kind>` on the admin
     /// port (`--app-probes`; empty when the pod's probes were not rewritten).
     pub app_probes: AppProbes,
+    /// Threads that serve the client and hop connections, each connection start to end on
+    /// one of them (`lifeguard sidecar` starts one per `--worker-threads`); `None` serves
+    /// them as tasks of the runtime `run` is called on. They must outlive `run`.
+    pub workers: Option<Workers>,
 }
 
 /// Name of the ledger secret that keys audit hashes of task IDs (and object digests).
@@ -444,11 +449,18 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         let router = hop_server::router(app.clone());
         let limits = config.limits.clone();
         let hop_shutdown = shutdown.clone();
+        let hop_workers = config.workers.clone();
         tokio::spawn(async move {
             let metrics = ConnectionMetrics::default();
-            if let Err(e) =
-                crate::runtime::http::serve(hop_listener, router, limits, metrics, hop_shutdown)
-                    .await
+            if let Err(e) = serve_placed(
+                hop_listener,
+                router,
+                limits,
+                metrics,
+                hop_shutdown,
+                hop_workers,
+            )
+            .await
             {
                 tracing::error!(error = %e, "the internal hop stopped");
             }
@@ -456,9 +468,16 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     }
 
     let limits = config.limits.clone();
-    crate::runtime::http::serve(listener, mcp, limits, connection_metrics, shutdown.clone())
-        .await
-        .context("serving MCP")?;
+    serve_placed(
+        listener,
+        mcp,
+        limits,
+        connection_metrics,
+        shutdown.clone(),
+        config.workers.clone(),
+    )
+    .await
+    .context("serving MCP")?;
     drop(app);
     let _ = tokio::time::timeout(Duration::from_secs(5), audit_writer).await;
     Ok(())
@@ -495,6 +514,24 @@ impl Health for AppState {
             .listen_streams
             .set(i64::try_from(self.streams.len()).unwrap_or(i64::MAX));
         self.metrics.encode()
+    }
+}
+
+/// Serves `router` on the workers if there are any, else on this runtime.
+async fn serve_placed(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+    workers: Option<Workers>,
+) -> std::io::Result<()> {
+    match workers {
+        Some(workers) => {
+            crate::runtime::http::serve_on(listener, router, limits, metrics, shutdown, workers)
+                .await
+        }
+        None => crate::runtime::http::serve(listener, router, limits, metrics, shutdown).await,
     }
 }
 

@@ -15,6 +15,9 @@
 //! - **Graceful shutdown**: when `shutdown` fires, accepting stops, idle connections close,
 //!   requests in flight get [`ServerLimits::shutdown_grace`] to finish, then the rest are
 //!   aborted. Connection errors are logged at debug level.
+//! - **Where connections run**: [`serve`] serves each connection as a task of the runtime it
+//!   is called on; [`serve_on`] hands each one to the least loaded of a set of
+//!   [`Workers`](super::workers::Workers), which serves it start to end on one thread.
 
 mod admission;
 mod body;
@@ -37,6 +40,8 @@ pub use body::{BodyError, BodyReadTimeout, read_body};
 
 use admission::{Admission, Gate};
 use conn::{ConnClock, HeadTimer, Tracked};
+
+use super::workers::{Assignment, Workers};
 
 /// What one server allows its clients. The defaults suit a sidecar facing a cluster network;
 /// docs/sidecar.md ("Resource limits and what they bound") gives the reasons and the memory
@@ -89,6 +94,30 @@ pub async fn serve(
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    serve_placed(listener, router, limits, metrics, shutdown, None).await
+}
+
+/// [`serve`], with each accepted connection served on the least loaded of `workers` (the
+/// accept loop itself runs where this is called). The workers must outlive this call.
+pub async fn serve_on(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+    workers: Workers,
+) -> io::Result<()> {
+    serve_placed(listener, router, limits, metrics, shutdown, Some(workers)).await
+}
+
+async fn serve_placed(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+    workers: Option<Workers>,
+) -> io::Result<()> {
     let gate = Gate::new(
         limits.max_connections,
         limits.max_connections_per_peer,
@@ -109,11 +138,26 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match gate.admit(peer.ip()) {
                     Ok(admission) => {
-                        let served = serve_connection(
-                            stream, peer, admission, service.clone(), &limits,
-                            metrics.clone(), shutdown.clone(),
-                        );
-                        connections.spawn(served);
+                        let context = ConnectionContext {
+                            peer, admission, service: service.clone(), limits: limits.clone(),
+                            metrics: metrics.clone(), shutdown: shutdown.clone(),
+                        };
+                        match &workers {
+                            None => {
+                                connections.spawn(serve_connection(stream, context));
+                            }
+                            Some(workers) => match stream.into_std() {
+                                Ok(stream) => {
+                                    let place = workers.assign();
+                                    let handle = place.handle().clone();
+                                    let served = serve_moved_connection(stream, place, context);
+                                    connections.spawn_on(served, &handle);
+                                }
+                                Err(error) => {
+                                    tracing::debug!(%peer, %error, "cannot hand a connection to a worker");
+                                }
+                            },
+                        }
                     }
                     Err(refusal) => {
                         tracing::debug!(%peer, reason = refusal.label(), "connection refused");
@@ -156,16 +200,43 @@ fn is_connection_error(error: &io::Error) -> bool {
 
 type Service = TowerToHyperService<Router>;
 
-/// Serves one admitted connection until it ends (or is shut down), then gives its slots back.
-fn serve_connection(
-    stream: TcpStream,
+/// What serving one admitted connection needs besides its socket.
+struct ConnectionContext {
     peer: SocketAddr,
     admission: Admission,
     service: Service,
-    limits: &ServerLimits,
+    limits: ServerLimits,
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
-) -> impl Future<Output = ()> + Send + 'static {
+}
+
+/// Serves a connection accepted on another runtime: the socket is registered with the
+/// runtime this runs on (the worker's), so its I/O wakes this thread and no other.
+async fn serve_moved_connection(
+    stream: std::net::TcpStream,
+    place: Assignment,
+    context: ConnectionContext,
+) {
+    match TcpStream::from_std(stream) {
+        Ok(stream) => serve_connection(stream, context).await,
+        Err(error) => {
+            tracing::debug!(peer = %context.peer, %error, "cannot serve a connection on its worker");
+        }
+    }
+    drop(place);
+}
+
+/// Serves one admitted connection until it ends (or is shut down), then gives its slots back.
+/// Everything that arms a timer or registers I/O is made inside, on the runtime serving it.
+async fn serve_connection(stream: TcpStream, context: ConnectionContext) {
+    let ConnectionContext {
+        peer,
+        admission,
+        service,
+        limits,
+        metrics,
+        shutdown,
+    } = context;
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
     }
@@ -182,26 +253,24 @@ fn serve_connection(
         .max_buf_size(buffer);
     let io = TokioIo::new(Tracked::new(stream, clock.clone()));
     let connection = builder.serve_connection(io, service);
-    async move {
-        let mut connection = std::pin::pin!(connection);
-        let served = tokio::select! {
-            served = connection.as_mut() => served,
-            _ = shutdown.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-        };
-        if let Err(error) = served {
-            match clock.expiry().filter(|_| error.is_timeout()) {
-                Some(expiry) => {
-                    metrics.time_out(expiry.label());
-                    tracing::debug!(%peer, reason = expiry.label(), "connection timed out");
-                }
-                None => tracing::debug!(%peer, %error, "connection ended with an error"),
-            }
+    let mut connection = std::pin::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        _ = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
         }
-        drop(admission);
+    };
+    if let Err(error) = served {
+        match clock.expiry().filter(|_| error.is_timeout()) {
+            Some(expiry) => {
+                metrics.time_out(expiry.label());
+                tracing::debug!(%peer, reason = expiry.label(), "connection timed out");
+            }
+            None => tracing::debug!(%peer, %error, "connection ended with an error"),
+        }
     }
+    drop(admission);
 }
 
 #[cfg(test)]

@@ -7,18 +7,24 @@ use axum::routing::{get, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use std::sync::Arc;
+
 use super::*;
 
 /// Longest wait for something that must happen (a guard against hangs, not a timing check).
 const EVENTUALLY: Duration = Duration::from_secs(20);
 
-/// Told when `/slow` starts (only the shutdown test calls it).
-static SLOW_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-async fn slow() -> &'static str {
-    SLOW_STARTED.notify_one();
+async fn slow(Extension(started): Extension<Arc<tokio::sync::Notify>>) -> &'static str {
+    started.notify_one();
     tokio::time::sleep(Duration::from_millis(300)).await;
     "slow"
+}
+
+/// The thread serving the request, and the thread a task it spawns runs on.
+async fn thread() -> String {
+    let name = || std::thread::current().name().unwrap_or("?").to_owned();
+    let spawned = tokio::spawn(async move { name() }).await.unwrap();
+    format!("{} {spawned}", name())
 }
 
 async fn echo_len(timeout: BodyReadTimeout, body: axum::body::Body) -> String {
@@ -33,30 +39,76 @@ struct Running {
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
     served: tokio::task::JoinHandle<io::Result<()>>,
+    /// Told when `/slow` starts.
+    slow_started: Arc<tokio::sync::Notify>,
 }
 
-async fn start(limits: ServerLimits) -> Running {
+/// Where a test's server serves its connections.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    /// As tasks of the test's runtime ([`serve`]).
+    Here,
+    /// On two worker threads of their own ([`serve_on`]).
+    Workers,
+}
+
+async fn start(limits: ServerLimits, placement: Placement) -> Running {
+    let slow_started = Arc::new(tokio::sync::Notify::new());
     let router = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/slow", get(slow))
-        .route("/echo", post(echo_len));
+        .route("/thread", get(thread))
+        .route("/echo", post(echo_len))
+        .layer(Extension(slow_started.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let metrics = ConnectionMetrics::default();
     let shutdown = CancellationToken::new();
-    let served = tokio::spawn(serve(
-        listener,
-        router,
-        limits,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    let served = match placement {
+        Placement::Here => tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            metrics.clone(),
+            shutdown.clone(),
+        )),
+        Placement::Workers => tokio::spawn(serve_on(
+            listener,
+            router,
+            limits,
+            metrics.clone(),
+            shutdown.clone(),
+            Workers::start(2, "http-test-worker").unwrap(),
+        )),
+    };
     Running {
         addr,
         metrics,
         shutdown,
         served,
+        slow_started,
     }
+}
+
+/// Runs a test body once per [`Placement`]: the guarantees hold wherever connections run.
+macro_rules! in_each_placement {
+    ($(async fn $name:ident($placement:ident: Placement) $body:block)*) => {$(
+        mod $name {
+            use super::*;
+
+            async fn body($placement: Placement) $body
+
+            #[tokio::test]
+            async fn on_this_runtime() {
+                body(Placement::Here).await
+            }
+
+            #[tokio::test]
+            async fn on_workers() {
+                body(Placement::Workers).await
+            }
+        }
+    )*};
 }
 
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
@@ -114,12 +166,12 @@ fn timed_out(metrics: &ConnectionMetrics, reason: &'static str) -> u64 {
         .get()
 }
 
-#[tokio::test]
-async fn an_unfinished_first_head_is_closed_after_the_header_timeout() {
+in_each_placement! {
+async fn an_unfinished_first_head_is_closed_after_the_header_timeout(placement: Placement) {
     let server = start(ServerLimits {
         header_read_timeout: Duration::from_millis(200),
         ..ServerLimits::default()
-    })
+    }, placement)
     .await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     stream.write_all(b"GET / HTTP/1.1\r\nHost").await.unwrap();
@@ -127,13 +179,12 @@ async fn an_unfinished_first_head_is_closed_after_the_header_timeout() {
     assert_eq!(timed_out(&server.metrics, "header_read"), 1);
 }
 
-#[tokio::test]
-async fn a_kept_alive_connection_outlives_the_header_timeout_until_the_idle_timeout() {
+async fn a_kept_alive_connection_outlives_the_header_timeout_until_the_idle_timeout(placement: Placement) {
     let server = start(ServerLimits {
         header_read_timeout: Duration::from_millis(100),
         idle_timeout: Duration::from_millis(1500),
         ..ServerLimits::default()
-    })
+    }, placement)
     .await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     assert!(exchange(&mut stream, GET).await.ends_with("ok"));
@@ -146,13 +197,12 @@ async fn a_kept_alive_connection_outlives_the_header_timeout_until_the_idle_time
     assert_eq!(timed_out(&server.metrics, "header_read"), 0);
 }
 
-#[tokio::test]
-async fn a_later_head_that_stalls_is_closed_after_the_header_timeout() {
+async fn a_later_head_that_stalls_is_closed_after_the_header_timeout(placement: Placement) {
     let server = start(ServerLimits {
         header_read_timeout: Duration::from_millis(200),
         idle_timeout: Duration::from_secs(3600),
         ..ServerLimits::default()
-    })
+    }, placement)
     .await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     assert!(exchange(&mut stream, GET).await.ends_with("ok"));
@@ -161,12 +211,11 @@ async fn a_later_head_that_stalls_is_closed_after_the_header_timeout() {
     assert_eq!(timed_out(&server.metrics, "header_read"), 1);
 }
 
-#[tokio::test]
-async fn bodies_are_read_under_the_limits_of_the_server() {
+async fn bodies_are_read_under_the_limits_of_the_server(placement: Placement) {
     let server = start(ServerLimits {
         body_read_timeout: Duration::from_millis(200),
         ..ServerLimits::default()
-    })
+    }, placement)
     .await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     let post = |len: usize, body: &str| {
@@ -185,12 +234,11 @@ async fn bodies_are_read_under_the_limits_of_the_server() {
     assert!(answer.ends_with("TimedOut"), "{answer}");
 }
 
-#[tokio::test]
-async fn caps_connections_per_peer_and_serves_again_once_they_close() {
+async fn caps_connections_per_peer_and_serves_again_once_they_close(placement: Placement) {
     let server = start(ServerLimits {
         max_connections_per_peer: 2,
         ..ServerLimits::default()
-    })
+    }, placement)
     .await;
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -220,20 +268,47 @@ async fn caps_connections_per_peer_and_serves_again_once_they_close() {
     );
 }
 
-#[tokio::test]
-async fn shutdown_lets_requests_in_flight_finish_and_stops_accepting() {
-    let server = start(ServerLimits::default()).await;
+async fn shutdown_lets_requests_in_flight_finish_and_stops_accepting(placement: Placement) {
+    let server = start(ServerLimits::default(), placement).await;
     let mut busy = TcpStream::connect(server.addr).await.unwrap();
     busy.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .unwrap();
     let mut idle = TcpStream::connect(server.addr).await.unwrap();
     assert!(exchange(&mut idle, GET).await.ends_with("ok"));
-    SLOW_STARTED.notified().await;
+    server.slow_started.notified().await;
     server.shutdown.cancel();
     assert!(read_response(&mut busy).await.ends_with("slow"));
     assert!(closed_eventually(&mut idle).await);
     let result = tokio::time::timeout(EVENTUALLY, server.served).await;
     assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
     assert!(TcpStream::connect(server.addr).await.is_err());
+}
+}
+
+#[tokio::test]
+async fn each_connection_is_served_start_to_end_by_one_worker_and_connections_spread() {
+    let server = start(ServerLimits::default(), Placement::Workers).await;
+    let mut threads = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..5 {
+            let answer = exchange(&mut stream, b"GET /thread HTTP/1.1\r\nHost: t\r\n\r\n").await;
+            let (_, names) = answer.split_once("\r\n\r\n").unwrap();
+            seen.insert(names.to_owned());
+        }
+        // Every request, and what it spawned, ran on the same worker thread.
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        let names = seen.pop_first().unwrap();
+        let (served, spawned) = names.split_once(' ').unwrap();
+        assert!(served.starts_with("http-test-worker-"), "{names}");
+        assert_eq!(served, spawned);
+        threads.push(served.to_owned());
+        held.push(stream);
+    }
+    // Two connections at once go to the two workers.
+    threads.sort();
+    assert_eq!(threads, ["http-test-worker-0", "http-test-worker-1"]);
 }
