@@ -50,6 +50,9 @@ pub struct HotLane {
     /// CPU of the whole process over the lane, seconds.
     pub cpu_secs: f64,
     pub context_switches: u64,
+    /// Context switches by thread name (numbers in names folded: `hot-path-0` and
+    /// `hot-path-1` count as `hot-path-N`), most first: which threads were woken.
+    pub switches_by_thread: Vec<(String, u64)>,
 }
 
 impl HotLane {
@@ -73,22 +76,44 @@ impl HotLane {
             "per_worker_rps": self.per_worker_rps(),
             "cpu_us_per_request": self.cpu_us_per_request(),
             "switches_per_request": self.switches_per_request(),
+            "switches_by_thread": self.switches_by_thread.iter()
+                .map(|(name, n)| json!({"thread": name, "switches": n}))
+                .collect::<Vec<_>>(),
         })
     }
+}
+
+/// The worker counts of the phase, in the order they run: two rounds of 1 then 2, so that a
+/// disturbance of the machine during one lane does not decide the ratio alone.
+pub const WORKER_COUNTS: [usize; 4] = [1, 2, 1, 2];
+
+/// Per-worker throughput of `method` at `workers`, over every lane of it.
+pub fn per_worker_rps(lanes: &[HotLane], method: &str, workers: usize) -> Option<f64> {
+    let matching: Vec<&HotLane> = lanes
+        .iter()
+        .filter(|l| l.method == method && l.workers == workers)
+        .collect();
+    if matching.is_empty() {
+        return None;
+    }
+    let requests: u64 = matching.iter().map(|l| l.requests).sum();
+    let secs: f64 = matching.iter().map(|l| l.secs).sum();
+    Some(requests as f64 / secs.max(1e-9) / workers as f64)
 }
 
 /// Runs the phase: every worker count in `workers`, `secs` measured per lane.
 pub fn measure(repo: &Path, work: &Path, workers: &[usize], secs: f64) -> Result<Vec<HotLane>> {
     let keys = Arc::new(Keys::load(repo)?);
     let mut lanes = Vec::new();
-    for &count in workers {
-        let dir = work.join(format!("hot-path-{count}"));
+    for (round, &count) in workers.iter().enumerate() {
+        let dir = work.join(format!("hot-path-{round}-{count}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let keys = keys.clone();
         // A thread of its own: the runtime's workers must be the only ones doing the work.
         let measured = std::thread::spawn(move || -> Result<Vec<HotLane>> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
+                .thread_name("hot-path-main")
                 .enable_all()
                 .build()
                 .context("building the runtime")?;
@@ -101,8 +126,60 @@ pub fn measure(repo: &Path, work: &Path, workers: &[usize], secs: f64) -> Result
         .join()
         .map_err(|_| anyhow::anyhow!("the hot-path thread panicked"))??;
         lanes.extend(measured);
+        lanes.push(machine_reference(count, secs));
     }
     Ok(lanes)
+}
+
+/// The lane of [`MACHINE_REFERENCE`]: how the machine itself scales.
+pub const MACHINE_REFERENCE: &str = "reference";
+
+/// The machine's own scaling, for comparison: `workers` threads that share nothing, each
+/// parsing and writing a JSON-RPC request in a loop (allocation, parsing, memory traffic like
+/// a proxied request, no I/O and no synchronisation). If this per-thread rate drops from one
+/// thread to two, the cores interfere (shared caches, a host that shares them) and no program
+/// can stay flat by more than this lane does.
+fn machine_reference(workers: usize, secs: f64) -> HotLane {
+    let request = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "greet", "arguments": {"name": "bench"}, "_meta": {"k": "v"}},
+    })
+    .to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cpu0, switches0) = (process_cpu_secs(), context_switches());
+    let started = Instant::now();
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let (stop, request) = (stop.clone(), request.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let value: Value = serde_json::from_str(&request).unwrap_or(Value::Null);
+                    n += serde_json::to_vec(&value).map_or(0, |v| u64::from(!v.is_empty()));
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let requests = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+    let elapsed = started.elapsed().as_secs_f64();
+    let (cpu1, switches1) = (process_cpu_secs(), context_switches());
+    let switches = switches1
+        .iter()
+        .map(|(name, n)| n.saturating_sub(switches0.get(name).copied().unwrap_or(0)))
+        .sum();
+    HotLane {
+        workers,
+        method: MACHINE_REFERENCE,
+        requests,
+        errors: 0,
+        secs: elapsed,
+        cpu_secs: cpu1 - cpu0,
+        context_switches: switches,
+        switches_by_thread: Vec::new(),
+    }
 }
 
 async fn at_worker_count(
@@ -149,6 +226,15 @@ async fn at_worker_count(
         let (cpu0, switches0) = (process_cpu_secs(), context_switches());
         let (requests, errors, elapsed) = closed_loop(&endpoint, &template, workers, secs).await?;
         let (cpu1, switches1) = (process_cpu_secs(), context_switches());
+        let mut by_thread: Vec<(String, u64)> = switches1
+            .iter()
+            .map(|(name, n)| {
+                let before = switches0.get(name).copied().unwrap_or(0);
+                (name.clone(), n.saturating_sub(before))
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        by_thread.sort_by(|a, b| b.1.cmp(&a.1));
         lanes.push(HotLane {
             workers: workers.len(),
             method,
@@ -156,7 +242,8 @@ async fn at_worker_count(
             errors,
             secs: elapsed,
             cpu_secs: cpu1 - cpu0,
-            context_switches: switches1.saturating_sub(switches0),
+            context_switches: by_thread.iter().map(|(_, n)| n).sum(),
+            switches_by_thread: by_thread,
         });
     }
     shutdown.cancel();
@@ -368,23 +455,35 @@ fn process_cpu_secs() -> f64 {
     procs::cpu_ticks("/proc/self/stat") as f64 / procs::clock_ticks_per_sec() as f64
 }
 
-/// Voluntary + involuntary context switches of all threads of this process.
-fn context_switches() -> u64 {
+/// Voluntary + involuntary context switches of this process's threads, by thread name with
+/// digits folded to `N` (threads that ended are not counted).
+fn context_switches() -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return by_name;
     };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .map(|status| {
-            status
-                .lines()
-                .filter(|l| {
-                    l.starts_with("voluntary_ctxt_switches")
-                        || l.starts_with("nonvoluntary_ctxt_switches")
-                })
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum::<u64>()
-        })
-        .sum()
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let name: String = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("?")
+            .trim()
+            .chars()
+            .map(|c| if c.is_ascii_digit() { 'N' } else { c })
+            .collect();
+        let name = name.replace("NN", "N");
+        let switches: u64 = status
+            .lines()
+            .filter(|l| {
+                l.starts_with("voluntary_ctxt_switches")
+                    || l.starts_with("nonvoluntary_ctxt_switches")
+            })
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        *by_name.entry(name).or_insert(0) += switches;
+    }
+    by_name
 }

@@ -6,6 +6,13 @@
 //! Full run: `scripts/bench.sh` (release build). CI: `sidecar_bench --smoke` (seconds).
 //! Methodology and results: docs/performance.md.
 
+/// The allocator of the `lifeguard` binary, so the in-process hot path runs the sidecar's code
+/// as the binary does (with glibc malloc, the audit writer freeing the workers' events waited
+/// on the allocator's arena lock: a context switch per few polls that production never sees).
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod client;
 mod components;
 mod exhaustion;
@@ -80,6 +87,10 @@ struct Args {
     /// Seconds measured per lane of the in-process hot path (per worker count).
     #[arg(long)]
     hot_path_secs: Option<f64>,
+    /// Instead of the run: only the in-process hot path (results: target/bench/hot-path.json),
+    /// e.g. to profile it or to compare worker counts quickly.
+    #[arg(long, conflicts_with = "soak")]
+    hot_path_only: bool,
     /// results.json of an earlier run (e.g. `--lifeguard` of an older build): the targets
     /// that are reductions compare with it.
     #[arg(long)]
@@ -155,6 +166,32 @@ async fn soak(
         let _ = std::fs::remove_dir_all(work);
     }
     Ok(result.errors.count)
+}
+
+/// The hot-path mode: the lanes, their two targets and a result file.
+fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, target: &Path) -> Result<u64> {
+    let lanes = hot_path::measure(
+        repo,
+        work,
+        &hot_path::WORKER_COUNTS,
+        plan.hot_path.as_secs_f64(),
+    )?;
+    let targets = report::hot_path_targets(&lanes);
+    print!("{}", report::hot_path_table(&lanes));
+    for t in &targets {
+        println!("{}", t.line());
+    }
+    let out = target.join("bench").join("hot-path.json");
+    std::fs::create_dir_all(target.join("bench")).context("creating target/bench")?;
+    let json = serde_json::json!({
+        "lanes": lanes.iter().map(hot_path::HotLane::to_json).collect::<Vec<_>>(),
+        "targets": targets.iter().map(report::Target::to_json).collect::<Vec<_>>(),
+    });
+    std::fs::write(&out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("results: {}", out.display());
+    let _ = std::fs::remove_dir_all(work);
+    Ok(lanes.iter().map(|l| l.errors).sum())
 }
 
 /// target/ (this program runs from target/<profile>/examples/).
@@ -234,6 +271,9 @@ async fn run(args: Args) -> Result<u64> {
     };
     if args.soak {
         return soak(&args, &repo, &work, &bins, &target).await;
+    }
+    if args.hot_path_only {
+        return hot_path_only(&plan, &repo, &work, &target);
     }
     let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
     let results = match results {

@@ -558,8 +558,13 @@ pub async fn measure(
     let dir = work.join("components");
     let components = components::measure(&keys, &dir, plan.component_iterations).await?;
 
-    eprintln!("phase: hot path in process (1, then 2 workers)");
-    let hot_path = crate::hot_path::measure(repo, work, &[1, 2], plan.hot_path.as_secs_f64())?;
+    eprintln!("phase: hot path in process (1, then 2 workers, twice)");
+    let hot_path = crate::hot_path::measure(
+        repo,
+        work,
+        &crate::hot_path::WORKER_COUNTS,
+        plan.hot_path.as_secs_f64(),
+    )?;
     for lane in &hot_path {
         if lane.errors > 0 {
             errors_total.record(format!(

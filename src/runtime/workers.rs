@@ -65,11 +65,14 @@ impl Workers {
         for index in 0..count.max(1) {
             let (ready, started) = std::sync::mpsc::channel();
             let stopped = stop.clone();
+            let blocking = format!("{name}-{index}");
             let thread = std::thread::Builder::new()
                 .name(format!("{name}-{index}"))
                 .spawn(move || {
                     let runtime = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
+                        // Threads of its blocking pool (file and database calls).
+                        .thread_name(format!("{blocking}-blocking"))
                         .build()
                     {
                         Ok(runtime) => runtime,
