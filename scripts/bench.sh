@@ -8,6 +8,8 @@
 #        scripts/bench.sh --soak     10 minutes at 80 % of the measured maximum throughput:
 #                                    RSS must stay flat, no request may fail (target/bench/soak.json)
 #        scripts/bench.sh --baseline FILE   compare the reduction targets with an earlier run
+#        scripts/bench.sh --hot-path-only   only the in-process hot path at 1 and 2 workers
+#                                    (target/bench/hot-path.json; about 50 s)
 #        scripts/bench.sh --help     all options (sample counts, durations, --keep, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -158,7 +158,8 @@ pub struct SidecarArgs {
     /// cluster mode the approver keys come with each snapshot.
     #[arg(long, value_name = "FILE", conflicts_with = "control_plane")]
     pub approver_keys: Option<PathBuf>,
-    /// Threads serving requests. Default: one per CPU the container may use.
+    /// Worker threads serving client connections, each connection on one of them. Default:
+    /// $TOKIO_WORKER_THREADS if set, else one per CPU the container may use.
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
     /// Client connections served at once; beyond it a new connection is closed at accept.

@@ -36,7 +36,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
     // Client connections are served on workers of their own, one connection per thread from
     // start to end; the main runtime keeps what belongs to no connection (accept loops,
     // sweeps, policy and revocation watches, the admin port).
-    let count = args.worker_threads.unwrap_or_else(available_cores);
+    let count = worker_count(args.worker_threads)?;
     let workers = Workers::start(count, "lifeguard-worker").context("starting worker threads")?;
     let config = SidecarConfig {
         workers: Some(workers.clone()),
@@ -55,6 +55,28 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
 /// Threads of the main runtime (at most as many as there are workers): its work is off the
 /// request path.
 const MAIN_THREADS: usize = 2;
+
+/// `--worker-threads`, else `$TOKIO_WORKER_THREADS` (what Tokio itself reads), else the CPUs
+/// this process may use.
+fn worker_count(flag: Option<usize>) -> Result<usize> {
+    let from_env = || -> Result<Option<usize>> {
+        match std::env::var("TOKIO_WORKER_THREADS") {
+            Ok(value) => value.trim().parse().map(Some).map_err(|_| {
+                anyhow::anyhow!("$TOKIO_WORKER_THREADS must be a whole number, got {value:?}")
+            }),
+            Err(_) => Ok(None),
+        }
+    };
+    let count = match flag {
+        Some(n) => n,
+        None => from_env()?.unwrap_or_else(available_cores),
+    };
+    ensure!(
+        count > 0,
+        "--worker-threads (or $TOKIO_WORKER_THREADS) must be at least 1"
+    );
+    Ok(count)
+}
 
 /// CPUs this process may use (the container's CPU limit included, as Tokio counts them).
 fn available_cores() -> usize {
