@@ -234,7 +234,7 @@ async fn at_worker_count(
             })
             .filter(|(_, n)| *n > 0)
             .collect();
-        by_thread.sort_by(|a, b| b.1.cmp(&a.1));
+        by_thread.sort_by_key(|b| std::cmp::Reverse(b.1));
         lanes.push(HotLane {
             workers: workers.len(),
             method,
