@@ -718,9 +718,13 @@ async fn policy_changes_apply_within_a_second_and_bad_files_are_ignored() {
         original.replace("tools: [write_rows, slow_compute,", "tools: [write_rows,"),
     )
     .unwrap();
+    // Probed by a principal of its own: until the reload applies, each probe creates a task
+    // that counts against its creator's quota until the sidecar learns it ended, and how many
+    // probes that takes depends on how fast the file watch fires — alice's quota must not.
+    let prober = User::new("prober", "tenant-probe", "probe-client").token();
     let applied = support::eventually(Duration::from_millis(1500), async || {
         let r = client
-            .call_tool(&token, "slow_compute", json!({"seconds": 0.05}))
+            .call_tool(&prober, "slow_compute", json!({"seconds": 0.05}))
             .await;
         (r.result()["resultType"] == "complete").then_some(())
     })
