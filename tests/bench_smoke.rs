@@ -134,6 +134,52 @@ fn benchmark_soak_smoke_run_has_no_errors() {
     );
 }
 
+/// `--hot-path-only`, tiny: both methods and the machine reference at 1 and 2 workers, twice,
+/// without a failed request, with the switches attributed to threads and both targets reported.
+#[test]
+fn benchmark_hot_path_only_smoke_run_reports_every_lane() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/hot-path-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--hot-path-only", "--smoke", "--out"])
+        .arg(&out);
+    let output = run_to_completion(command, "the hot-path smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "hot-path smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("machine reference: "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("hot-path results")).expect("JSON");
+    let lanes = json["lanes"].as_array().expect("lanes");
+    for method in ["greet", "tasks/get", "reference"] {
+        for workers in [1, 2] {
+            let matching: Vec<_> = lanes
+                .iter()
+                .filter(|l| l["method"] == method && l["workers"] == workers)
+                .collect();
+            assert_eq!(matching.len(), 2, "{method} at {workers}: {lanes:?}");
+            for lane in matching {
+                assert!(lane["requests"].as_u64().unwrap_or(0) > 0, "{lane}");
+                assert_eq!(lane["errors"], 0, "{lane}");
+                assert!(lane["switches_by_thread"].is_array(), "{lane}");
+            }
+        }
+    }
+    let targets = json["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    for target in targets {
+        let verdict = target["verdict"].as_str().unwrap_or_default();
+        assert!(verdict == "PASS" || verdict == "MISS", "{target}");
+    }
+}
+
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
 /// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
 /// tests).

@@ -87,8 +87,9 @@ struct Args {
     /// Seconds measured per lane of the in-process hot path (per worker count).
     #[arg(long)]
     hot_path_secs: Option<f64>,
-    /// Instead of the run: only the in-process hot path (results: target/bench/hot-path.json),
-    /// e.g. to profile it or to compare worker counts quickly.
+    /// Instead of the run: only the in-process hot path (results: target/bench/hot-path.json,
+    /// hot-path-smoke.json with --smoke, or --out), e.g. to profile it or to compare worker
+    /// counts quickly.
     #[arg(long, conflicts_with = "soak")]
     hot_path_only: bool,
     /// results.json of an earlier run (e.g. `--lifeguard` of an older build): the targets
@@ -169,7 +170,7 @@ async fn soak(
 }
 
 /// The hot-path mode: the lanes, their two targets and a result file.
-fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, target: &Path) -> Result<u64> {
+fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, out: &Path) -> Result<u64> {
     let lanes = hot_path::measure(
         repo,
         work,
@@ -181,13 +182,14 @@ fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, target: &Path) -> Result
     for t in &targets {
         println!("{}", t.line());
     }
-    let out = target.join("bench").join("hot-path.json");
-    std::fs::create_dir_all(target.join("bench")).context("creating target/bench")?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let json = serde_json::json!({
         "lanes": lanes.iter().map(hot_path::HotLane::to_json).collect::<Vec<_>>(),
         "targets": targets.iter().map(report::Target::to_json).collect::<Vec<_>>(),
     });
-    std::fs::write(&out, serde_json::to_string_pretty(&json)?)
+    std::fs::write(out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", out.display()))?;
     println!("results: {}", out.display());
     let _ = std::fs::remove_dir_all(work);
@@ -273,7 +275,14 @@ async fn run(args: Args) -> Result<u64> {
         return soak(&args, &repo, &work, &bins, &target).await;
     }
     if args.hot_path_only {
-        return hot_path_only(&plan, &repo, &work, &target);
+        let out = args.out.clone().unwrap_or_else(|| {
+            target.join("bench").join(if args.smoke {
+                "hot-path-smoke.json"
+            } else {
+                "hot-path.json"
+            })
+        });
+        return hot_path_only(&plan, &repo, &work, &out);
     }
     let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
     let results = match results {
