@@ -462,3 +462,77 @@ async fn templated_subscription_patterns_partition_resources_per_tenant_and_subj
         "alice hears nothing of tenant-b"
     );
 }
+
+#[tokio::test]
+async fn with_upstream_http2_listen_streams_reach_the_server_over_http2_and_requests_over_http1() {
+    let server = support::process::ExampleServer::start();
+    let sidecar = support::process::Sidecar::start(
+        &server.url,
+        support::process::SidecarOptions {
+            spec: SPEC.to_owned(),
+            args: vec!["--upstream-http2".into(), "listen".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = support::client::McpClient::new(&sidecar.url);
+    let mut streams = Vec::new();
+    for (i, user) in ["alice", "bob", "carol"].into_iter().enumerate() {
+        let token = User::new(user, "tenant-a", "console").token();
+        let mut stream = ListenStream::open(
+            &client.url,
+            &token,
+            json!(i),
+            json!({"toolsListChanged": true}),
+            true,
+        )
+        .await;
+        assert_eq!(stream.status, 200, "{user}");
+        let ack = stream.next(LONG).await.expect("acknowledgement");
+        assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+        streams.push((user, stream));
+    }
+    let token = User::new("alice", "tenant-a", "console").token();
+    let reply = client
+        .call_tool(&token, "greet", json!({"name": "h2"}))
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+
+    server.emit(json!({"kind": "toolsListChanged"})).await;
+    for (user, stream) in &mut streams {
+        let event = stream
+            .next(LONG)
+            .await
+            .unwrap_or_else(|| panic!("{user}: no event"));
+        assert_eq!(
+            event["method"], "notifications/tools/list_changed",
+            "{user}"
+        );
+    }
+
+    let versions = |method: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .requests(method)
+                .await
+                .into_iter()
+                .map(|r| r["httpVersion"].as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(versions("subscriptions/listen").await, vec!["HTTP/2.0"; 3]);
+    assert_eq!(versions("tools/call").await, vec!["HTTP/1.1"; 1]);
+
+    // A stream whose client goes away still ends at the server: its HTTP/2 stream is reset.
+    drop(streams.pop());
+    let closed = support::eventually(LONG, async || {
+        server.emit(json!({"kind": "toolsListChanged"})).await;
+        sidecar
+            .audit()
+            .into_iter()
+            .find(|e| e["event"] == "listen.closed" && e["reason"] == "client_closed")
+    })
+    .await;
+    assert!(closed.is_some(), "abrupt close not noticed");
+}

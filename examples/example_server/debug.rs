@@ -47,6 +47,7 @@ impl RequestLog {
         mcp_method: Option<&str>,
         task_id: Option<&str>,
         headers: &HeaderMap,
+        version: axum::http::Version,
     ) {
         let lifeguard: Map<String, Value> = headers
             .iter()
@@ -65,6 +66,7 @@ impl RequestLog {
             "authorization": headers.contains_key(axum::http::header::AUTHORIZATION),
             "delegation": delegation_assertion(headers),
             "lifeguard": lifeguard,
+            "httpVersion": format!("{version:?}"),
             "atMs": now_ms(),
         });
         let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -23,9 +23,12 @@ const CACHE_TTL_MS: u64 = 60_000;
 pub async fn method_not_allowed(
     State(state): State<AppState>,
     method: Method,
+    version: axum::http::Version,
     headers: HeaderMap,
 ) -> Response {
-    state.requests.record(method.as_str(), None, None, &headers);
+    state
+        .requests
+        .record(method.as_str(), None, None, &headers, version);
     (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "POST")]).into_response()
 }
 
@@ -54,7 +57,12 @@ fn origin_allowed(headers: &HeaderMap) -> bool {
     matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
-pub async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn post_mcp(
+    State(state): State<AppState>,
+    version: axum::http::Version,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let parsed: Result<Value, _> = serde_json::from_slice(&body);
     {
         let msg = parsed.as_ref().ok();
@@ -63,7 +71,9 @@ pub async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: B
             .and_then(|m| m.get("params"))
             .and_then(|p| p.get("taskId"))
             .and_then(Value::as_str);
-        state.requests.record("POST", mcp_method, task_id, &headers);
+        state
+            .requests
+            .record("POST", mcp_method, task_id, &headers, version);
     }
     if !origin_allowed(&headers) {
         return json_reply(

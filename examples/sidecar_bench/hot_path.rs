@@ -340,6 +340,7 @@ async fn start_sidecar(
         admin: None,
         audit_file: Some(dir.join("audit.jsonl")),
         upstream_timeout: Duration::from_secs(30),
+        upstream_http2: lifeguard::sidecar::UpstreamHttp2::Never,
         cancel_confirm_timeout: Duration::from_secs(5),
         limits: ServerLimits {
             max_connections: 4096,

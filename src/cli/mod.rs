@@ -146,6 +146,12 @@ pub struct SidecarArgs {
     /// How long to wait for the server's response headers.
     #[arg(long, value_name = "DURATION", default_value = "5m")]
     pub upstream_timeout: lifeguard::api::PolicyDuration,
+    /// Which requests reach the MCP server over HTTP/2 without an upgrade (prior knowledge;
+    /// only for servers that accept it): `listen` multiplexes subscriptions/listen streams
+    /// over a few connections, `always` sends everything so.
+    #[arg(long, value_enum, value_name = "WHEN", env = "LIFEGUARD_UPSTREAM_HTTP2",
+          default_value_t = lifeguard::sidecar::UpstreamHttp2::Never)]
+    pub upstream_http2: lifeguard::sidecar::UpstreamHttp2,
     /// How long a cancelled task waits for the server to confirm it stopped before it ends as
     /// unconfirmed (and frees its quota slot).
     #[arg(long, value_name = "DURATION", default_value = "1m")]

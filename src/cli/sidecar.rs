@@ -23,6 +23,7 @@ pub fn run(args: &SidecarArgs) -> Result<()> {
         admin: args.admin,
         audit_file: args.audit_file.clone(),
         upstream_timeout: args.upstream_timeout.get(),
+        upstream_http2: args.upstream_http2,
         cancel_confirm_timeout: args.cancel_confirm_timeout.get(),
         limits: limits(args)?,
         app_probes: match args.app_probes.as_deref().map(str::trim) {

@@ -9,6 +9,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use super::upstream::StreamLease;
+
 /// Bounds of one event stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamBounds {
@@ -90,6 +92,8 @@ pub struct BoundedEvents {
     boundaries: EventBoundaries,
     total: usize,
     failed: bool,
+    /// The stream's place on a shared HTTP/2 connection, given back when the body is dropped.
+    _lease: Option<StreamLease>,
 }
 
 impl BoundedEvents {
@@ -103,6 +107,15 @@ impl BoundedEvents {
             },
             total: 0,
             failed: false,
+            _lease: None,
+        }
+    }
+
+    /// Keeps `lease` (an HTTP/2 stream's place on its connection) as long as this body.
+    pub fn keeping(self, lease: Option<StreamLease>) -> Self {
+        Self {
+            _lease: lease,
+            ..self
         }
     }
 

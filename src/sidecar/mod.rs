@@ -104,6 +104,7 @@ use state::{AppState, PolicyWatch};
 use upstream::Upstream;
 
 pub use app_probes::{AppProbeError, AppProbes};
+pub use upstream::UpstreamHttp2;
 
 /// Which source feeds the sidecar's policy.
 #[derive(Clone, Debug)]
@@ -215,6 +216,8 @@ pub struct SidecarConfig {
     pub admin: Option<SocketAddr>,
     pub audit_file: Option<PathBuf>,
     pub upstream_timeout: Duration,
+    /// Which requests reach the protected server over HTTP/2 (`--upstream-http2`).
+    pub upstream_http2: upstream::UpstreamHttp2,
     /// How long a cancelled task waits for the server's confirmation.
     pub cancel_confirm_timeout: Duration,
     /// Connection caps and timeouts of the client-facing port.
@@ -384,7 +387,8 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         config.upstream.clone(),
         config.upstream_timeout,
         Some(metrics.upstream_seconds.clone()),
-    );
+    )
+    .with_http2(config.upstream_http2);
     let app = Arc::new(AppState {
         policy,
         source: status,

@@ -28,7 +28,6 @@ use crate::mcp::listen::{
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
 
-use super::bounded_body::StreamBounds;
 use super::context::{Arrival, RequestContext};
 use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
@@ -261,11 +260,7 @@ async fn subscribe_upstream(
         HeaderValue::from_static("application/json, text/event-stream"),
     );
     let body = Bytes::from(serde_json::to_vec(&message).unwrap_or_default());
-    let upstream = match app
-        .upstream
-        .send_bounded(headers, body, StreamBounds::LISTEN)
-        .await
-    {
+    let upstream = match app.upstream.send_listen(headers, body).await {
         Ok(r) => r,
         Err(e) => return Err(Error::from(e).respond(&app.metrics, subscription_id)),
     };

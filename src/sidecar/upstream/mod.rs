@@ -1,5 +1,8 @@
-//! The connection to the protected MCP server over loopback: pooled HTTP/1.1, bounded bodies,
-//! JSON and SSE responses told apart.
+//! The connection to the protected MCP server over loopback: pooled HTTP/1.1, or HTTP/2 where
+//! the server speaks it and `--upstream-http2` says so ([`multiplexed`]); bounded bodies, JSON
+//! and SSE responses told apart.
+
+mod multiplexed;
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,22 @@ use sse_stream::SseStream;
 use crate::mcp::jsonrpc::{MessageKind, classify};
 
 use super::bounded_body::{BoundedEvents, StreamBounds};
+pub use multiplexed::{MultiplexedPool, StreamLease};
+
+/// Which requests reach the protected server over HTTP/2 (cleartext, prior knowledge) instead
+/// of HTTP/1.1. Only for servers that accept HTTP/2 without an upgrade (hyper, axum, Go's
+/// `h2c`, Envoy, …): a server that speaks only HTTP/1.1 refuses every such request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamHttp2 {
+    /// HTTP/1.1 for everything: every MCP server speaks it.
+    #[default]
+    Never,
+    /// `subscriptions/listen` streams share HTTP/2 connections; requests stay on HTTP/1.1
+    /// (a kept-alive HTTP/1.1 connection costs the least per short request).
+    Listen,
+    /// Everything over HTTP/2.
+    Always,
+}
 
 /// Largest JSON response accepted from the upstream.
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
@@ -51,6 +70,12 @@ pub enum UpstreamError {
     BadResponse(String),
 }
 
+impl From<multiplexed::MultiplexError> for UpstreamError {
+    fn from(error: multiplexed::MultiplexError) -> Self {
+        Self::Unreachable(error.to_string())
+    }
+}
+
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The pooled client each worker thread uses for one [`Upstream`].
@@ -62,8 +87,17 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// of proxies that run a worker per core with its own connection pools — and a connection's
 /// task starts on the thread that made it, next to the requests that use it.
 struct ThreadClients {
-    /// (the `Upstream` it belongs to, whether that `Upstream` still exists, its client)
-    clients: Vec<(u64, std::sync::Weak<()>, HttpClient)>,
+    clients: Vec<ThreadClient>,
+}
+
+/// This thread's connections to one [`Upstream`].
+#[derive(Clone)]
+struct ThreadClient {
+    /// The `Upstream` it belongs to, and whether that `Upstream` still exists.
+    id: u64,
+    alive: std::sync::Weak<()>,
+    http1: HttpClient,
+    http2: MultiplexedPool,
 }
 
 thread_local! {
@@ -90,6 +124,14 @@ pub struct Upstream {
     uri: Uri,
     timeout: Duration,
     metrics: Option<crate::telemetry::striped::StripedHistogram>,
+    http2: UpstreamHttp2,
+}
+
+/// How one request travels.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Http1,
+    Http2,
 }
 
 impl Upstream {
@@ -107,26 +149,31 @@ impl Upstream {
             uri,
             timeout,
             metrics,
+            http2: UpstreamHttp2::Never,
         }
     }
 
-    /// This thread's client of this upstream (made on first use).
-    fn client(&self) -> HttpClient {
+    /// Sends the requests `http2` names over HTTP/2 (see [`UpstreamHttp2`]).
+    pub fn with_http2(self, http2: UpstreamHttp2) -> Self {
+        Self { http2, ..self }
+    }
+
+    /// This thread's clients of this upstream (made on first use).
+    fn client(&self) -> ThreadClient {
         THREAD_CLIENTS.with(|cell| {
             let mut clients = cell.borrow_mut();
-            if let Some((_, _, client)) = clients.clients.iter().find(|(id, ..)| *id == self.id) {
+            if let Some(client) = clients.clients.iter().find(|c| c.id == self.id) {
                 return client.clone();
             }
             // Clients of upstreams that no longer exist are dropped with their idle connections.
-            clients
-                .clients
-                .retain(|(_, alive, _)| alive.strong_count() > 0);
-            let client = new_client();
-            clients.clients.push((
-                self.id,
-                std::sync::Arc::downgrade(&self.alive),
-                client.clone(),
-            ));
+            clients.clients.retain(|c| c.alive.strong_count() > 0);
+            let client = ThreadClient {
+                id: self.id,
+                alive: std::sync::Arc::downgrade(&self.alive),
+                http1: new_client(),
+                http2: MultiplexedPool::default(),
+            };
+            clients.clients.push(client.clone());
             client
         })
     }
@@ -138,13 +185,31 @@ impl Upstream {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        self.send_bounded(headers, body, StreamBounds::REQUEST)
+        let transport = match self.http2 {
+            UpstreamHttp2::Always => Transport::Http2,
+            UpstreamHttp2::Never | UpstreamHttp2::Listen => Transport::Http1,
+        };
+        self.send_on(transport, headers, body, StreamBounds::REQUEST)
             .await
     }
 
-    /// POSTs one message and classifies the response; an event stream gets `bounds`.
-    pub async fn send_bounded(
+    /// POSTs a `subscriptions/listen` request; its event stream gets [`StreamBounds::LISTEN`].
+    pub async fn send_listen(
         &self,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        let transport = match self.http2 {
+            UpstreamHttp2::Never => Transport::Http1,
+            UpstreamHttp2::Listen | UpstreamHttp2::Always => Transport::Http2,
+        };
+        self.send_on(transport, headers, body, StreamBounds::LISTEN)
+            .await
+    }
+
+    async fn send_on(
+        &self,
+        transport: Transport,
         headers: HeaderMap,
         body: Bytes,
         bounds: StreamBounds,
@@ -160,10 +225,24 @@ impl Upstream {
             HeaderValue::from_static("application/json"),
         );
         let started = Instant::now();
-        let response = tokio::time::timeout(self.timeout, self.client().request(request))
+        let client = self.client();
+        let sent = async {
+            match transport {
+                Transport::Http1 => client
+                    .http1
+                    .request(request)
+                    .await
+                    .map(|response| (response, None))
+                    .map_err(|e| UpstreamError::Unreachable(e.to_string())),
+                Transport::Http2 => {
+                    let (response, lease) = client.http2.send(request).await?;
+                    Ok((response, Some(lease)))
+                }
+            }
+        };
+        let (response, lease) = tokio::time::timeout(self.timeout, sent)
             .await
-            .map_err(|_| UpstreamError::Timeout(self.timeout))?
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+            .map_err(|_| UpstreamError::Timeout(self.timeout))??;
         if let Some(h) = &self.metrics {
             h.observe(started.elapsed().as_secs_f64());
         }
@@ -178,7 +257,9 @@ impl Upstream {
         if content_type.starts_with("text/event-stream") {
             return Ok(UpstreamResponse {
                 status,
-                body: UpstreamBody::Sse(Box::pin(SseStream::new(BoundedEvents::new(body, bounds)))),
+                body: UpstreamBody::Sse(Box::pin(SseStream::new(
+                    BoundedEvents::new(body, bounds).keeping(lease),
+                ))),
             });
         }
         let bytes = Limited::new(body, MAX_RESPONSE_BYTES)
