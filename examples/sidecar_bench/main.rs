@@ -81,6 +81,11 @@ struct Args {
     /// such as TOKIO_WORKER_THREADS=1. Recorded in the results.
     #[arg(long = "sidecar-env", value_name = "KEY=VALUE")]
     sidecar_env: Vec<String>,
+    /// How the sidecar reaches the example server (which speaks HTTP/1.1 and HTTP/2
+    /// cleartext): the sidecar's `--upstream-http2`, passed as $LIFEGUARD_UPSTREAM_HTTP2 so
+    /// that builds older than the flag ignore it. Recorded in the results.
+    #[arg(long, value_name = "never|listen|always", default_value = "listen")]
+    upstream_http2: String,
     /// Keep the work directory (ledger, audit trail, logs) after the run.
     #[arg(long)]
     keep: bool,
@@ -265,6 +270,15 @@ async fn run(args: Args) -> Result<u64> {
             .split_once('=')
             .with_context(|| format!("--sidecar-env takes KEY=VALUE, got {pair}"))?;
         sidecar_env.push((k.to_owned(), v.to_owned()));
+    }
+    if !sidecar_env
+        .iter()
+        .any(|(k, _)| k == "LIFEGUARD_UPSTREAM_HTTP2")
+    {
+        sidecar_env.push((
+            "LIFEGUARD_UPSTREAM_HTTP2".to_owned(),
+            args.upstream_http2.clone(),
+        ));
     }
     let bins = Binaries {
         lifeguard,
