@@ -32,6 +32,9 @@ pub const PORT_ANNOTATION: &str = "lifeguard.dev/port";
 pub const UPSTREAM_PATH_ANNOTATION: &str = "lifeguard.dev/upstream-path";
 /// Annotation overriding `sidecar.native` for one pod (`"true"` or `"false"`).
 pub const NATIVE_ANNOTATION: &str = "lifeguard.dev/native-sidecar";
+/// Pod annotation: `listen` or `always` when the MCP server speaks HTTP/2 without an upgrade
+/// (the sidecar's `--upstream-http2`); any other value leaves the default, HTTP/1.1.
+pub const UPSTREAM_HTTP2_ANNOTATION: &str = "lifeguard.dev/upstream-http2";
 /// Label that marks Lifeguard's own pods, which are never mutated.
 pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
 pub const PART_OF_VALUE: &str = "lifeguard";
@@ -242,6 +245,11 @@ fn injected(
         app_probes,
         native,
         shared_ledger,
+        upstream_http2: match annotation(UPSTREAM_HTTP2_ANNOTATION) {
+            Some("listen") => Some("listen"),
+            Some("always") => Some("always"),
+            _ => None,
+        },
     };
     let container =
         serde_json::to_value(sidecar::container(c.config, &plan)).expect("a Container serializes");

@@ -28,6 +28,8 @@ pub const LEDGER_ENV: &str = "LIFEGUARD_LEDGER";
 pub const LEDGER_SCOPE_ENV: &str = "LIFEGUARD_LEDGER_SCOPE";
 /// Env var with the address other replicas reach the hop at (`--internal-advertise`).
 pub const INTERNAL_ADVERTISE_ENV: &str = "LIFEGUARD_INTERNAL_ADVERTISE";
+/// Env var with the sidecar's `--upstream-http2`, from the pod's annotation.
+pub const UPSTREAM_HTTP2_ENV: &str = "LIFEGUARD_UPSTREAM_HTTP2";
 /// Env var with the pod's IP (downward API), expanded into [`INTERNAL_ADVERTISE_ENV`].
 pub const POD_IP_ENV: &str = "POD_IP";
 
@@ -61,6 +63,9 @@ pub struct SidecarPlan {
     /// The shared ledger and internal hop of a policy with `spec.ledger`; `None`: the
     /// embedded SQLite ledger on the data volume, no hop.
     pub shared_ledger: Option<SharedLedgerPlan>,
+    /// `listen` or `always`: the MCP server speaks HTTP/2 cleartext (`--upstream-http2`);
+    /// `None`: HTTP/1.1.
+    pub upstream_http2: Option<&'static str>,
 }
 
 /// Wiring for a policy with `spec.ledger.connectionSecretRef`.
@@ -138,6 +143,9 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
         }
     }
     args.extend(["--log-format".to_owned(), "json".to_owned()]);
+    if let Some(http2) = plan.upstream_http2 {
+        env.push(literal_env(UPSTREAM_HTTP2_ENV, http2));
+    }
     if !plan.app_probes.is_empty() {
         env.push(EnvVar {
             name: APP_PROBES_ENV.into(),
