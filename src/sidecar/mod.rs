@@ -39,11 +39,10 @@
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
 //! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` + `bounded_body`, `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;
-mod bounded_body;
 mod cancellation;
 mod capability;
 mod capability_screen;

@@ -23,7 +23,7 @@ use crate::mcp::methods;
 use crate::mcp::strict_json::{self, StrictJsonError};
 use crate::mcp::task::peek_response;
 
-use super::bounded_body::broke_bound;
+use super::upstream::broke_bound;
 use super::capability_screen::screen_request_inputs;
 use super::context::RequestContext;
 use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};

@@ -18,7 +18,7 @@ use sse_stream::SseStream;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event};
 use crate::model::TaskId;
 
-use super::super::bounded_body::{BoundedEvents, StreamBounds};
+use super::super::upstream::{BoundedEvents, StreamBounds};
 use super::super::context::RequestContext;
 use super::super::state::AppState;
 use super::super::upstream::EventStream;

@@ -19,7 +19,7 @@ use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::super::bounded_body::broke_bound;
+use super::super::upstream::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, Report, authorize, holds_scopes, task_view};

@@ -2,6 +2,7 @@
 //! the server speaks it and `--upstream-http2` says so ([`multiplexed`]); bounded bodies, JSON
 //! and SSE responses told apart.
 
+mod bounded_body;
 mod multiplexed;
 
 use std::time::{Duration, Instant};
@@ -19,8 +20,8 @@ use sse_stream::SseStream;
 
 use crate::mcp::jsonrpc::{MessageKind, classify};
 
-use super::bounded_body::{BoundedEvents, StreamBounds};
-pub use multiplexed::{MultiplexedPool, StreamLease};
+pub use bounded_body::{BoundedEvents, StreamBounds, broke_bound};
+pub use multiplexed::MultiplexedPool;
 
 /// Which requests reach the protected server over HTTP/2 (cleartext, prior knowledge) instead
 /// of HTTP/1.1. Only for servers that accept HTTP/2 without an upgrade (hyper, axum, Go's

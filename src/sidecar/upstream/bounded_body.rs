@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
-use super::upstream::StreamLease;
+use super::multiplexed::StreamLease;
 
 /// Bounds of one event stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
