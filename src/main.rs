@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             cli::crdgen::run(&args.out_dir, args.stdout).map(|()| ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Check(args)) => cli::policy_check::run(args),
+        Command::Policy(PolicyCommand::Diff(args)) => cli::policy_diff::run(args),
         Command::Sidecar(args) => cli::sidecar::run(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(args) => cli::operator::run(args).map(|()| ExitCode::SUCCESS),
         Command::Webhook(args) => cli::webhook::run(args).map(|()| ExitCode::SUCCESS),

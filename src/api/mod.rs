@@ -12,6 +12,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod exception;
+pub mod kstatus;
 pub mod objects;
 pub mod revocation;
 pub mod rules;

@@ -9,6 +9,8 @@ pub mod exception;
 pub mod operator;
 pub mod plugin;
 pub mod policy_check;
+pub mod policy_diff;
+mod policy_files;
 pub mod revoke;
 pub mod sidecar;
 pub mod status;
@@ -280,17 +282,45 @@ pub enum PolicyCommand {
     /// Check manifest files (McpServerPolicy, CapabilityException, PrincipalRevocation) the way
     /// the API server and Lifeguard would, and compile every policy found. Exits 1 on any error.
     Check(PolicyCheckArgs),
+    /// Compare the effective policies of two sets of manifests (`OLD... -- NEW...`, files or
+    /// directories): each change in words, and exit status 1 when a change loosens security
+    /// (2 when either side does not check).
+    Diff(PolicyDiffArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PolicyDiffArgs {
+    /// The manifests before the change (files or directories of *.yaml / *.yml).
+    #[arg(required = true, value_name = "OLD")]
+    pub old: Vec<PathBuf>,
+    /// The manifests after the change, after `--`.
+    #[arg(last = true, required = true, value_name = "NEW")]
+    pub new: Vec<PathBuf>,
+    /// Where the policies will run: `cluster` refuses `jwksFile`, `standalone` allows it.
+    #[arg(long, value_enum, default_value_t = CheckMode::Cluster)]
+    pub mode: CheckMode,
+    /// Output format (`json`: the stable schema in docs/gitops.md).
+    #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+    pub output: DiffFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct PolicyCheckArgs {
-    /// Multi-document YAML files, as you would `kubectl apply -f`.
+    /// Multi-document YAML files, as you would `kubectl apply -f`, or directories (searched
+    /// recursively for *.yaml and *.yml).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Where the policy will run: `cluster` refuses `jwksFile`, `standalone` allows it.
     #[arg(long, value_enum, default_value_t = CheckMode::Cluster)]
     pub mode: CheckMode,
-    /// Output format.
+    /// Output format: `text`; `json` (the stable schema in docs/gitops.md); `github`
+    /// (workflow-command annotations that mark each finding's line in a pull request).
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -305,4 +335,5 @@ pub enum CheckMode {
 pub enum OutputFormat {
     Text,
     Json,
+    Github,
 }

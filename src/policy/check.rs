@@ -12,6 +12,7 @@ use crate::api::{CapabilityException, PrincipalRevocation};
 
 use super::compile::{CompileInput, ObjectRef, compile, targets};
 use super::effective::EffectivePolicy;
+use super::locate::{DocumentLines, document_lines, syntax_error_line};
 use super::manifest::{Document, LifeguardObject, YamlSyntaxError, parse_manifests};
 use super::problem::{Problem, Problems, Severity};
 use super::validate::{CompileMode, validate_exception, validate_revocation};
@@ -21,15 +22,43 @@ use super::validate::{CompileMode, validate_exception, validate_revocation};
 pub struct ManifestFile {
     pub name: String,
     pub documents: Result<Vec<Document>, YamlSyntaxError>,
+    /// Where each document's fields are written (empty when the text is not YAML).
+    pub lines: Vec<DocumentLines>,
+    /// The line of a YAML syntax error, when the parser says.
+    pub syntax_error_line: Option<u32>,
 }
 
 impl ManifestFile {
     /// Parses `text` as the file called `name`.
     pub fn parse(name: impl Into<String>, text: &str) -> Self {
+        let documents = parse_manifests(text);
+        let syntax_error_line = match &documents {
+            Err(_) => syntax_error_line(text),
+            Ok(_) => None,
+        };
         Self {
             name: name.into(),
-            documents: parse_manifests(text),
+            documents,
+            lines: document_lines(text),
+            syntax_error_line,
         }
+    }
+
+    /// A file that could not be read.
+    pub fn unreadable(name: impl Into<String>, error: &std::io::Error) -> Self {
+        Self {
+            name: name.into(),
+            documents: Err(YamlSyntaxError(format!("cannot read file: {error}"))),
+            lines: Vec::new(),
+            syntax_error_line: None,
+        }
+    }
+
+    /// The line of `path` in document `document` (1-based), when known.
+    fn line_of(&self, document: usize, path: &str) -> Option<u32> {
+        self.lines
+            .get(document.checked_sub(1)?)
+            .map(|lines| lines.line_of(path))
     }
 }
 
@@ -37,6 +66,9 @@ impl ManifestFile {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Finding {
     pub file: String,
+    /// 1-based line the problem points at (its field, else the nearest written parent, else
+    /// the document's first line); `None` when unknown (an unreadable file).
+    pub line: Option<u32>,
     /// 1-based document number; `None` for problems of the whole file.
     pub document: Option<usize>,
     /// `Kind namespace/name` of the object, when known.
@@ -47,6 +79,9 @@ pub struct Finding {
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
         if let Some(doc) = self.document {
             write!(f, ": document {doc}")?;
         }
@@ -77,10 +112,24 @@ impl CheckReport {
     }
 }
 
+/// Where an object was read: its file and document.
 #[derive(Clone, Copy)]
 struct Location<'a> {
-    file: &'a str,
+    file: &'a ManifestFile,
     document: usize,
+}
+
+impl Location<'_> {
+    /// `problem` of the object here, with the line its field path points at.
+    fn finding(&self, object: Option<String>, problem: Problem) -> Finding {
+        Finding {
+            file: self.file.name.clone(),
+            line: self.file.line_of(self.document, &problem.path),
+            document: Some(self.document),
+            object,
+            problem,
+        }
+    }
 }
 
 fn describe(document: &Document) -> Option<String> {
@@ -113,6 +162,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
             Err(e) => {
                 findings.push(Finding {
                     file: file.name.clone(),
+                    line: file.syntax_error_line,
                     document: None,
                     object: None,
                     problem: Problem {
@@ -126,39 +176,32 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
         };
         for document in documents {
             let object_name = describe(document);
+            let here = Location {
+                file,
+                document: document.index,
+            };
             for problem in &document.problems {
-                findings.push(Finding {
-                    file: file.name.clone(),
-                    document: Some(document.index),
-                    object: object_name.clone(),
-                    problem: problem.clone(),
-                });
+                findings.push(here.finding(object_name.clone(), problem.clone()));
             }
             let Some(object) = &document.object else {
                 continue;
-            };
-            let here = Location {
-                file: &file.name,
-                document: document.index,
             };
             let key = object.object_ref();
             if super::problem::any_error(&document.problems) {
                 rejected.insert(key.clone());
             }
             if let Some(first) = located.get(&key) {
-                findings.push(Finding {
-                    file: file.name.clone(),
-                    document: Some(document.index),
-                    object: object_name,
-                    problem: Problem {
+                findings.push(here.finding(
+                    object_name,
+                    Problem {
                         severity: Severity::Error,
                         path: "metadata.name".into(),
                         message: format!(
                             "duplicate object: already defined in {} document {}",
-                            first.file, first.document
+                            first.file.name, first.document
                         ),
                     },
-                });
+                ));
                 continue;
             }
             located.insert(key, here);
@@ -170,12 +213,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
         }
     }
 
-    let locate = |object: &ObjectRef| -> (String, Option<usize>) {
-        located
-            .get(object)
-            .map(|l| (l.file.to_owned(), Some(l.document)))
-            .unwrap_or_default()
-    };
+    let locate = |object: &ObjectRef| located.get(object).copied();
     let mut compiled = Vec::new();
     for policy in &policies {
         let compilation = compile(CompileInput {
@@ -186,13 +224,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
             now,
         });
         for p in compilation.problems {
-            let (file, document) = locate(&p.object);
-            findings.push(Finding {
-                file,
-                document,
-                object: Some(p.object.to_string()),
-                problem: p.problem,
-            });
+            findings.push(place_finding(locate(&p.object), &p.object, p.problem));
         }
         if !rejected.contains(&ObjectRef::policy(policy)) {
             compiled.extend(compilation.effective);
@@ -232,20 +264,29 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
     }
 }
 
-fn push_object_problems(
+fn push_object_problems<'a>(
     findings: &mut Vec<Finding>,
     object: &ObjectRef,
     problems: Problems,
-    locate: &impl Fn(&ObjectRef) -> (String, Option<usize>),
+    locate: &impl Fn(&ObjectRef) -> Option<Location<'a>>,
 ) {
-    let (file, document) = locate(object);
+    let place = locate(object);
     for problem in problems.into_vec() {
-        findings.push(Finding {
-            file: file.clone(),
-            document,
+        findings.push(place_finding(place, object, problem));
+    }
+}
+
+/// A problem of `object`, at the document it was read from (when it was read from one).
+fn place_finding(place: Option<Location<'_>>, object: &ObjectRef, problem: Problem) -> Finding {
+    match place {
+        Some(place) => place.finding(Some(object.to_string()), problem),
+        None => Finding {
+            file: String::new(),
+            line: None,
+            document: None,
             object: Some(object.to_string()),
             problem,
-        });
+        },
     }
 }
 

@@ -5,8 +5,10 @@
 
 pub mod check;
 pub mod compile;
+pub mod diff;
 pub mod effective;
 pub mod jws_shape;
+pub mod locate;
 pub mod manifest;
 pub mod problem;
 pub mod selection;
