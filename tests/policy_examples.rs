@@ -247,3 +247,161 @@ fn shared_upstream_task_state_without_a_ledger_is_a_warning_not_an_error() {
     let doc = documents(&fs::read_to_string(&with).unwrap()).remove(0);
     assert_eq!(crd_violations(&doc), Vec::<String>::new());
 }
+
+/// The 1-based line of `text` that starts (after indentation) with `prefix`.
+fn line_starting(text: &str, prefix: &str) -> usize {
+    text.lines()
+        .position(|l| l.trim_start().starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starts with {prefix:?}"))
+        + 1
+}
+
+#[test]
+fn findings_name_the_line_of_their_field_in_every_output() {
+    let file = "examples/policies/invalid/exception-no-clients.yaml";
+    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+    let line = line_starting(&text, "clients:");
+
+    let (code, out) = lifeguard(&["policy", "check", file]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("{file}:{line}: document 1")), "{out}");
+
+    let (code, out) = lifeguard(&["policy", "check", "--output", "json", file]);
+    assert_eq!(code, 1, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["version"], 1);
+    assert_eq!(report["findings"][0]["line"], line, "{out}");
+    assert_eq!(report["findings"][0]["file"], file);
+
+    let (code, out) = lifeguard(&["policy", "check", "--output", "github", file]);
+    assert_eq!(code, 1, "{out}");
+    let annotation = out.lines().next().unwrap();
+    assert_eq!(
+        annotation,
+        format!(
+            "::error file={file},line={line},title=lifeguard%3A CapabilityException \
+             team-a/reports-sampling%3A spec.clients::must list at least one client id"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("1 file(s), 0 policies compiled: 1 error(s)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_reads_directories_recursively() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("team-a/nested");
+    fs::create_dir_all(&nested).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/policies/valid");
+    for name in ["mcpserverpolicy.yaml", "capabilityexception.yaml"] {
+        fs::copy(root.join(name), nested.join(name)).unwrap();
+    }
+    fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
+    let (code, out) = lifeguard(&["policy", "check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("2 file(s), 1 policy compiled: 0 error(s)"),
+        "{out}"
+    );
+}
+
+/// Writes `policy` (the valid example edited by `edit`) and the example exception into `dir`.
+fn policy_dir(dir: &Path, edit: impl Fn(String) -> String) {
+    fs::create_dir_all(dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/policies/valid");
+    let policy = fs::read_to_string(root.join("mcpserverpolicy.yaml")).unwrap();
+    fs::write(dir.join("policy.yaml"), edit(policy)).unwrap();
+    fs::copy(
+        root.join("capabilityexception.yaml"),
+        dir.join("capabilityexception.yaml"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn diff_says_what_changed_and_fails_only_when_security_loosens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, tighter, looser) = (
+        dir.path().join("old"),
+        dir.path().join("tighter"),
+        dir.path().join("looser"),
+    );
+    policy_dir(&old, |p| p);
+    policy_dir(&tighter, |p| p.replace("maxTtl: 1h", "maxTtl: 30m"));
+    policy_dir(&looser, |p| {
+        p.replace("perPrincipal: 5", "perPrincipal: 10")
+            .replace("      bulk_update: [reports:write]\n", "")
+    });
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+
+    let (code, out) = lifeguard(&["policy", "diff", &path(&old), "--", &path(&tighter)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("McpServerPolicy team-a/reports: 1 change(s), 0 loosen security"),
+        "{out}"
+    );
+    assert!(
+        out.contains("tightens tasks.retention.maxTtl 1h → 30m"),
+        "{out}"
+    );
+    assert!(out.contains("result: nothing loosens security"), "{out}");
+
+    let (code, out) = lifeguard(&["policy", "diff", &path(&old), "--", &path(&looser)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("LOOSENS  tasks.concurrency.perPrincipal 5 → 10"),
+        "{out}"
+    );
+    assert!(
+        out.contains("LOOSENS  tasks.requiredScopes.bulk_update: removed reports:write"),
+        "{out}"
+    );
+
+    let (code, out) = lifeguard(&[
+        "policy",
+        "diff",
+        "--output",
+        "json",
+        &path(&old),
+        "--",
+        &path(&looser),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["loosens"], true);
+    let changes = &report["policies"][0]["changes"];
+    assert_eq!(changes.as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(changes[0]["field"], "tasks.concurrency.perPrincipal");
+    assert_eq!(changes[0]["before"], "5");
+    assert_eq!(changes[0]["after"], "10");
+    assert_eq!(changes[0]["effect"], "loosens");
+
+    // The same manifests: nothing to say, exit 0.
+    let (code, out) = lifeguard(&["policy", "diff", &path(&old), "--", &path(&old)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("McpServerPolicy team-a/reports: unchanged"),
+        "{out}"
+    );
+}
+
+#[test]
+fn diff_refuses_invalid_manifests_with_exit_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    policy_dir(dir.path(), |p| p);
+    let invalid = "examples/policies/invalid/policy-bad-duration.yaml";
+    let (code, out) = lifeguard(&[
+        "policy",
+        "diff",
+        dir.path().to_str().unwrap(),
+        "--",
+        invalid,
+    ]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(&format!("new: {invalid}:")), "{out}");
+    let (code, out) = lifeguard(&["policy", "diff", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 2, "no NEW side is a usage error: {out}");
+}

@@ -14,6 +14,13 @@ pub const SIGNATURE_VERIFIED: &str = "SignatureVerified";
 pub const PROPAGATED: &str = "Propagated";
 /// McpServerPolicy: another, older policy selects some of the same pods (and wins them).
 pub const CONFLICT: &str = "Conflict";
+/// kstatus: the operator is still working towards the spec (sidecars not yet in sync, a
+/// revocation still propagating, an exception not yet valid). "Abnormal-true": `False` when
+/// nothing is left to do.
+pub const RECONCILING: &str = "Reconciling";
+/// kstatus: the operator cannot make progress without a change to the object (the spec does
+/// not compile, an exception's signature does not verify or it has expired). `False` otherwise.
+pub const STALLED: &str = "Stalled";
 
 pub mod reasons {
     pub const PROGRAMMED: &str = "Programmed";

@@ -35,10 +35,15 @@ pub fn compute(object: &Value) -> Health {
         .and_then(Value::as_str)
         .is_some_and(|t| !t.is_empty())
     {
-        return health(KStatus::Terminating, "Resource scheduled for deletion".into());
+        return health(
+            KStatus::Terminating,
+            "Resource scheduled for deletion".into(),
+        );
     }
     if let (Some(generation), Some(observed)) = (
-        object.pointer("/metadata/generation").and_then(Value::as_i64),
+        object
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64),
         object
             .pointer("/status/observedGeneration")
             .and_then(Value::as_i64),
@@ -167,7 +172,10 @@ mod tests {
         assert_eq!(compute(&object(1, json!({}))).status, KStatus::Current);
         let o = json!({"kind": "ConfigMap", "metadata": {"name": "c"}});
         assert_eq!(compute(&o).status, KStatus::Current);
-        let o = object(1, json!({"conditions": [condition("Compiled", "False", "")]}));
+        let o = object(
+            1,
+            json!({"conditions": [condition("Compiled", "False", "")]}),
+        );
         assert_eq!(compute(&o).status, KStatus::Current);
     }
 }

@@ -42,10 +42,7 @@ fn yaml_files(dir: &Path, found: &mut Vec<PathBuf>) -> std::io::Result<()> {
         }
         if entry.file_type()?.is_dir() {
             yaml_files(&path, found)?;
-        } else if path
-            .extension()
-            .is_some_and(|e| e == "yaml" || e == "yml")
-        {
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
             found.push(path);
         }
     }

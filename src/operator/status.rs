@@ -51,6 +51,26 @@ pub fn merge_conditions(
         .collect()
 }
 
+/// The kstatus conditions (`Reconciling`, `Stalled`; "abnormal-true") that go with a `Ready`
+/// condition: `stalled` when nothing changes without a new spec, `reconciling` while the
+/// operator is still getting there. Both `False` (with `Ready`'s reason) when it is done.
+fn progress(stalled: bool, reconciling: bool, ready: &Want) -> (Want, Want) {
+    let condition = |type_, on: bool| Want {
+        type_,
+        ok: on,
+        reason: ready.reason,
+        message: if on {
+            ready.message.clone()
+        } else {
+            String::new()
+        },
+    };
+    (
+        condition(conditions::RECONCILING, reconciling && !stalled),
+        condition(conditions::STALLED, stalled),
+    )
+}
+
 /// Sidecar counts of one policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicySidecars {
@@ -147,11 +167,23 @@ pub fn policy_status(
             sync_want.message.clone()
         },
     };
+    let (reconciling, stalled) = progress(
+        !compiled_want.ok,
+        compiled_want.ok && !sync_want.ok,
+        &ready_want,
+    );
     McpServerPolicyStatus {
         observed_generation: plan.generation,
         conditions: merge_conditions(
             &previous.conditions,
-            &[ready_want, compiled_want, sync_want, conflict_want],
+            &[
+                ready_want,
+                compiled_want,
+                sync_want,
+                conflict_want,
+                reconciling,
+                stalled,
+            ],
             plan.generation,
             now,
         ),
@@ -190,13 +222,23 @@ pub fn exception_status(
         reason: plan.reason,
         message: plan.message.clone(),
     };
+    // Not yet valid: it becomes active by itself. Expired or invalid: only a new signed spec
+    // (or deleting the object) changes anything.
+    let (reconciling, stalled) = progress(
+        matches!(
+            plan.state,
+            ExceptionState::Expired | ExceptionState::Invalid
+        ),
+        plan.state == ExceptionState::NotYetValid,
+        &ready,
+    );
     CapabilityExceptionStatus {
         observed_generation: plan.generation,
         state: Some(plan.state),
         approver: plan.approver.clone(),
         conditions: merge_conditions(
             &previous.conditions,
-            &[ready, signature],
+            &[ready, signature, reconciling, stalled],
             plan.generation,
             now,
         ),
@@ -241,9 +283,15 @@ pub fn revocation_status(
         type_: conditions::READY,
         ..propagated.clone()
     };
+    let (reconciling, stalled) = progress(false, !done, &ready);
     PrincipalRevocationStatus {
         observed_generation: generation,
-        conditions: merge_conditions(&previous.conditions, &[ready, propagated], generation, now),
+        conditions: merge_conditions(
+            &previous.conditions,
+            &[ready, propagated, reconciling, stalled],
+            generation,
+            now,
+        ),
         target_sidecars: Some(propagation.target),
         acknowledged_sidecars: Some(propagation.acknowledged),
         tasks_cancelled: Some(propagation.tasks_cancelled),
@@ -335,3 +383,7 @@ mod tests {
         assert_eq!(s.acknowledged_sidecars, Some(3));
     }
 }
+
+#[cfg(test)]
+#[path = "status_kstatus_tests.rs"]
+mod kstatus_tests;

@@ -243,14 +243,21 @@ spec:
     #[test]
     fn paths_point_at_the_line_of_their_key_or_element() {
         let docs = document_lines(TEXT);
-        assert_eq!(docs.len(), 2, "empty documents are skipped like parse_manifests does");
+        assert_eq!(
+            docs.len(),
+            2,
+            "empty documents are skipped like parse_manifests does"
+        );
         let policy = &docs[0];
         assert_eq!(policy.line_of(""), 2);
         assert_eq!(policy.line_of("kind"), 3);
         assert_eq!(policy.line_of("metadata.name"), 5);
         assert_eq!(policy.line_of("spec.identity.issuers"), 9);
         assert_eq!(policy.line_of("spec.identity.issuers[1]"), 12);
-        assert_eq!(policy.line_of("spec.identity.issuers[1].claims.subject"), 14);
+        assert_eq!(
+            policy.line_of("spec.identity.issuers[1].claims.subject"),
+            14
+        );
         assert_eq!(policy.line_of("spec.identity.issuers[0].audiences[0]"), 11);
         // Flow style: the key's line.
         assert_eq!(policy.line_of("spec.tasks.retention.maxTtl"), 16);

@@ -23,7 +23,6 @@ use crate::mcp::methods;
 use crate::mcp::strict_json::{self, StrictJsonError};
 use crate::mcp::task::peek_response;
 
-use super::upstream::broke_bound;
 use super::capability_screen::screen_request_inputs;
 use super::context::RequestContext;
 use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};
@@ -32,6 +31,7 @@ use super::logging_gate::{count_dropped_message, logging_allowed};
 use super::respond;
 use super::server_tasks::cancel_orphan;
 use super::state::AppState;
+use super::upstream::broke_bound;
 use super::upstream::{EventStream, UpstreamBody};
 
 /// What becomes of a final answer that says the request became a task. Dropping the step

@@ -18,10 +18,10 @@ use sse_stream::SseStream;
 use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event};
 use crate::model::TaskId;
 
-use super::super::upstream::{BoundedEvents, StreamBounds};
 use super::super::context::RequestContext;
 use super::super::state::AppState;
 use super::super::upstream::EventStream;
+use super::super::upstream::{BoundedEvents, StreamBounds};
 
 /// How long a home replica may take to acknowledge a forwarded subscription.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);

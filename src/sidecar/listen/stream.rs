@@ -19,7 +19,6 @@ use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::super::upstream::broke_bound;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, Report, authorize, holds_scopes, task_view};
@@ -28,6 +27,7 @@ use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
 use super::super::task_state::{end_for_server_report, now_ms, settle_terminal};
 use super::super::upstream::EventStream;
+use super::super::upstream::broke_bound;
 
 pub(super) struct Pump {
     pub app: Arc<AppState>,

@@ -3,9 +3,9 @@
 use super::*;
 use crate::policy::{CompileMode, ManifestFile, check_files};
 
-const POLICY: &str = include_str!("../../examples/policies/valid/mcpserverpolicy.yaml");
-const EXCEPTION: &str = include_str!("../../examples/policies/valid/capabilityexception.yaml");
-const REVOCATION: &str = include_str!("../../examples/policies/valid/principalrevocation.yaml");
+const POLICY: &str = include_str!("../../../examples/policies/valid/mcpserverpolicy.yaml");
+const EXCEPTION: &str = include_str!("../../../examples/policies/valid/capabilityexception.yaml");
+const REVOCATION: &str = include_str!("../../../examples/policies/valid/principalrevocation.yaml");
 
 fn compile(texts: &[&str]) -> Vec<EffectivePolicy> {
     let files: Vec<ManifestFile> = texts
@@ -39,7 +39,10 @@ fn only(changes: &[Change]) -> &Change {
 
 #[test]
 fn the_same_manifests_are_unchanged_and_loosen_nothing() {
-    let diffs = diff_policies(&compile(&[POLICY, EXCEPTION]), &compile(&[POLICY, EXCEPTION]));
+    let diffs = diff_policies(
+        &compile(&[POLICY, EXCEPTION]),
+        &compile(&[POLICY, EXCEPTION]),
+    );
     assert_eq!(diffs.len(), 1);
     assert_eq!(diffs[0].policy, "team-a/reports");
     assert_eq!(diffs[0].change, PolicyChange::Unchanged);
@@ -81,16 +84,25 @@ fn a_wider_tool_list_a_raised_quota_and_a_removed_scope_loosen() {
 
     let no_scope = edited("      bulk_update: [reports:write]\n", "");
     let change = only(&changes(&[POLICY], &[&no_scope])).clone();
-    assert_eq!(change.summary, "tasks.requiredScopes.bulk_update: removed reports:write");
+    assert_eq!(
+        change.summary,
+        "tasks.requiredScopes.bulk_update: removed reports:write"
+    );
     assert_eq!(change.effect, Effect::Loosens);
 }
 
 #[test]
 fn a_faster_poll_a_lower_audit_sample_and_a_new_issuer_loosen() {
     let faster = edited("minPollInterval: 2s", "minPollInterval: 500ms");
-    assert_eq!(only(&changes(&[POLICY], &[&faster])).effect, Effect::Loosens);
+    assert_eq!(
+        only(&changes(&[POLICY], &[&faster])).effect,
+        Effect::Loosens
+    );
 
-    let sampled = edited("statusReadSamplePercent: 100", "statusReadSamplePercent: 10");
+    let sampled = edited(
+        "statusReadSamplePercent: 100",
+        "statusReadSamplePercent: 10",
+    );
     let change = only(&changes(&[POLICY], &[&sampled])).clone();
     assert_eq!(change.summary, "audit.statusReadSamplePercent 100 → 10");
     assert_eq!(change.effect, Effect::Loosens);
@@ -100,7 +112,10 @@ fn a_faster_poll_a_lower_audit_sample_and_a_new_issuer_loosen() {
         "      - issuer: https://partner.example.com\n        audiences: [https://reports.team-a.example.com/mcp]\n        jwksUri: https://partner.example.com/jwks.json\n  upstream:\n",
     );
     let change = only(&changes(&[POLICY], &[&second_issuer])).clone();
-    assert_eq!(change.summary, "identity.issuers: trusts https://partner.example.com");
+    assert_eq!(
+        change.summary,
+        "identity.issuers: trusts https://partner.example.com"
+    );
     assert_eq!(change.effect, Effect::Loosens);
     let back = only(&changes(&[&second_issuer], &[POLICY])).clone();
     assert_eq!(back.effect, Effect::Tightens);
@@ -134,7 +149,10 @@ fn a_new_exception_loosens_and_names_itself_on_the_capability() {
 fn a_withdrawn_revocation_loosens_and_a_new_one_tightens() {
     let added = changes(&[POLICY], &[POLICY, REVOCATION]);
     assert_eq!(only(&added).effect, Effect::Tightens, "{added:#?}");
-    assert!(only(&added).summary.starts_with("revocation "), "{added:#?}");
+    assert!(
+        only(&added).summary.starts_with("revocation "),
+        "{added:#?}"
+    );
     let withdrawn = changes(&[POLICY, REVOCATION], &[POLICY]);
     assert_eq!(only(&withdrawn).effect, Effect::Loosens);
 }
