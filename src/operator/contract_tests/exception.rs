@@ -149,12 +149,25 @@ impl Scenario {
                 "observedGeneration": 2, "lastTransitionTime": since
             })
         };
+        // kstatus: Reconciling while not yet valid, Stalled once expired or invalid; each
+        // with Ready's reason, and Ready's message while True.
+        let (_, reason, message) = self.ready();
+        let flag = |on: bool| -> Expected {
+            (
+                if on { "True" } else { "False" },
+                reason,
+                if on { message.clone() } else { String::new() },
+            )
+        };
+        let stalled = !matches!(self, Self::Active | Self::NotYetValid);
         let mut status = json!({
             "observedGeneration": 2,
             "state": self.state(),
             "conditions": [
                 condition("Ready", self.ready()),
                 condition("SignatureVerified", self.signature()),
+                condition("Reconciling", flag(matches!(self, Self::NotYetValid))),
+                condition("Stalled", flag(stalled)),
             ]
         });
         if self.verified() {
@@ -273,6 +286,14 @@ async fn the_clock_wins_over_a_plan_computed_just_before_the_flip() {
             {
                 "type": "SignatureVerified", "status": "True", "reason": "Verified",
                 "message": format!("signed by {APPROVER_KID}"),
+                "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"
+            },
+            {
+                "type": "Reconciling", "status": "False", "reason": "Active", "message": "",
+                "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"
+            },
+            {
+                "type": "Stalled", "status": "False", "reason": "Active", "message": "",
                 "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"
             }
         ]

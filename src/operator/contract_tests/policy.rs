@@ -49,6 +49,13 @@ fn status(hash: &str, in_sync: i32, since: &str) -> Value {
             ),
             condition("SidecarsInSync", ok, sync_reason, &sync, since),
             condition("Conflict", "False", "NoConflict", "", since),
+            // kstatus: Reconciling while sidecars catch up (with Ready's reason and message).
+            if in_sync == 1 {
+                condition("Reconciling", "False", ready_reason, "", since)
+            } else {
+                condition("Reconciling", "True", ready_reason, &sync, since)
+            },
+            condition("Stalled", "False", ready_reason, "", since),
         ],
         "matchedPods": 1,
         "sidecarsInSync": in_sync,

@@ -60,6 +60,18 @@ fn condition(type_: &str, done: bool, message: &str, since: &str) -> Value {
     })
 }
 
+/// A kstatus condition (`Reconciling`, `Stalled`) with the reason of `Ready`.
+fn flag(type_: &str, on: bool, reason: &str, message: &str, since: &str) -> Value {
+    json!({
+        "type": type_,
+        "status": if on { "True" } else { "False" },
+        "reason": reason,
+        "message": message,
+        "observedGeneration": 1,
+        "lastTransitionTime": since
+    })
+}
+
 fn partial_status(since: &str) -> Value {
     let message = "1 of 2 targeted sidecars applied it";
     json!({
@@ -67,6 +79,8 @@ fn partial_status(since: &str) -> Value {
         "conditions": [
             condition("Ready", false, message, since),
             condition("Propagated", false, message, since),
+            flag("Reconciling", true, "Propagating", message, since),
+            flag("Stalled", false, "Propagating", "", since),
         ],
         "targetSidecars": 2,
         "acknowledgedSidecars": 1,
@@ -82,6 +96,8 @@ fn complete_status() -> Value {
         "conditions": [
             condition("Ready", true, message, NOW),
             condition("Propagated", true, message, NOW),
+            flag("Reconciling", false, "Applied", "", NOW),
+            flag("Stalled", false, "Applied", "", NOW),
         ],
         "targetSidecars": 2,
         "acknowledgedSidecars": 2,
