@@ -61,7 +61,8 @@ impl Proc {
         while Instant::now() < deadline {
             for path in [&self.stdout, &self.stderr] {
                 let text = std::fs::read_to_string(path).unwrap_or_default();
-                for line in text.lines() {
+                // Only whole lines: the process may be writing the last one right now.
+                for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
                     if let Some(i) = line.find(marker) {
                         return Ok(line[i + marker.len()..].trim().to_owned());
                     }
