@@ -23,6 +23,23 @@ const SPEC: &str = r#"  tasks:
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(5);
 
+/// An abruptly closed listener's stream ends: the next event finds nobody to deliver to and
+/// the sidecar audits `listen.closed` with reason `client_closed`.
+async fn assert_client_close_noticed(
+    server: &support::process::ExampleServer,
+    sidecar: &support::process::Sidecar,
+) {
+    let closed = support::eventually(LONG, async || {
+        server.emit(json!({"kind": "toolsListChanged"})).await;
+        sidecar
+            .audit()
+            .into_iter()
+            .find(|e| e["event"] == "listen.closed" && e["reason"] == "client_closed")
+    })
+    .await;
+    assert!(closed.is_some(), "abrupt close not noticed");
+}
+
 #[tokio::test]
 async fn the_acknowledgement_comes_first_and_every_frame_carries_the_subscription_id() {
     let (server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
@@ -251,15 +268,7 @@ async fn streams_are_capped_per_principal_and_closed_ends_free_the_slot() {
     })
     .await;
     assert!(reopened.is_some());
-    let closed = support::eventually(LONG, async || {
-        server.emit(json!({"kind": "toolsListChanged"})).await;
-        sidecar
-            .audit()
-            .into_iter()
-            .find(|e| e["event"] == "listen.closed" && e["reason"] == "client_closed")
-    })
-    .await;
-    assert!(closed.is_some(), "abrupt close not noticed");
+    assert_client_close_noticed(&server, &sidecar).await;
 }
 
 #[tokio::test]
@@ -526,13 +535,5 @@ async fn with_upstream_http2_listen_streams_reach_the_server_over_http2_and_requ
 
     // A stream whose client goes away still ends at the server: its HTTP/2 stream is reset.
     drop(streams.pop());
-    let closed = support::eventually(LONG, async || {
-        server.emit(json!({"kind": "toolsListChanged"})).await;
-        sidecar
-            .audit()
-            .into_iter()
-            .find(|e| e["event"] == "listen.closed" && e["reason"] == "client_closed")
-    })
-    .await;
-    assert!(closed.is_some(), "abrupt close not noticed");
+    assert_client_close_noticed(&server, &sidecar).await;
 }

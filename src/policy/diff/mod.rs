@@ -238,26 +238,9 @@ fn judge(path: &str, before: &Value, after: &Value) -> Change {
     if let (Some(old), Some(new)) = (set(before), set(after))
         && matches!(rule, Rule::AddedLoosens | Rule::RemovedLoosens)
     {
-        let added: Vec<&String> = new.iter().filter(|x| !old.contains(x)).collect();
-        let removed: Vec<&String> = old.iter().filter(|x| !new.contains(x)).collect();
-        let effect = match rule {
-            Rule::AddedLoosens if !added.is_empty() => Effect::Loosens,
-            Rule::RemovedLoosens if !removed.is_empty() => Effect::Loosens,
-            _ if added.is_empty() && removed.is_empty() => Effect::Neutral,
-            _ => Effect::Tightens,
-        };
-        let mut words = Vec::new();
-        if !added.is_empty() {
-            words.push(format!("added {}", join(&added)));
-        }
-        if !removed.is_empty() {
-            words.push(format!("removed {}", join(&removed)));
-        }
-        if words.is_empty() {
-            words.push("reordered".to_owned());
-        }
+        let (words, effect) = set_change(&old, &new, matches!(rule, Rule::AddedLoosens));
         return Change {
-            summary: format!("{field}: {}", words.join("; ")),
+            summary: format!("{field}: {words}"),
             field,
             before: b,
             after: a,
@@ -364,6 +347,32 @@ pub(super) fn text(value: &Value) -> Option<String> {
         Value::Object(map) if map.len() == 1 && map.contains_key("only") => text(&map["only"]),
         other => Some(other.to_string()),
     }
+}
+
+/// A list read as a set, before and after: what was added and removed, in words, and whether
+/// that loosens (additions loosen when `added_loosens`, else removals do).
+pub(super) fn set_change(old: &[String], new: &[String], added_loosens: bool) -> (String, Effect) {
+    let added: Vec<&String> = new.iter().filter(|x| !old.contains(x)).collect();
+    let removed: Vec<&String> = old.iter().filter(|x| !new.contains(x)).collect();
+    let loosening = if added_loosens { &added } else { &removed };
+    let effect = if !loosening.is_empty() {
+        Effect::Loosens
+    } else if added.is_empty() && removed.is_empty() {
+        Effect::Neutral
+    } else {
+        Effect::Tightens
+    };
+    let mut words = Vec::new();
+    if !added.is_empty() {
+        words.push(format!("added {}", join(&added)));
+    }
+    if !removed.is_empty() {
+        words.push(format!("removed {}", join(&removed)));
+    }
+    if words.is_empty() {
+        words.push("reordered".to_owned());
+    }
+    (words.join("; "), effect)
 }
 
 pub(super) fn join(items: &[&String]) -> String {

@@ -2,7 +2,7 @@
 //! exceptions, revocations.
 
 use super::super::effective::{EffectivePolicy, GrantedException, RevocationRule};
-use super::{Change, Effect, compare, join, set, text};
+use super::{Change, Effect, compare, set, set_change, text};
 
 /// Trusted issuers by URL: a new one loosens, a removed one tightens, a changed one is judged
 /// field by field (a new audience, algorithm or key source loosens).
@@ -41,23 +41,8 @@ pub(super) fn issuers(old: &EffectivePolicy, new: &EffectivePolicy, changes: &mu
             let (before_text, after_text) = (text(&b[key]), text(&a[key]));
             let (summary, effect) = match (set(&b[key]), set(&a[key])) {
                 (Some(old_set), Some(new_set)) => {
-                    let added: Vec<&String> =
-                        new_set.iter().filter(|x| !old_set.contains(x)).collect();
-                    let removed: Vec<&String> =
-                        old_set.iter().filter(|x| !new_set.contains(x)).collect();
-                    let mut words = Vec::new();
-                    if !added.is_empty() {
-                        words.push(format!("added {}", join(&added)));
-                    }
-                    if !removed.is_empty() {
-                        words.push(format!("removed {}", join(&removed)));
-                    }
-                    let effect = if added.is_empty() {
-                        Effect::Tightens
-                    } else {
-                        Effect::Loosens
-                    };
-                    (format!("{field}: {}", words.join("; ")), effect)
+                    let (words, effect) = set_change(&old_set, &new_set, true);
+                    (format!("{field}: {words}"), effect)
                 }
                 // Where keys come from or which claims name the owner: new trust.
                 _ => (
