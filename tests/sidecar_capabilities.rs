@@ -114,6 +114,15 @@ async fn sampling_under_an_active_exception_reaches_the_declaring_client_within_
         "prompt or model output in the audit trail"
     );
     assert!(rejections_when(&s.sidecar, 0).await.is_empty());
+    // Counted under the exception that allowed them (the dashboard's "by exception" panel).
+    assert_eq!(
+        s.sidecar
+            .metric(
+                "lifeguard_capability_decisions_total{capability=\"sampling\",decision=\"allow\",reason=\"exception\",exception=\"ok\"}"
+            )
+            .await,
+        2.0
+    );
 }
 
 #[tokio::test]
@@ -198,6 +207,13 @@ async fn exceptions_out_of_force_or_for_someone_else_are_refused_with_their_reas
     }
     let reasons: Vec<&str> = cases.iter().map(|(_, r)| *r).collect();
     assert_eq!(refusal_trails(&s.sidecar, cases.len()).await, reasons);
+    // A refusal names no exception: none allowed it.
+    for reason in &reasons {
+        let sample = format!(
+            "lifeguard_capability_decisions_total{{capability=\"sampling\",decision=\"deny\",reason=\"{reason}\",exception=\"\"}}"
+        );
+        assert_eq!(s.sidecar.metric(&sample).await, 1.0, "{sample}");
+    }
     assert_eq!(
         upstream_statuses(&s.server).await,
         vec!["cancelled"; cases.len()]

@@ -27,10 +27,11 @@ use super::cluster_acks::ClusterAcks;
 use super::config::BypassPrevention;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
+use super::object_metrics::sidecars_of;
 use super::plan::window_condition;
 use super::propagation::PropagationTracker;
 use super::sessions::Sessions;
-use super::status::{PolicySidecars, exception_status, policy_status, revocation_status};
+use super::status::{exception_status, policy_status, revocation_status};
 use super::stream::Distribution;
 
 pub use super::FIELD_MANAGER;
@@ -168,30 +169,12 @@ pub(crate) async fn reconcile_policy_at(
         // Not planned yet: the distributor's next publish reconciles everything again.
         return Ok(Action::await_change());
     };
-    let assigned: Vec<&ObjectKey> = distribution
-        .plan
-        .pods
-        .iter()
-        .filter(|(_, p)| **p == key)
-        .map(|(pod, _)| pod)
-        .collect();
     let view = ctx.acks.view();
-    let in_sync = plan.compiled.as_ref().map_or(0, |c| {
-        assigned
-            .iter()
-            .filter(|pod| view.in_sync(pod, &c.hash))
-            .count()
+    let sidecars = sidecars_of(&distribution.plan, &key, |pod, hash| {
+        view.in_sync(pod, hash)
     });
     let previous = policy.status.clone().unwrap_or_default();
-    let desired = policy_status(
-        plan,
-        PolicySidecars {
-            assigned: i32::try_from(assigned.len()).unwrap_or(i32::MAX),
-            in_sync: i32::try_from(in_sync).unwrap_or(i32::MAX),
-        },
-        &previous,
-        now,
-    );
+    let desired = policy_status(plan, sidecars, &previous, now);
     if policy.status.as_ref() != Some(&desired) {
         let api: Api<McpServerPolicy> = Api::namespaced(ctx.client.clone(), &key.namespace);
         apply_status(&api, &key.name, "McpServerPolicy", &desired, &ctx.metrics).await?;

@@ -153,6 +153,12 @@ impl Distributor {
                 revocation_targets(&plan, &sidecars, &name)
             });
         }
+        // A revocation deleted before it expired is no longer waited for.
+        let existing: std::collections::HashSet<&str> = revocations
+            .iter()
+            .filter_map(|r| r.metadata.name.as_deref())
+            .collect();
+        tracker.retain(|name| existing.contains(name));
         tracker.fix_deferred_targets(now, |name| revocation_targets(&plan, &sidecars, name));
         let grace = tracker.waiting_for_grace();
         [next, grace].into_iter().flatten().min()

@@ -1,5 +1,8 @@
-//! Prometheus metrics of the operator. Labels are bounded (kind, result, reason): never object
-//! names, pods or subjects.
+//! Prometheus metrics of the operator. The counters and histograms have bounded labels (kind,
+//! result, reason); the per-object gauges of [`ObjectMetrics`] name policies, exceptions and
+//! revocations (objects platform teams create), never pods, subjects or task IDs.
+
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -9,6 +12,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::telemetry::metrics::ReasonLabels;
+
+use super::object_metrics::ObjectMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
@@ -29,6 +34,8 @@ pub struct OperatorMetrics {
     pub plan_version: Gauge,
     pub plan_seconds: Histogram,
     pub revocation_propagation_seconds: Histogram,
+    /// Per-object gauges, computed at scrape time (exported by the leader only).
+    pub objects: Arc<ObjectMetrics>,
 }
 
 impl OperatorMetrics {
@@ -94,6 +101,8 @@ impl OperatorMetrics {
             "Time from first observing a revocation to its last acknowledgement",
             revocation_propagation_seconds.clone(),
         );
+        let objects = Arc::new(ObjectMetrics::default());
+        registry.register_collector(Box::new(objects.clone()));
         Self {
             registry,
             sidecars_connected,
@@ -106,6 +115,7 @@ impl OperatorMetrics {
             plan_version,
             plan_seconds,
             revocation_propagation_seconds,
+            objects,
         }
     }
 

@@ -26,6 +26,7 @@ pub mod distributor;
 pub mod lease;
 pub mod metrics;
 pub mod network_policy;
+pub mod object_metrics;
 pub mod plan;
 pub mod propagation;
 pub mod revocation_sink;

@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 
 use crate::api::conditions::reasons;
 use crate::api::{
-    CapabilityException, CapabilityExceptionSpec, ExceptionState, McpServerPolicy,
-    PrincipalRevocation,
+    CapabilityException, CapabilityExceptionSpec, ExceptionCapability, ExceptionState,
+    McpServerPolicy, PrincipalRevocation,
 };
 /// The approver keys as the operator last read them (shared with the webhook).
 pub use crate::exception::ApproverKeys;
@@ -74,6 +74,9 @@ pub struct ExceptionPlan {
     pub message: String,
     /// Whether the signature verified (independently of the validity window).
     pub signature_verified: bool,
+    /// The capability it opens and the end of its window (for the expiry gauge).
+    pub capability: ExceptionCapability,
+    pub expires_at: Timestamp,
 }
 
 /// The whole plan.
@@ -152,6 +155,8 @@ fn exception_plan(
         reason,
         message,
         signature_verified: false,
+        capability: exception.spec.capability,
+        expires_at: exception.spec.expires_at.0,
     };
     if !policy_exists {
         return invalid(
@@ -208,6 +213,8 @@ fn exception_plan(
         approver: v.approver,
         reason,
         message,
+        capability: exception.spec.capability,
+        expires_at: exception.spec.expires_at.0,
     }
 }
 

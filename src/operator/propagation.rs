@@ -180,6 +180,21 @@ impl PropagationTracker {
     pub fn forget(&mut self, name: &str) {
         self.revocations.remove(name);
     }
+
+    /// Forgets every revocation `exists` says is gone (deleted before it expired).
+    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+        self.revocations.retain(|name, _| exists(name));
+    }
+
+    /// Revocations whose propagation has not completed, with the instant their clock started
+    /// (including those still waiting for the restart grace).
+    pub fn pending(&self) -> Vec<(String, Timestamp)> {
+        self.revocations
+            .iter()
+            .filter(|(_, t)| t.completed.is_none())
+            .map(|(name, t)| (name.clone(), t.observed))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +309,32 @@ mod tests {
         assert_eq!(p.target, 1);
         // Counted from the object's creation.
         assert_eq!(p.propagation_millis, Some(3_607_000));
+    }
+
+    #[test]
+    fn pending_lists_unfinished_revocations_and_retain_drops_deleted_ones() {
+        let mut t = PropagationTracker::new(at(START));
+        let seen = at("2026-12-01T00:05:00Z");
+        let first = FirstSight {
+            created: Some(seen),
+            recorded_completion: None,
+        };
+        t.observe("waiting", &first, seen, || [pod("a")].into());
+        t.observe("deleted", &first, seen, || [pod("a")].into());
+        t.observe("done", &first, seen, BTreeSet::new);
+        t.progress("done", &set(&[]), &set(&["a"]), 0, 0, seen);
+        let mut pending = t.pending();
+        pending.sort();
+        assert_eq!(
+            pending,
+            vec![("deleted".to_owned(), seen), ("waiting".to_owned(), seen)]
+        );
+        t.retain(|name| name != "deleted");
+        assert_eq!(t.pending(), vec![("waiting".to_owned(), seen)]);
+        assert!(
+            t.progress("deleted", &set(&[]), &set(&[]), 0, 0, seen)
+                .is_none()
+        );
     }
 
     #[test]

@@ -72,7 +72,7 @@ fn progress(stalled: bool, reconciling: bool, ready: &Want) -> (Want, Want) {
 }
 
 /// Sidecar counts of one policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicySidecars {
     /// Pods the policy wins (those whose sidecars enforce it).
     pub assigned: i32,

@@ -124,6 +124,8 @@ fn exception_object(state: ExceptionState, reason: &'static str) -> Value {
         reason,
         message: format!("state {reason}"),
         signature_verified: !matches!(state, ExceptionState::Invalid),
+        capability: crate::api::ExceptionCapability::Sampling,
+        expires_at: now(),
     };
     let status = exception_status(&plan, &Default::default(), now());
     object("CapabilityException", 1, status)

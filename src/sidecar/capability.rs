@@ -191,6 +191,10 @@ impl CapabilityGate {
                             Verdict::Allowed { .. } => "exception",
                             Verdict::Rejected(r) => r.as_str(),
                         },
+                        exception: match &verdict {
+                            Verdict::Allowed { exception, .. } => exception.name.clone(),
+                            Verdict::Rejected(_) => String::new(),
+                        },
                     });
                     if let Verdict::Rejected(reason) = verdict {
                         let method = requests.get(&key).map(method_of).unwrap_or_default();

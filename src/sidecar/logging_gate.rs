@@ -56,6 +56,7 @@ pub fn count_dropped_message(app: &AppState, reason: Rejection) {
             capability: "logging",
             decision: "deny",
             reason: reason.as_str(),
+            exception: String::new(),
         })
         .inc();
 }

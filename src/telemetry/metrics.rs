@@ -1,5 +1,6 @@
-//! Prometheus metrics of the sidecar. Labels are bounded (method, decision, reason, status):
-//! never object names, subjects or task IDs.
+//! Prometheus metrics of the sidecar. Labels are bounded (method, decision, reason, status, and
+//! the name of the CapabilityException that allowed a request): never subjects, clients or
+//! task IDs.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -32,6 +33,9 @@ pub struct CapabilityLabels {
     pub capability: &'static str,
     pub decision: &'static str,
     pub reason: &'static str,
+    /// The CapabilityException that allowed the request (its name: it lives in the pod's
+    /// namespace); empty for a denial.
+    pub exception: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -222,7 +226,7 @@ impl SidecarMetrics {
         );
         registry.register(
             "capability_decisions",
-            "Server-to-client input requests for deprecated capabilities, by capability, decision and reason",
+            "Server-to-client input requests for deprecated capabilities, by capability, decision, reason and the exception that allowed them",
             capability_decisions.clone(),
         );
         registry.register(

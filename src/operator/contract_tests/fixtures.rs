@@ -18,6 +18,7 @@ use crate::operator::cluster_acks::ClusterAcks;
 use crate::operator::config::BypassPrevention;
 use crate::operator::controllers::Context;
 use crate::operator::metrics::OperatorMetrics;
+use crate::operator::object_metrics::ObjectSources;
 use crate::operator::plan::{ApproverKeys, Plan, World, plan};
 use crate::operator::propagation::PropagationTracker;
 use crate::operator::sessions::Sessions;
@@ -245,6 +246,15 @@ impl Setup {
         }));
         let (_, leading) = watch::channel(self.leading);
         let sessions = Arc::new(self.sessions);
+        let acks = Arc::new(ClusterAcks::new(sessions.clone(), REPLICA.into()));
+        let tracker = Arc::new(Mutex::new(self.tracker));
+        let metrics = Arc::new(OperatorMetrics::new());
+        metrics.objects.attach(ObjectSources {
+            distribution: distribution.clone(),
+            acks: acks.clone(),
+            tracker: tracker.clone(),
+            leading: leading.clone(),
+        });
         Arc::new(Context {
             recorder: Recorder::new(
                 client.clone(),
@@ -255,12 +265,12 @@ impl Setup {
             ),
             client,
             distribution,
-            acks: Arc::new(ClusterAcks::new(sessions.clone(), REPLICA.into())),
+            acks,
             sessions,
-            tracker: Arc::new(Mutex::new(self.tracker)),
+            tracker,
             leading,
             pods: pod_store(&self.pods),
-            metrics: Arc::new(OperatorMetrics::new()),
+            metrics,
             bypass: self.bypass,
             network_policies: Default::default(),
         })

@@ -12,6 +12,7 @@ mod auth;
 mod exception;
 mod lease;
 mod network_policy;
+mod object_metrics;
 mod policy;
 mod revocation;
 mod revocation_sink;
