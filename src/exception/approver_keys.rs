@@ -32,7 +32,12 @@ impl ApproverKeys {
             Ok(t) => t,
             Err(e) => return Self::Unusable(e.to_string()),
         };
-        match serde_json::from_slice::<Box<RawValue>>(bytes) {
+        // Re-serialized compactly: the document travels embedded in one NDJSON line of the
+        // policy stream, and a pretty-printed JWKS (as `kubectl create secret --from-file`
+        // stores a formatted file) would otherwise split that line.
+        let compact = serde_json::from_slice::<serde_json::Value>(bytes)
+            .and_then(|value| serde_json::value::to_raw_value(&value));
+        match compact {
             Ok(document) => Self::Loaded {
                 trust: Arc::new(trust),
                 document: Arc::from(document),
@@ -99,6 +104,10 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(document.get()).unwrap(),
             serde_json::from_slice::<serde_json::Value>(JWKS).unwrap()
+        );
+        assert!(
+            JWKS.contains(&b'\n') && !document.get().contains('\n'),
+            "a formatted document is kept on one line (it travels in an NDJSON stream)"
         );
         let text = std::str::from_utf8(JWKS).unwrap();
         assert!(matches!(

@@ -39,6 +39,7 @@ try:
     from cryptography.x509.oid import NameOID
 
     import chart_properties as props
+    import monitoring_properties
 except ImportError as missing:
     sys.exit(f"check_chart.py: {missing}; this interpreter ({sys.executable}) lacks the pinned "
              "packages: pip install -r tests/interop/requirements.txt (scripts/test.sh does)")
@@ -54,7 +55,9 @@ KUBE_VERSIONS = ("1.33.0", "1.37.0")
 # Kinds kubernetes-validate ships no schema for (they come from cert-manager and the Prometheus
 # Operator); every other kind must validate.
 FOREIGN_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
-                 ("monitoring.coreos.com/v1", "ServiceMonitor")}
+                 ("monitoring.coreos.com/v1", "ServiceMonitor"),
+                 ("monitoring.coreos.com/v1", "PodMonitor"),
+                 ("monitoring.coreos.com/v1", "PrometheusRule")}
 LIFEGUARD_KINDS = {"McpServerPolicy", "CapabilityException", "PrincipalRevocation"}
 
 # kubernetes-validate re-reads its multi-megabyte schema files on every call.
@@ -123,7 +126,16 @@ SCENARIOS = {
         "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": "monitoring"}}}]},
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring",
+                             "annotations": {"grafana_folder": "Lifeguard"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},
+                           "revocationObjectiveSeconds": 10},
         "imagePullSecrets": [{"name": "registry"}],
+    },
+    "monitoring-only": {
+        "grafanaDashboard": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "serviceMonitor": {"enabled": True, "sidecars": False},
     },
 }
 
@@ -214,6 +226,7 @@ def check_scenario(name, values, problems):
                                                                          "optedIn")),
         props.check_configs(docs, NAMESPACE, services),
         props.check_certificates(docs, NAMESPACE, mode, values),
+        monitoring_properties.check_monitoring(docs, merged),
     ]
     for found in checks:
         problems.extend_for(name, found)
@@ -280,6 +293,12 @@ SCHEMA_REFUSALS = [
     ({"sidecar": {"internalPort": 80}}, "/sidecar/internalPort"),
     ({"certificates": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "issuerRef"),
     ({"unknownTopLevel": True}, "unknownTopLevel"),
+    ({"prometheusRule": {"sidecarsOutOfSyncFor": "5 minutes"}},
+     "/prometheusRule/sidecarsOutOfSyncFor"),
+    ({"prometheusRule": {"revocationObjectiveSeconds": 0}},
+     "/prometheusRule/revocationObjectiveSeconds"),
+    ({"prometheusRule": {"runbookUrl": "docs/operations.md#x"}}, "/prometheusRule/runbookUrl"),
+    ({"grafanaDashboard": {"namespace": "Monitoring"}}, "/grafanaDashboard/namespace"),
 ]
 
 # Values the schema allows but the templates refuse, with the fail message they must print.

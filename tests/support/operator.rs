@@ -286,6 +286,25 @@ impl LightSidecar {
         claimed: (&str, &str),
         tasks_per_revocation: u64,
     ) -> Self {
+        Self::spawn(operator, pod, claimed, Some(tasks_per_revocation))
+    }
+
+    /// A sidecar that acknowledges its policy but never reports applying a revocation (one
+    /// that is stuck), so revocations targeting it stay pending.
+    pub fn connect_never_revoking(
+        operator: &Operator,
+        pod: &TestPod,
+        claimed: (&str, &str),
+    ) -> Self {
+        Self::spawn(operator, pod, claimed, None)
+    }
+
+    fn spawn(
+        operator: &Operator,
+        pod: &TestPod,
+        claimed: (&str, &str),
+        tasks_per_revocation: Option<u64>,
+    ) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let client = operator.ca.client();
         let url = format!(
@@ -323,15 +342,18 @@ impl LightSidecar {
                         if message["type"] != "snapshot" {
                             continue;
                         }
-                        let revocations: Vec<Value> = message["policy"]["revocations"]
-                            .as_array()
-                            .cloned()
-                            .unwrap_or_default()
-                            .iter()
-                            .map(|r| {
-                                json!({"name": r["name"], "tasksCancelled": tasks_per_revocation, "streamsClosed": 0})
-                            })
-                            .collect();
+                        let revocations: Vec<Value> = match tasks_per_revocation {
+                            Some(tasks) => message["policy"]["revocations"]
+                                .as_array()
+                                .cloned()
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|r| {
+                                    json!({"name": r["name"], "tasksCancelled": tasks, "streamsClosed": 0})
+                                })
+                                .collect(),
+                            None => Vec::new(),
+                        };
                         let hash = message["policy"]
                             .as_object()
                             .map(|_| policy_hash(&message["policy"]));
