@@ -1,10 +1,12 @@
 //! Prometheus metrics of the operator. The counters and histograms have bounded labels (kind,
-//! result, reason); the per-object gauges of [`ObjectMetrics`] name policies, exceptions and
-//! revocations (objects platform teams create), never pods, subjects or task IDs.
+//! result, reason); the per-object gauges (`super::object_metrics`, attached as
+//! [`OperatorMetrics::objects`]) name policies, exceptions and revocations (objects platform
+//! teams create), never pods, subjects or task IDs.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,12 +15,39 @@ use prometheus_client::registry::Registry;
 
 use crate::telemetry::metrics::ReasonLabels;
 
-use super::object_metrics::ObjectMetrics;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     pub kind: &'static str,
     pub result: &'static str,
+}
+
+/// A collector attached after the registry is built: the per-object gauges read state the
+/// operator creates later than its metrics. Encodes nothing until attached.
+#[derive(Default)]
+pub struct LateCollector(OnceLock<Box<dyn Collector>>);
+
+impl LateCollector {
+    /// Attaches `collector` (a second call is ignored: one operator, one set of sources).
+    pub fn attach(&self, collector: Box<dyn Collector>) {
+        let _ = self.0.set(collector);
+    }
+}
+
+impl std::fmt::Debug for LateCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LateCollector")
+            .field(&self.0.get().is_some())
+            .finish()
+    }
+}
+
+impl Collector for LateCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        match self.0.get() {
+            Some(collector) => collector.encode(encoder),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Every metric the operator exports.
@@ -35,7 +64,7 @@ pub struct OperatorMetrics {
     pub plan_seconds: Histogram,
     pub revocation_propagation_seconds: Histogram,
     /// Per-object gauges, computed at scrape time (exported by the leader only).
-    pub objects: Arc<ObjectMetrics>,
+    pub objects: Arc<LateCollector>,
 }
 
 impl OperatorMetrics {
@@ -101,7 +130,7 @@ impl OperatorMetrics {
             "Time from first observing a revocation to its last acknowledgement",
             revocation_propagation_seconds.clone(),
         );
-        let objects = Arc::new(ObjectMetrics::default());
+        let objects = Arc::new(LateCollector::default());
         registry.register_collector(Box::new(objects.clone()));
         Self {
             registry,

@@ -13,7 +13,7 @@
 //! platform teams create, unlike subjects or task IDs, which no metric carries.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use prometheus_client::collector::Collector;
@@ -202,34 +202,16 @@ impl ObjectSources {
     }
 }
 
-/// The registered collector; its sources are attached once the operator has built them.
-#[derive(Default)]
-pub struct ObjectMetrics {
-    sources: OnceLock<ObjectSources>,
-}
-
-impl std::fmt::Debug for ObjectMetrics {
+impl std::fmt::Debug for ObjectSources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectMetrics")
-            .field("attached", &self.sources.get().is_some())
-            .finish()
+        f.debug_struct("ObjectSources").finish_non_exhaustive()
     }
 }
 
-impl ObjectMetrics {
-    /// Attaches the sources (a second call is ignored: one operator, one set of sources).
-    pub fn attach(&self, sources: ObjectSources) {
-        let _ = self.sources.set(sources);
-    }
-}
-
-impl Collector for ObjectMetrics {
+impl Collector for ObjectSources {
     fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let state = self
-            .sources
-            .get()
-            .and_then(|s| s.state(Timestamp::now()))
-            .unwrap_or_default();
-        state.encode(encoder)
+        self.state(Timestamp::now())
+            .unwrap_or_default()
+            .encode(encoder)
     }
 }

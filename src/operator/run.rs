@@ -382,12 +382,12 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
     // Controllers.
     metrics
         .objects
-        .attach(super::object_metrics::ObjectSources {
+        .attach(Box::new(super::object_metrics::ObjectSources {
             distribution: distribution.clone(),
             acks: acks.clone(),
             tracker: tracker.clone(),
             leading: leading.clone(),
-        });
+        }));
     let ctx = Arc::new(Context {
         client: client.clone(),
         distribution: distribution.clone(),

@@ -249,12 +249,12 @@ impl Setup {
         let acks = Arc::new(ClusterAcks::new(sessions.clone(), REPLICA.into()));
         let tracker = Arc::new(Mutex::new(self.tracker));
         let metrics = Arc::new(OperatorMetrics::new());
-        metrics.objects.attach(ObjectSources {
+        metrics.objects.attach(Box::new(ObjectSources {
             distribution: distribution.clone(),
             acks: acks.clone(),
             tracker: tracker.clone(),
             leading: leading.clone(),
-        });
+        }));
         Arc::new(Context {
             recorder: Recorder::new(
                 client.clone(),
