@@ -85,11 +85,25 @@ pub fn object_state(
     pending: Vec<(String, Timestamp)>,
     now: Timestamp,
 ) -> ObjectState {
-    let policies = plan
+    // One pass over the pods (a scrape must not cost policies × pods).
+    let mut policies: BTreeMap<ObjectKey, PolicySidecars> = plan
         .policies
         .keys()
-        .map(|key| (key.clone(), sidecars_of(plan, key, &in_sync)))
+        .map(|key| (key.clone(), PolicySidecars::default()))
         .collect();
+    for (pod, owner) in &plan.pods {
+        let hash = plan
+            .policies
+            .get(owner)
+            .and_then(|p| p.compiled.as_ref())
+            .map(|c| c.hash.as_str());
+        if let Some(counts) = policies.get_mut(owner) {
+            counts.assigned = counts.assigned.saturating_add(1);
+            if hash.is_some_and(|h| in_sync(pod, h)) {
+                counts.in_sync = counts.in_sync.saturating_add(1);
+            }
+        }
+    }
     let exceptions = plan
         .exceptions
         .iter()

@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 
 use crate::operator::controllers::Context;
-use crate::operator::object_metrics::{ExceptionExpiry, object_state};
+use crate::operator::object_metrics::{ExceptionExpiry, object_state, sidecars_of};
 use crate::operator::propagation::FirstSight;
 use crate::operator::status::PolicySidecars;
 
@@ -173,4 +173,24 @@ fn only_usable_unexpired_exceptions_have_an_expiry_and_empty_policies_show_zeros
     let state = object_state(&plan, |_, _| true, vec![], at("2026-12-07T00:00:00Z"));
     assert_eq!(state.exceptions, Vec::<ExceptionExpiry>::new());
     let _: Option<Timestamp> = None;
+}
+
+#[test]
+fn the_gauges_count_sidecars_as_the_status_does() {
+    let mut other = policy("other");
+    other.metadata.name = Some("other".into());
+    let cluster = Cluster {
+        policies: vec![policy("reports"), other],
+        pods: vec![pod("reports-0"), pod("reports-1"), pod("reports-2")],
+        ..Default::default()
+    };
+    let plan = cluster.plan(at(NOW));
+    let in_sync = |pod: &crate::policy::ObjectKey, _: &str| pod.name != "reports-1";
+    let state = object_state(&plan, in_sync, vec![], at(NOW));
+    assert_eq!(state.policies.len(), 2);
+    for (key, counts) in &state.policies {
+        assert_eq!(*counts, sidecars_of(&plan, key, in_sync), "{key:?}");
+    }
+    let total: i32 = state.policies.values().map(|c| c.assigned).sum();
+    assert_eq!(total, 3, "each pod counts for the one policy that wins it");
 }
