@@ -14,14 +14,13 @@ mod capability_support;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::time::Duration;
 
 use capability_support::{Grant, answer, finish, next_state, sample, summarize};
 use promql_parser::parser::{self, Expr, LabelModifier};
 use serde_json::{Value, json};
 use support::kube::KubeEmulator;
-use support::operator::{LightSidecar, Operator, TestPod};
+use support::operator::{LightSidecar, Operator, TestPod, signed_exception};
 use support::webhook::{Webhook, config_yaml, pod_review};
 use support::{User, eventually};
 
@@ -189,24 +188,7 @@ fn template_labels(text: &str) -> Vec<String> {
 fn rendered_monitoring() -> (Value, Value) {
     let values =
         json!({"grafanaDashboard": {"enabled": true}, "prometheusRule": {"enabled": true}});
-    let output = Command::new(support::python::python())
-        .arg(support::repo().join("tests/chart/check_chart.py"))
-        .arg("emit")
-        .env("LIFEGUARD_CHART_VALUES", values.to_string())
-        .current_dir(support::repo())
-        .output()
-        .expect("run tests/chart/check_chart.py emit");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "check_chart.py emit failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let docs: Vec<Value> = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("EMIT "))
-        .map(|json| serde_json::from_str(json).expect("EMIT is JSON"))
-        .expect("an EMIT line");
+    let docs = support::chart::render(&values);
     let dashboard = docs
         .iter()
         .find(|d| d["kind"] == "ConfigMap" && d["data"]["lifeguard.json"].is_string())
@@ -354,25 +336,6 @@ async fn sidecar_metrics() -> String {
     scrape(&s.sidecar.admin).await
 }
 
-fn signed_exception(name: &str, expires: jiff::Timestamp) -> String {
-    let mut exception: lifeguard::api::CapabilityException = serde_json::from_value(json!({
-        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries",
-            "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
-            "notBefore": "2026-01-01T00:00:00Z", "expiresAt": expires.to_string(),
-            "approvalId": "CHG-1", "signature": "placeholder"
-        }
-    }))
-    .unwrap();
-    let key = std::fs::read(support::fixture("keys/issuer-ed25519.pem")).unwrap();
-    exception.spec.signature =
-        lifeguard::exception::sign(&exception.spec, NS, &key, "test-ed-1").unwrap();
-    serde_json::to_string(&exception).unwrap()
-}
-
 const POLICY: &str = r#"apiVersion: lifeguard.dev/v1alpha1
 kind: McpServerPolicy
 metadata: {name: reports, namespace: team-a}
@@ -420,7 +383,13 @@ async fn control_plane_metrics() -> (String, String) {
     let expires = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 12 * 3600)
         .expect("a time");
     emulator
-        .apply_yaml(&signed_exception("summaries", expires))
+        .apply_yaml(&signed_exception(
+            NS,
+            "summaries",
+            "reports",
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+            expires,
+        ))
         .await;
     let pod = TestPod::create(&emulator, NS, "reports-0", &[("app", "reports")], "reports").await;
     let sidecar = LightSidecar::connect_never_revoking(&operator, &pod, (NS, "reports-0"));

@@ -313,22 +313,7 @@ fn signed_exception(
     not_before: jiff::Timestamp,
     expires: jiff::Timestamp,
 ) -> String {
-    let mut exception: lifeguard::api::CapabilityException = serde_json::from_value(json!({
-        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries",
-            "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
-            "notBefore": not_before.to_string(), "expiresAt": expires.to_string(),
-            "approvalId": "CHG-1", "signature": "placeholder"
-        }
-    }))
-    .unwrap();
-    let key = std::fs::read(support::fixture("keys/issuer-ed25519.pem")).unwrap();
-    exception.spec.signature =
-        lifeguard::exception::sign(&exception.spec, NS, &key, "test-ed-1").unwrap();
-    serde_json::to_string(&exception).unwrap()
+    support::operator::signed_exception(NS, name, policy, not_before, expires)
 }
 
 fn exception_path(name: &str) -> String {

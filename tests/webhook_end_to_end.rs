@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
@@ -18,27 +16,9 @@ use support::webhook::Webhook;
 
 const RELEASE_NAMESPACE: &str = "lifeguard-system";
 
-/// The chart's manifests for `values` (tests/chart/check_chart.py emit).
+/// The chart's manifests for `values`.
 fn render_chart(values: &Value) -> Vec<Value> {
-    let output = Command::new(support::python::python())
-        .arg(support::repo().join("tests/chart/check_chart.py"))
-        .arg("emit")
-        .env("LIFEGUARD_CHART_VALUES", values.to_string())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .current_dir(support::repo())
-        .output()
-        .expect("run tests/chart/check_chart.py emit");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "rendering the chart failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("EMIT "))
-        .expect("the emit line");
-    serde_json::from_str(line).unwrap()
+    support::chart::render(values)
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {

@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod authorizer;
+pub mod chart;
 pub mod client;
 pub mod cluster;
 pub mod control_plane;

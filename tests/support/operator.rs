@@ -397,3 +397,30 @@ pub fn policy_hash(policy: &Value) -> String {
         serde_json::from_value(policy.clone()).expect("snapshot policy parses");
     effective.hash()
 }
+
+/// A sampling CapabilityException `namespace/name` for `policy`, signed with the test approver
+/// key (`tests/fixtures/keys/issuer-ed25519.pem`, kid `test-ed-1`), as YAML-compatible JSON.
+pub fn signed_exception(
+    namespace: &str,
+    name: &str,
+    policy: &str,
+    not_before: jiff::Timestamp,
+    expires: jiff::Timestamp,
+) -> String {
+    let mut exception: lifeguard::api::CapabilityException = serde_json::from_value(json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
+            "purpose": "summaries",
+            "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
+            "notBefore": not_before.to_string(), "expiresAt": expires.to_string(),
+            "approvalId": "CHG-1", "signature": "placeholder"
+        }
+    }))
+    .unwrap();
+    let key = std::fs::read(super::fixture("keys/issuer-ed25519.pem")).unwrap();
+    exception.spec.signature =
+        lifeguard::exception::sign(&exception.spec, namespace, &key, "test-ed-1").unwrap();
+    serde_json::to_string(&exception).unwrap()
+}
