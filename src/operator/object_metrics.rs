@@ -32,29 +32,42 @@ use super::propagation::PropagationTracker;
 use super::status::PolicySidecars;
 use super::stream::Distribution;
 
-/// The sidecars `policy` wins in `plan`, and how many of them `in_sync` says acknowledged its
-/// current snapshot (none while it does not compile).
+/// For every planned policy, the sidecars it wins in `plan` and how many of them `in_sync` says
+/// acknowledged its current snapshot (none while it does not compile). One pass over the pods.
+pub fn policy_sidecars(
+    plan: &Plan,
+    in_sync: impl Fn(&PodKey, &str) -> bool,
+) -> BTreeMap<ObjectKey, PolicySidecars> {
+    let mut policies: BTreeMap<ObjectKey, PolicySidecars> = plan
+        .policies
+        .keys()
+        .map(|key| (key.clone(), PolicySidecars::default()))
+        .collect();
+    for (pod, owner) in &plan.pods {
+        let hash = plan
+            .policies
+            .get(owner)
+            .and_then(|p| p.compiled.as_ref())
+            .map(|c| c.hash.as_str());
+        if let Some(counts) = policies.get_mut(owner) {
+            counts.assigned = counts.assigned.saturating_add(1);
+            if hash.is_some_and(|h| in_sync(pod, h)) {
+                counts.in_sync = counts.in_sync.saturating_add(1);
+            }
+        }
+    }
+    policies
+}
+
+/// [`policy_sidecars`] of one policy (zeros when it is not planned).
 pub fn sidecars_of(
     plan: &Plan,
     policy: &ObjectKey,
     in_sync: impl Fn(&PodKey, &str) -> bool,
 ) -> PolicySidecars {
-    let hash = plan
-        .policies
-        .get(policy)
-        .and_then(|p| p.compiled.as_ref())
-        .map(|c| c.hash.as_str());
-    let mut sidecars = PolicySidecars::default();
-    for (pod, owner) in &plan.pods {
-        if owner != policy {
-            continue;
-        }
-        sidecars.assigned = sidecars.assigned.saturating_add(1);
-        if hash.is_some_and(|h| in_sync(pod, h)) {
-            sidecars.in_sync = sidecars.in_sync.saturating_add(1);
-        }
-    }
-    sidecars
+    policy_sidecars(plan, in_sync)
+        .remove(policy)
+        .unwrap_or_default()
 }
 
 /// One usable exception's expiry.
@@ -85,25 +98,7 @@ pub fn object_state(
     pending: Vec<(String, Timestamp)>,
     now: Timestamp,
 ) -> ObjectState {
-    // One pass over the pods (a scrape must not cost policies × pods).
-    let mut policies: BTreeMap<ObjectKey, PolicySidecars> = plan
-        .policies
-        .keys()
-        .map(|key| (key.clone(), PolicySidecars::default()))
-        .collect();
-    for (pod, owner) in &plan.pods {
-        let hash = plan
-            .policies
-            .get(owner)
-            .and_then(|p| p.compiled.as_ref())
-            .map(|c| c.hash.as_str());
-        if let Some(counts) = policies.get_mut(owner) {
-            counts.assigned = counts.assigned.saturating_add(1);
-            if hash.is_some_and(|h| in_sync(pod, h)) {
-                counts.in_sync = counts.in_sync.saturating_add(1);
-            }
-        }
-    }
+    let policies = policy_sidecars(plan, in_sync);
     let exceptions = plan
         .exceptions
         .iter()

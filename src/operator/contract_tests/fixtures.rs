@@ -175,6 +175,15 @@ impl Cluster {
     }
 }
 
+/// The snapshot hash of the test policy `name` in `plan` (it must compile).
+pub fn compiled_hash(plan: &Plan, name: &str) -> String {
+    plan.policies[&key(name)]
+        .compiled
+        .as_ref()
+        .map(|c| c.hash.clone())
+        .unwrap_or_else(|| panic!("the test policy does not compile"))
+}
+
 /// A watch cache holding `pods`.
 pub fn pod_store(pods: &[Pod]) -> Store<Pod> {
     let (store, mut writer) = reflector::store();

@@ -11,7 +11,7 @@ use crate::operator::status::PolicySidecars;
 
 use super::api_server::mock_client;
 use super::fixtures::{
-    Cluster, NS, Setup, acknowledged, approver_keys, at, exception, key, pod, policy,
+    Cluster, NS, Setup, acknowledged, approver_keys, at, compiled_hash, exception, key, pod, policy,
 };
 
 const NOW: &str = "2026-12-05T00:00:00Z";
@@ -31,11 +31,7 @@ fn setup(leading: bool) -> Setup {
         ..Default::default()
     };
     let plan = cluster.plan(at(NOW));
-    let hash = plan.policies[&key("reports")]
-        .compiled
-        .as_ref()
-        .map(|c| c.hash.clone())
-        .unwrap_or_else(|| panic!("the test policy does not compile"));
+    let hash = compiled_hash(&plan, "reports");
     let mut setup = Setup::new(plan, leading);
     let first = FirstSight {
         created: Some(at(OBSERVED)),

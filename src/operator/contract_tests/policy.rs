@@ -12,7 +12,9 @@ use crate::operator::controllers::reconcile_policy_at;
 use crate::operator::network_policy;
 
 use super::api_server::{Exchange, SSA_QUERY, mock_client};
-use super::fixtures::{Cluster, NS, Setup, acknowledged, at, event, events_url, key, pod, policy};
+use super::fixtures::{
+    Cluster, NS, Setup, acknowledged, at, compiled_hash, event, events_url, pod, policy,
+};
 
 const NOW: &str = "2026-12-05T00:00:00Z";
 const EARLIER: &str = "2026-12-04T00:00:00Z";
@@ -100,11 +102,7 @@ fn fixture(leading: bool, in_sync: bool) -> Fixture {
         ..Default::default()
     };
     let plan = cluster.plan(at(NOW));
-    let hash = plan.policies[&key("reports")]
-        .compiled
-        .as_ref()
-        .map(|c| c.hash.clone())
-        .unwrap_or_else(|| panic!("the test policy does not compile"));
+    let hash = compiled_hash(&plan, "reports");
     let setup = Setup::new(plan, leading);
     if in_sync {
         acknowledged(&setup.sessions, "reports-0", Some(&hash), &[]);
