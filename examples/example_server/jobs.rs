@@ -243,7 +243,14 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             }
             Outcome::Done(text_result(format!("wrote {count} rows")))
         }
-        ToolCall::SlowCompute { seconds, label } => {
+        ToolCall::SlowCompute {
+            seconds,
+            label,
+            status,
+        } => {
+            if let Some(status) = status {
+                ctx.progress(1, None, status.clone());
+            }
             // Bounded to 86400 s by parsing, so the conversion cannot overflow.
             let ms = (seconds * 1000.0).round() as u64;
             if !ctx.sleep(ms).await {
@@ -258,11 +265,11 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             }
             Outcome::Done(text_result("rogue task finished".to_owned()))
         }
-        ToolCall::FailingJob { after_ms } => {
+        ToolCall::FailingJob { after_ms, message } => {
             if !ctx.sleep(*after_ms).await {
                 return Outcome::Cancelled;
             }
-            Outcome::Failed(json!({"code": -32603, "message": "job failed on purpose"}))
+            Outcome::Failed(json!({"code": -32603, "message": message}))
         }
         ToolCall::ConfirmAction { action } => {
             let req = elicitation(

@@ -23,9 +23,14 @@ pub enum ToolCall {
     SlowCompute {
         seconds: f64,
         label: String,
+        /// Reported while working: the task's statusMessage, or a progress message of a
+        /// synchronous run answered over SSE.
+        status: Option<String>,
     },
     FailingJob {
         after_ms: u64,
+        /// The error's message (and the failed task's statusMessage).
+        message: String,
     },
     ConfirmAction {
         action: String,
@@ -111,7 +116,9 @@ pub fn list() -> Value {
             schema(
                 json!({
                     "seconds": {"type": "number", "minimum": 0, "maximum": 86400, "default": 1},
-                    "label": {"type": "string", "default": ""}
+                    "label": {"type": "string", "default": ""},
+                    "status": {"type": "string",
+                               "description": "Reported while working (statusMessage, or a progress message)"}
                 }),
                 &[]
             )
@@ -120,7 +127,8 @@ pub fn list() -> Value {
             "failing_job",
             "Fail with a JSON-RPC error after `afterMs` (task).",
             schema(
-                json!({"afterMs": {"type": "integer", "minimum": 0, "maximum": 3600000, "default": 100}}),
+                json!({"afterMs": {"type": "integer", "minimum": 0, "maximum": 3600000, "default": 100},
+                       "message": {"type": "string", "default": "job failed on purpose"}}),
                 &[]
             )
         ),
@@ -252,9 +260,14 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
         "slow_compute" => ToolCall::SlowCompute {
             seconds: a.number("seconds", 1.0, 86_400.0)?,
             label: a.string("label", Some(""))?,
+            status: match a.string("status", Some(""))? {
+                s if s.is_empty() => None,
+                s => Some(s),
+            },
         },
         "failing_job" => ToolCall::FailingJob {
             after_ms: a.uint("afterMs", 100, 3_600_000)?,
+            message: a.string("message", Some("job failed on purpose"))?,
         },
         "confirm_action" => ToolCall::ConfirmAction {
             action: a.string("action", None)?,

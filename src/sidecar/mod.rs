@@ -58,6 +58,7 @@ mod hop;
 mod hop_server;
 mod listen;
 mod logging_gate;
+mod minimize;
 mod objects;
 mod pipeline;
 mod policy_file;

@@ -28,6 +28,7 @@ use super::context::RequestContext;
 use super::decisions::{FinalAnswer, JsonAnswer, classify_final, judge_json_answer};
 use super::error::Error;
 use super::logging_gate::{count_dropped_message, logging_allowed};
+use super::minimize;
 use super::respond;
 use super::server_tasks::cancel_orphan;
 use super::state::AppState;
@@ -110,12 +111,12 @@ pub async fn send_and_relay<S: FinalStep>(
             // Most answers are the plain response to this request: those are passed on byte
             // for byte, without building a JSON tree.
             match judge_json_answer(peek_response(&bytes).as_ref(), &id) {
-                JsonAnswer::PassRaw => {
+                JsonAnswer::PassRaw if !minimize::rewrites_answer(&ctx) => {
                     drop(step); // releases a reservation that did not become a task
                     return respond::raw_json(response.status, bytes);
                 }
                 JsonAnswer::Refuse => return refuse_mismatch(&app, &ctx),
-                JsonAnswer::Inspect => {}
+                JsonAnswer::PassRaw | JsonAnswer::Inspect => {}
             }
             let message = match strict_json::from_slice(&bytes) {
                 Ok(message) => message,
@@ -160,10 +161,17 @@ async fn finish_message<S: FinalStep>(
     step: &mut S,
     message: Value,
 ) -> Result<Value, Error> {
+    // `tasks.results` masks a new task's state before the ledger records it, input requests
+    // after they passed the gate.
     Ok(match classify_final(&message, &ctx.id()) {
-        FinalAnswer::InputRequired => screen_request_inputs(app, ctx, message).await,
-        FinalAnswer::Task => step.on_task(app, ctx, message).await?,
-        FinalAnswer::NotTheResponse | FinalAnswer::Plain => message,
+        FinalAnswer::InputRequired => {
+            minimize::call_answer(ctx, screen_request_inputs(app, ctx, message).await)
+        }
+        FinalAnswer::Task => {
+            step.on_task(app, ctx, minimize::call_answer(ctx, message))
+                .await?
+        }
+        FinalAnswer::NotTheResponse | FinalAnswer::Plain => minimize::call_answer(ctx, message),
     })
 }
 
@@ -278,6 +286,8 @@ async fn relay_event<S: FinalStep>(
                 count_dropped_message(app, reason);
                 return Relayed::Nothing;
             }
+            let mut message = message;
+            minimize::call_notification(ctx, &mut message);
             message
         }
         MessageKind::ServerRequest => {

@@ -154,13 +154,23 @@ pub async fn settle_terminal_as(
     }
 }
 
-/// A server's completed result as the policy keeps it (`tasks.results`), with what was done to
-/// it; other endings pass unchanged.
+/// A server-reported end as the policy keeps it (`tasks.results`): its statusMessage and a
+/// failed task's error masked, a completed task's result minimized (with what was done to it).
+/// Endings the sidecar wrote pass unchanged.
 fn minimize_result(policy: &ActivePolicy, mut finish: Finish) -> (Finish, Option<Minimized>) {
     let Some(minimizer) = &policy.results else {
         return (finish, None);
     };
-    if finish.status != TaskStatus::Completed || finish.ending.reason != EndReason::Upstream {
+    if finish.ending.reason != EndReason::Upstream {
+        return (finish, None);
+    }
+    if let Some(message) = &mut finish.status_message {
+        minimizer.mask_text(message);
+    }
+    if finish.status != TaskStatus::Completed {
+        if let Some(error) = &mut finish.ending.payload {
+            minimizer.mask_error(error);
+        }
         return (finish, None);
     }
     let Some(result) = finish.ending.payload.take() else {
@@ -199,18 +209,20 @@ async fn record_finish(
 /// Records a non-terminal state the server reported, when it differs from the ledger's: only a
 /// changed status is worth a (durable) ledger write. A failed write is logged: the state is
 /// only a cache of the server's.
+/// The statusMessage is stored as the policy in force masks it (`tasks.results`).
 pub async fn observe_if_changed(app: &AppState, record: &TaskRecord, state: &ReportedState) {
-    if state.status == record.status && state.status_message == record.status_message {
+    let mut message = state.status_message.clone();
+    if let (Some(text), Some(policy)) = (&mut message, app.policy())
+        && let Some(minimizer) = &policy.results
+    {
+        minimizer.mask_text(text);
+    }
+    if state.status == record.status && message == record.status_message {
         return;
     }
     let written = app
         .ledger
-        .observe(
-            &record.id,
-            state.status,
-            state.status_message.clone(),
-            now_ms(),
-        )
+        .observe(&record.id, state.status, message, now_ms())
         .await;
     app.replica.forget_home(&record.id);
     if let Err(e) = written {

@@ -1,7 +1,11 @@
-//! What a completed task's result becomes before the ledger keeps it (`tasks.results`):
-//! fields dropped by JSON pointer, strings masked by regular expression, a result over the
-//! size limit withheld, or no result at all. Whatever is kept is what every later read
-//! returns, so minimizing once, before storing, covers returning too.
+//! What the server's output becomes under `tasks.results`, before a client reads it or the
+//! ledger keeps it. A completed task's result: fields dropped by JSON pointer, strings masked
+//! by regular expression, a result over the size limit withheld, or no result at all; whatever
+//! is kept is what every later read returns, so minimizing once, before storing, covers
+//! returning too. Every other text the server supplies (a task's `statusMessage` and input
+//! requests, a failed task's error, a synchronous call's result, error and notifications) gets
+//! the masks; a synchronous result also the pointers and `statusOnly` (see
+//! [`ResultMinimizer::minimize_sync`]).
 
 use serde_json::{Value, json};
 
@@ -40,6 +44,29 @@ pub struct Minimized {
 /// The statusMessage of a task completed under `mode: statusOnly`.
 pub const STATUS_ONLY_MESSAGE: &str =
     "Completed. This server's policy keeps no task results (tasks.results.mode: statusOnly).";
+
+/// The only content of a synchronous result under `mode: statusOnly`.
+pub const STATUS_ONLY_SYNC_TEXT: &str =
+    "This server's policy returns no tool output (tasks.results.mode: statusOnly).";
+
+/// Fields of a task state that are the protocol's, never the server's free text: not masked
+/// (a pattern matching a timestamp or an ID must not break the answer).
+const TASK_PROTOCOL_FIELDS: &[&str] = &[
+    "taskId",
+    "status",
+    "resultType",
+    "createdAt",
+    "lastUpdatedAt",
+    "ttlMs",
+    "pollIntervalMs",
+];
+
+/// Fields of a server message's `params` that are the protocol's or the client's own
+/// (`progressToken` is the client's, and `level` a fixed vocabulary): not masked.
+const NOTIFICATION_PROTOCOL_FIELDS: &[&str] = &["progressToken", "level"];
+
+/// Fields of an input request that are the protocol's: not masked.
+const INPUT_REQUEST_PROTOCOL_FIELDS: &[&str] = &["jsonrpc", "id", "method"];
 
 impl ResultMinimizer {
     /// The minimizer of `rules`, or `None` when results are kept as the server gave them.
@@ -104,6 +131,103 @@ impl ResultMinimizer {
     }
 }
 
+impl ResultMinimizer {
+    /// Whether texts other than a completed result change at all (masks are configured).
+    pub fn masks_text(&self) -> bool {
+        !self.masks.is_empty()
+    }
+
+    /// Masks one server-supplied text (a `statusMessage`); how many matches it replaced.
+    pub fn mask_text(&self, text: &mut String) -> usize {
+        mask_str(text, &self.masks)
+    }
+
+    /// Masks the server's free text in a task state (a `tasks/get` result, the params of
+    /// `notifications/tasks`, a CreateTaskResult, an `input_required` result): every string
+    /// but the protocol's fields, and in `inputRequests` every string but each request's
+    /// `method`. How many matches it replaced.
+    pub fn mask_task_state(&self, state: &mut Value) -> usize {
+        if self.masks.is_empty() {
+            return 0;
+        }
+        let Some(fields) = state.as_object_mut() else {
+            return mask_strings(state, &self.masks);
+        };
+        let mut count = 0;
+        for (key, value) in fields.iter_mut() {
+            if TASK_PROTOCOL_FIELDS.contains(&key.as_str()) {
+                continue;
+            }
+            if key == "inputRequests"
+                && let Some(requests) = value.as_object_mut()
+            {
+                for request in requests.values_mut() {
+                    count += mask_except(request, INPUT_REQUEST_PROTOCOL_FIELDS, &self.masks);
+                }
+                continue;
+            }
+            count += mask_strings(value, &self.masks);
+        }
+        count
+    }
+
+    /// Masks every string of a JSON-RPC error object (`message`, `data`).
+    pub fn mask_error(&self, error: &mut Value) -> usize {
+        if self.masks.is_empty() {
+            return 0;
+        }
+        mask_strings(error, &self.masks)
+    }
+
+    /// Masks the params of a notification the server sends on a request's stream
+    /// (`notifications/progress`, `notifications/message`), but not its `progressToken`
+    /// (the client's) or `level`.
+    pub fn mask_notification(&self, message: &mut Value) -> usize {
+        match message.get_mut("params") {
+            Some(params) if !self.masks.is_empty() => {
+                mask_except(params, NOTIFICATION_PROTOCOL_FIELDS, &self.masks)
+            }
+            _ => 0,
+        }
+    }
+
+    /// A synchronous CallToolResult as the client receives it. Nothing is stored, so
+    /// `maxBytes` (a bound on what the ledger keeps) does not apply; pointers and masks do, as
+    /// for a task's result. Under `statusOnly` the client gets what a task's reader gets, no
+    /// output: one text block saying so, with the server's `isError` (and `resultType`) kept,
+    /// so that calling without a task is no way around the policy.
+    pub fn minimize_sync(&self, mut result: Value) -> Value {
+        if self.status_only {
+            let mut kept = json!({"content": [{"type": "text", "text": STATUS_ONLY_SYNC_TEXT}]});
+            for field in ["resultType", "isError"] {
+                if let Some(value) = result.get_mut(field) {
+                    kept[field] = value.take();
+                }
+            }
+            return kept;
+        }
+        for pointer in &self.drop {
+            remove_at(&mut result, pointer);
+        }
+        if !self.masks.is_empty() {
+            mask_strings(&mut result, &self.masks);
+        }
+        result
+    }
+}
+
+/// Masks every string of `value`, except the values of `skip` when `value` is an object.
+fn mask_except(value: &mut Value, skip: &[&str], masks: &[regex::Regex]) -> usize {
+    match value.as_object_mut() {
+        Some(fields) => fields
+            .iter_mut()
+            .filter(|(key, _)| !skip.contains(&key.as_str()))
+            .map(|(_, v)| mask_strings(v, masks))
+            .sum(),
+        None => mask_strings(value, masks),
+    }
+}
+
 /// Removes what `pointer` (RFC 6901) names; whether it named something. The whole document
 /// (`""`) is never removed.
 fn remove_at(doc: &mut Value, pointer: &str) -> bool {
@@ -129,21 +253,24 @@ fn remove_at(doc: &mut Value, pointer: &str) -> bool {
 /// Replaces every match of `masks` in every string value of `value`; how many it replaced.
 fn mask_strings(value: &mut Value, masks: &[regex::Regex]) -> usize {
     match value {
-        Value::String(text) => {
-            let mut count = 0;
-            for mask in masks {
-                let found = mask.find_iter(text).count();
-                if found > 0 {
-                    count += found;
-                    *text = mask.replace_all(text, MASKED).into_owned();
-                }
-            }
-            count
-        }
+        Value::String(text) => mask_str(text, masks),
         Value::Array(items) => items.iter_mut().map(|v| mask_strings(v, masks)).sum(),
         Value::Object(map) => map.values_mut().map(|v| mask_strings(v, masks)).sum(),
         _ => 0,
     }
+}
+
+/// Replaces every match of `masks` in `text`; how many it replaced.
+fn mask_str(text: &mut String, masks: &[regex::Regex]) -> usize {
+    let mut count = 0;
+    for mask in masks {
+        let found = mask.find_iter(text).count();
+        if found > 0 {
+            count += found;
+            *text = mask.replace_all(text, MASKED).into_owned();
+        }
+    }
+    count
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use crate::telemetry::metrics::ReasonLabels;
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
 use super::super::decisions::{Operation, Report, authorize, holds_scopes, task_view};
+use super::super::minimize;
 use super::super::objects::Action;
 use super::super::state::AppState;
 use super::super::stream_registry::{CloseReason, StreamSlot};
@@ -281,12 +282,16 @@ impl Pump {
             )
             .await;
             match screening {
-                Screening::Deliver => params,
+                Screening::Deliver => {
+                    minimize::task_state(&policy, &mut params);
+                    params
+                }
                 Screening::TaskFailed(failed) => self.terminal_params(&failed),
             }
         };
         let meta = frame.pointer("/params/_meta").cloned().map(|mut meta| {
             replace_task_id(&mut meta, upstream_id, id.as_str());
+            minimize::task_state(&policy, &mut meta);
             meta
         });
         frame["params"] = params;

@@ -17,6 +17,7 @@ use super::super::decisions::{
     task_view,
 };
 use super::super::error::Error;
+use super::super::minimize;
 use super::super::objects::Action;
 use super::super::respond;
 use super::super::state::AppState;
@@ -77,7 +78,7 @@ async fn answer_on_the_wire(
     record: &TaskRecord,
     bytes: &[u8],
 ) -> Option<Response> {
-    if record.cancel.is_some() {
+    if record.cancel.is_some() || minimize::masks_task_states(&ctx.policy) {
         return None;
     }
     let request_id = ctx.id();
@@ -114,6 +115,7 @@ async fn answer_from_reply(
     status: StatusCode,
     mut reply: Value,
 ) -> Response {
+    minimize::task_reply_error(&ctx.policy, &mut reply);
     let state = match interpret_task_reply(&reply) {
         TaskReply::State(state) => state,
         TaskReply::Lost => {
@@ -165,6 +167,7 @@ async fn answer_from_reply(
     if let Screening::TaskFailed(failed) = screening {
         return answer_from_ledger(app, ctx, &failed).await;
     }
+    minimize::task_state(&ctx.policy, &mut result);
     audit_status_read(app, ctx, record, state.status);
     respond::rpc_result(&ctx.id(), result)
 }

@@ -76,6 +76,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     match app.upstream.call(headers, &message).await {
         Ok((status, mut reply)) => {
             replace_task_id(&mut reply, &record.upstream_id, record.id.as_str());
+            super::super::minimize::task_reply_error(&ctx.policy, &mut reply);
             respond::json(status, &reply)
         }
         Err(e) => Error::from(e).respond(&app.metrics, &ctx.id()),
