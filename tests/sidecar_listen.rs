@@ -537,3 +537,38 @@ async fn with_upstream_http2_listen_streams_reach_the_server_over_http2_and_requ
     drop(streams.pop());
     assert_client_close_noticed(&server, &sidecar).await;
 }
+
+/// `tasks.results` masks reach listen streams: a working task's `statusMessage` in a
+/// `notifications/tasks` frame is masked as in `tasks/get` (and the terminal frame, from the
+/// ledger, carries the masked text the ledger stored).
+#[tokio::test]
+async fn task_frames_carry_the_status_message_as_tasks_results_masks_it() {
+    let spec = "  tasks:\n    minPollInterval: 50ms\n    results: {redact: {mask: ['acct-\\d+']}}\n  listen:\n    notifications: [taskIds]\n    maxStreamDuration: 30s\n";
+    let (_server, _sidecar, client) = support::start_behind_sidecar(spec).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let task = support::create_task(
+        &client,
+        &token,
+        "slow_compute",
+        json!({"seconds": 1, "status": "reconciling acct-1234"}),
+    )
+    .await;
+    let mut stream =
+        ListenStream::open(&client.url, &token, json!("m"), json!({"taskIds": [task]}), true).await;
+    let mut frames = Vec::new();
+    while let Some(frame) = stream.next(LONG).await {
+        let done = frame["params"]["status"] == "completed";
+        frames.push(frame);
+        if done {
+            break;
+        }
+    }
+    let raw = serde_json::to_string(&frames).unwrap();
+    assert!(!raw.contains("acct-1234"), "{raw}");
+    assert!(
+        frames.iter().any(|f| f["method"] == "notifications/tasks"
+            && f["params"]["status"] == "working"
+            && f["params"]["statusMessage"] == "reconciling [redacted]"),
+        "{frames:?}"
+    );
+}

@@ -248,13 +248,29 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             label,
             status,
         } => {
-            if let Some(status) = status {
-                ctx.progress(1, None, status.clone());
-            }
             // Bounded to 86400 s by parsing, so the conversion cannot overflow.
             let ms = (seconds * 1000.0).round() as u64;
-            if !ctx.sleep(ms).await {
-                return Outcome::Cancelled;
+            match status {
+                // Reported again every 100 ms, so a listener that subscribed late sees it.
+                Some(status) => {
+                    let mut left = ms;
+                    for round in 1.. {
+                        ctx.progress(round, None, status.clone());
+                        let slice = left.min(100);
+                        if !ctx.sleep(slice).await {
+                            return Outcome::Cancelled;
+                        }
+                        left -= slice;
+                        if left == 0 {
+                            break;
+                        }
+                    }
+                }
+                None => {
+                    if !ctx.sleep(ms).await {
+                        return Outcome::Cancelled;
+                    }
+                }
             }
             Outcome::Done(text_result(format!("computed {label}")))
         }
