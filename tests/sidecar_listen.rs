@@ -553,8 +553,14 @@ async fn task_frames_carry_the_status_message_as_tasks_results_masks_it() {
         json!({"seconds": 1, "status": "reconciling acct-1234"}),
     )
     .await;
-    let mut stream =
-        ListenStream::open(&client.url, &token, json!("m"), json!({"taskIds": [task]}), true).await;
+    let mut stream = ListenStream::open(
+        &client.url,
+        &token,
+        json!("m"),
+        json!({"taskIds": [task]}),
+        true,
+    )
+    .await;
     let mut frames = Vec::new();
     while let Some(frame) = stream.next(LONG).await {
         let done = frame["params"]["status"] == "completed";

@@ -189,7 +189,10 @@ async fn status_only_withholds_a_synchronous_calls_output_too() {
     assert!(!reply.raw.contains("quarterly numbers"), "{}", reply.raw);
     let text = result["content"][0]["text"].as_str().unwrap_or_default();
     assert!(text.contains("statusOnly"), "{result}");
-    assert_eq!(result["isError"], false, "whether it failed is status: kept");
+    assert_eq!(
+        result["isError"], false,
+        "whether it failed is status: kept"
+    );
 }
 
 #[tokio::test]
@@ -229,7 +232,10 @@ async fn every_frame_of_a_streamed_synchronous_answer_is_masked() {
             .all(|m| m["params"]["progressToken"] == "p-acct-1"),
         "the client's progress token is never masked: {progress:?}"
     );
-    assert_eq!(reply.body["result"]["content"][0]["text"], "computed [redacted]");
+    assert_eq!(
+        reply.body["result"]["content"][0]["text"],
+        "computed [redacted]"
+    );
     assert!(!reply.raw.contains("acct-1234"), "{}", reply.raw);
     assert!(!reply.raw.contains("acct-5678"), "{}", reply.raw);
 }

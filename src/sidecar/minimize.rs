@@ -11,10 +11,15 @@ use crate::mcp::task::result_type;
 use super::active_policy::ActivePolicy;
 use super::context::RequestContext;
 
-/// Whether answers to this request are rewritten: a `tools/call` under `tasks.results` rules.
-/// Such answers never take the byte-for-byte path.
+/// Whether answers to this request are rewritten: a `tools/call` under `tasks.results` rules
+/// that change a synchronous answer (not `maxBytes` alone). Such answers never take the
+/// byte-for-byte path.
 pub fn rewrites_answer(ctx: &RequestContext) -> bool {
-    ctx.policy.results.is_some() && ctx.request.method == methods::TOOLS_CALL
+    ctx.policy
+        .results
+        .as_ref()
+        .is_some_and(|m| m.changes_sync())
+        && ctx.request.method == methods::TOOLS_CALL
 }
 
 /// The final answer to a `tools/call` as the client receives it: a result that makes a task

@@ -137,6 +137,12 @@ impl ResultMinimizer {
         !self.masks.is_empty()
     }
 
+    /// Whether a synchronous answer can change ([`Self::minimize_sync`]): not under rules
+    /// that only bound what is stored (`maxBytes`).
+    pub fn changes_sync(&self) -> bool {
+        self.status_only || !self.drop.is_empty() || !self.masks.is_empty()
+    }
+
     /// Masks one server-supplied text (a `statusMessage`); how many matches it replaced.
     pub fn mask_text(&self, text: &mut String) -> usize {
         mask_str(text, &self.masks)
@@ -367,6 +373,89 @@ mod tests {
         assert_eq!(
             fits.result,
             json!({"structuredContent": {"a/b": 1, "rows": [1, 2, 3]}})
+        );
+    }
+
+    #[test]
+    fn task_states_have_their_free_text_masked_and_their_protocol_fields_kept() {
+        let m = minimizer(ResultMode::Full, None, &[], &[r"\d{4}"]);
+        let mut state = json!({
+            "taskId": "lgt_1234", "status": "input_required", "resultType": "task",
+            "createdAt": "2026-12-04T10:00:00Z", "lastUpdatedAt": "2026-12-04T10:00:01Z",
+            "ttlMs": 60000, "pollIntervalMs": 1000,
+            "statusMessage": "account 1234 and 5678",
+            "_meta": {"note": "card 9999"},
+            "inputRequests": {"q-1234": {"method": "elicitation/create", "id": "1234",
+                                         "params": {"message": "confirm 4321?"}}}
+        });
+        assert_eq!(m.mask_task_state(&mut state), 4);
+        assert_eq!(state["statusMessage"], "account [redacted] and [redacted]");
+        assert_eq!(state["_meta"]["note"], "card [redacted]");
+        let request = &state["inputRequests"]["q-1234"];
+        assert_eq!(request["params"]["message"], "confirm [redacted]?");
+        assert_eq!(request["method"], "elicitation/create");
+        assert_eq!(request["id"], "1234");
+        assert_eq!(state["taskId"], "lgt_1234");
+        assert_eq!(state["createdAt"], "2026-12-04T10:00:00Z");
+        assert_eq!(state["lastUpdatedAt"], "2026-12-04T10:00:01Z");
+        // No masks: nothing changes, nothing is walked.
+        let none = minimizer(ResultMode::Full, Some(10), &[], &[]);
+        let before = state.clone();
+        assert_eq!(none.mask_task_state(&mut state), 0);
+        assert_eq!(state, before);
+        assert!(!none.masks_text());
+    }
+
+    #[test]
+    fn errors_and_notifications_are_masked_but_not_the_clients_progress_token() {
+        let m = minimizer(ResultMode::Full, None, &[], &[r"acct-\d+"]);
+        let mut error = json!({"code": -32603, "message": "card acct-1 declined",
+                               "data": {"detail": ["acct-22"]}});
+        assert_eq!(m.mask_error(&mut error), 2);
+        assert_eq!(error["message"], "card [redacted] declined");
+        assert_eq!(error["data"]["detail"][0], MASKED);
+        let mut progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": "acct-7", "progress": 1, "message": "reading acct-8"}});
+        assert_eq!(m.mask_notification(&mut progress), 1);
+        assert_eq!(progress["params"]["progressToken"], "acct-7");
+        assert_eq!(progress["params"]["message"], "reading [redacted]");
+        let mut text = "acct-1 and acct-2".to_owned();
+        assert_eq!(m.mask_text(&mut text), 2);
+        assert_eq!(text, "[redacted] and [redacted]");
+    }
+
+    #[test]
+    fn synchronous_results_get_pointers_and_masks_but_no_size_limit() {
+        let m = minimizer(
+            ResultMode::Full,
+            Some(10),
+            &["/structuredContent/customer/ssn"],
+            &[r"555-\d{4}"],
+        );
+        assert!(m.changes_sync());
+        let out = m.minimize_sync(report());
+        assert_eq!(
+            out["content"][0]["text"],
+            "Customer 123-45-6789 owes 10; call [redacted]"
+        );
+        assert_eq!(out["structuredContent"]["customer"], json!({"name": "Ann"}));
+        // maxBytes bounds what is stored; a synchronous result is never stored.
+        assert!(out.get("isError").is_none(), "not withheld: {out}");
+        assert!(!minimizer(ResultMode::Full, Some(10), &[], &[]).changes_sync());
+    }
+
+    #[test]
+    fn status_only_withholds_a_synchronous_output_but_keeps_its_status() {
+        let m = minimizer(ResultMode::StatusOnly, None, &[], &[]);
+        assert!(m.changes_sync());
+        let mut failed = report();
+        failed["isError"] = json!(true);
+        failed["resultType"] = json!("complete");
+        let out = m.minimize_sync(failed);
+        assert_eq!(
+            out,
+            json!({"resultType": "complete", "isError": true,
+                   "content": [{"type": "text", "text": STATUS_ONLY_SYNC_TEXT}]})
         );
     }
 
