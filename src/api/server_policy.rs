@@ -331,8 +331,9 @@ pub struct TasksSpec {
     #[schemars(length(min = 1, max = 256))]
     pub admin_cancel_scope: Option<String>,
 
-    /// What the sidecar keeps and returns of a completed task's result. Default: the whole
-    /// result, as the server gave it.
+    /// What the sidecar keeps and returns of the server's output: a completed task's result
+    /// (stored), a synchronous `tools/call` result, and, for masks, every other text the
+    /// server supplies. Default: everything as the server gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<ResultsSpec>,
 
@@ -351,13 +352,15 @@ pub struct TasksSpec {
 }
 
 /// Result minimization: applied to a completed task's result before the ledger stores it, so
-/// what is returned later is exactly what was stored.
+/// what is returned later is exactly what was stored; to a synchronous result before it is
+/// returned; and (masks) to every other text the server supplies.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ResultsSpec {
     /// `full` (default) stores the result, minimized by `redact` and `maxBytes`; `statusOnly`
     /// stores none: the task reports `completed` with an empty result and a statusMessage
-    /// saying the policy keeps no results (for tools whose output is delivered elsewhere).
+    /// saying the policy keeps no results (for tools whose output is delivered elsewhere), and
+    /// a synchronous call returns no output either (only whether it failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<ResultMode>,
 
@@ -383,14 +386,16 @@ pub struct ResultsSpec {
         .field_path(".drop")
 )]
 pub struct RedactSpec {
-    /// JSON pointers (RFC 6901) into the CallToolResult to remove, e.g.
-    /// `/structuredContent/customer/ssn`. A pointer that names nothing is ignored.
+    /// JSON pointers (RFC 6901) into the CallToolResult to remove (before it is stored, or
+    /// returned by a synchronous call), e.g. `/structuredContent/customer/ssn`. A pointer that
+    /// names nothing is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub drop: Option<Vec<String>>,
 
-    /// Regular expressions (Rust `regex` syntax); every match inside any string of the result
-    /// is replaced by `[redacted]`, e.g. `\b\d{3}-\d{2}-\d{4}\b`.
+    /// Regular expressions (Rust `regex` syntax); every match inside any string of the result,
+    /// and of every other text the server supplies (statusMessage, errors, input requests,
+    /// notifications of a call), is replaced by `[redacted]`, e.g. `\b\d{3}-\d{2}-\d{4}\b`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub mask: Option<Vec<String>>,
