@@ -86,7 +86,7 @@ async fn without_results_rules_the_result_is_kept_as_the_server_gave_it() {
 // `statusOnly`), and every frame of a streamed synchronous answer. What the ledger stores is
 // the masked text.
 
-const MASKED_TOOLS: &str = "  tasks:\n    minPollInterval: 10ms\n    tools: [slow_compute, failing_job]\n    results:\n      redact:\n        mask: ['acct-\\d+']\n";
+const MASKED_TOOLS: &str = "  tasks:\n    minPollInterval: 10ms\n    tools: [slow_compute, failing_job, confirm_action]\n    results:\n      redact:\n        mask: ['acct-\\d+']\n";
 
 /// `(status_message, payload)` of every task the SQLite ledger holds.
 fn ledger_texts(sidecar: &support::Sidecar) -> Vec<(Option<String>, Option<String>)> {
@@ -160,6 +160,29 @@ async fn a_failed_tasks_status_message_and_error_are_masked_for_the_client_and_i
     assert_eq!(message.as_deref(), Some("card [redacted] declined"));
     let error: serde_json::Value = serde_json::from_str(payload.as_deref().unwrap()).unwrap();
     assert_eq!(error["message"], "card [redacted] declined", "{error}");
+}
+
+#[tokio::test]
+async fn input_requests_reach_the_client_masked_and_their_method_intact() {
+    let (_server, _sidecar, client) = support::start_behind_sidecar(MASKED_TOOLS).await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let id = support::create_task(
+        &client,
+        &token,
+        "confirm_action",
+        json!({"action": "close acct-1234"}),
+    )
+    .await;
+    let waiting = support::eventually(std::time::Duration::from_secs(10), async || {
+        let reply = client.get_task(&token, &id).await;
+        assert!(!reply.raw.contains("acct-1234"), "{}", reply.raw);
+        (reply.result()["status"] == "input_required").then_some(reply)
+    })
+    .await
+    .expect("the task asks for input");
+    let request = &waiting.result()["inputRequests"]["confirm-1"];
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert_eq!(request["params"]["message"], "Really close [redacted]?");
 }
 
 #[tokio::test]
