@@ -64,7 +64,7 @@ struct Inner {
 }
 
 /// Why an acknowledgement was not recorded.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AckRefused {
     #[error("the pod has no open stream on this replica")]
     NoStream,
