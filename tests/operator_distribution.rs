@@ -525,7 +525,9 @@ struct RawStream {
 }
 
 impl RawStream {
-    async fn open(operator: &Operator, pod: &TestPod) -> Self {
+    /// Opens the stream and reads until a snapshot `wanted` accepts (the operator's caches may
+    /// lag behind objects just created: later snapshots catch up).
+    async fn open(operator: &Operator, pod: &TestPod, wanted: impl Fn(&Value) -> bool) -> Self {
         let url = format!(
             "{}/distribution/v1/stream?podNamespace={}&podName={}",
             operator.url, pod.namespace, pod.name
@@ -540,13 +542,22 @@ impl RawStream {
             .unwrap();
         assert_eq!(response.status(), 200);
         let mut buffer = Vec::new();
-        let first = loop {
-            let chunk = response.chunk().await.unwrap().expect("a first line");
-            buffer.extend_from_slice(&chunk);
-            if let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
-                break serde_json::from_slice::<Value>(&buffer[..pos]).unwrap();
+        let read = async {
+            loop {
+                let chunk = response.chunk().await.unwrap().expect("the stream goes on");
+                buffer.extend_from_slice(&chunk);
+                while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=pos).collect();
+                    let message: Value = serde_json::from_slice(&line).unwrap();
+                    if message["type"] == "snapshot" && wanted(&message) {
+                        return message;
+                    }
+                }
             }
         };
+        let first = tokio::time::timeout(WAIT, read)
+            .await
+            .unwrap_or_else(|_| panic!("no wanted snapshot:\n{}", operator.logs()));
         Self {
             _response: response,
             first,
@@ -654,13 +665,12 @@ async fn acks_naming_what_the_session_was_never_sent_are_refused_and_counts_satu
         TestPod::create(&emulator, NS, "reports-0", &[("app", "reports")], "reports").await;
     // A pod in another namespace no policy selects: its snapshot never carries the revocation.
     let outsider = TestPod::create(&emulator, "team-b", "other-0", &[("app", "x")], "x").await;
-    let outsider_stream = RawStream::open(&operator, &outsider).await;
+    let outsider_stream = RawStream::open(&operator, &outsider, |_| true).await;
     assert!(outsider_stream.first["policy"].is_null());
-    let stream = RawStream::open(&operator, &genuine).await;
-    assert_eq!(
-        stream.first["policy"]["revocations"][0]["name"],
-        "alice-revoked"
-    );
+    let stream = RawStream::open(&operator, &genuine, |s| {
+        s["policy"]["revocations"][0]["name"] == "alice-revoked"
+    })
+    .await;
 
     // The outsider acks the revocation with invented counts: refused, nothing recorded.
     for tasks in [1_000_000u64, u64::MAX] {
