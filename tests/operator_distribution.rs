@@ -516,3 +516,209 @@ async fn with_two_replicas_the_leader_counts_the_sidecars_of_both() {
     assert_eq!(object["status"]["acknowledgedSidecars"], 4);
     assert_eq!(object["status"]["tasksCancelled"], 4);
 }
+
+/// A hand-driven sidecar connection: the open stream (kept open while this lives) and its
+/// first snapshot.
+struct RawStream {
+    _response: reqwest::Response,
+    first: Value,
+}
+
+impl RawStream {
+    /// Opens the stream and reads until a snapshot `wanted` accepts (the operator's caches may
+    /// lag behind objects just created: later snapshots catch up).
+    async fn open(operator: &Operator, pod: &TestPod, wanted: impl Fn(&Value) -> bool) -> Self {
+        let url = format!(
+            "{}/distribution/v1/stream?podNamespace={}&podName={}",
+            operator.url, pod.namespace, pod.name
+        );
+        let mut response = operator
+            .ca
+            .client()
+            .get(url)
+            .bearer_auth(&pod.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut buffer = Vec::new();
+        let read = async {
+            loop {
+                let chunk = response.chunk().await.unwrap().expect("the stream goes on");
+                buffer.extend_from_slice(&chunk);
+                while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=pos).collect();
+                    let message: Value = serde_json::from_slice(&line).unwrap();
+                    if message["type"] == "snapshot" && wanted(&message) {
+                        return message;
+                    }
+                }
+            }
+        };
+        let first = tokio::time::timeout(WAIT, read)
+            .await
+            .unwrap_or_else(|_| panic!("no wanted snapshot:\n{}", operator.logs()));
+        Self {
+            _response: response,
+            first,
+        }
+    }
+
+    /// The ack of the first snapshot a genuine sidecar would send.
+    fn genuine_ack(&self, tasks: u64) -> Value {
+        let revocations: Vec<Value> = self.first["policy"]["revocations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| json!({"name": r["name"], "tasksCancelled": tasks, "streamsClosed": 0}))
+            .collect();
+        json!({
+            "session": self.first["session"], "version": self.first["version"],
+            "policyHash": self.first["policy"].as_object().map(|_| policy_hash(&self.first["policy"])),
+            "revocations": revocations,
+        })
+    }
+}
+
+async fn post_ack(operator: &Operator, pod: &TestPod, ack: &Value) -> (u16, String) {
+    let response = operator
+        .ca
+        .client()
+        .post(format!("{}/distribution/v1/ack", operator.url))
+        .bearer_auth(&pod.token)
+        .json(ack)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_with_its_pod_and_never_serves_or_counts_for_a_successor_of_the_same_name() {
+    let emulator = KubeEmulator::start().await;
+    let operator = Operator::start(&emulator, None).await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+    let old = TestPod::create(&emulator, NS, "reports-0", &[("app", "reports")], "reports").await;
+    let sidecar = LightSidecar::connect(&operator, &old, (NS, "reports-0"), 0);
+    eventually(WAIT, async || {
+        sidecar.last().filter(|s| s["policy"].is_object())
+    })
+    .await
+    .expect("the first pod's policy");
+    eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        (o["status"]["sidecarsInSync"] == 1).then_some(())
+    })
+    .await
+    .expect("the first pod in sync");
+
+    // The pod is deleted and a new one takes its name (a new uid); its sidecar never dials.
+    emulator.delete_pod(NS, "reports-0").await;
+    let successor =
+        TestPod::create(&emulator, NS, "reports-0", &[("app", "reports")], "reports").await;
+    assert_ne!(successor.uid, old.uid);
+    // The old stream ends; dialling again with the old pod's token is refused (its uid is gone).
+    let refused = eventually(WAIT, async || {
+        sidecar.seen.lock().unwrap().refusals.first().copied()
+    })
+    .await
+    .unwrap_or_else(|| panic!("the old pod's stream stayed open:\n{}", operator.logs()));
+    assert_eq!(refused, 403);
+
+    // The policy changes: nobody serves the successor, so nobody is in sync with the new hash.
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report, export"))
+        .await;
+    let object = eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        let hash = o["status"]["policyHash"].as_str()?;
+        let generation = o["metadata"]["generation"].as_i64()?;
+        (o["status"]["observedGeneration"].as_i64() == Some(generation) && !hash.is_empty())
+            .then_some(o)
+    })
+    .await
+    .expect("status of the new generation");
+    assert_eq!(object["status"]["sidecarsInSync"], 0, "{object}");
+    let snapshots = sidecar.seen.lock().unwrap().snapshots.clone();
+    assert!(
+        snapshots.iter().all(|s| s["pod"]["uid"] == old.uid.as_str()
+            && s["policy"]["tasks"]["tools"] == json!({"only": ["generate_report"]})),
+        "the old stream received the successor's policy: {snapshots:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_naming_what_the_session_was_never_sent_are_refused_and_counts_saturate() {
+    let emulator = KubeEmulator::start().await;
+    let operator = Operator::start(&emulator, None).await;
+    emulator
+        .apply_yaml(&policy("reports", "reports", "generate_report"))
+        .await;
+    emulator
+        .apply_yaml(&revocation("alice-revoked", "alice"))
+        .await;
+    let genuine =
+        TestPod::create(&emulator, NS, "reports-0", &[("app", "reports")], "reports").await;
+    // A pod in another namespace no policy selects: its snapshot never carries the revocation.
+    let outsider = TestPod::create(&emulator, "team-b", "other-0", &[("app", "x")], "x").await;
+    let outsider_stream = RawStream::open(&operator, &outsider, |_| true).await;
+    assert!(outsider_stream.first["policy"].is_null());
+    let stream = RawStream::open(&operator, &genuine, |s| {
+        s["policy"]["revocations"][0]["name"] == "alice-revoked"
+    })
+    .await;
+
+    // The outsider acks the revocation with invented counts: refused, nothing recorded.
+    for tasks in [1_000_000u64, u64::MAX] {
+        let mut forged = outsider_stream.genuine_ack(0);
+        forged["revocations"] =
+            json!([{"name": "alice-revoked", "tasksCancelled": tasks, "streamsClosed": 0}]);
+        let (status, body) = post_ack(&operator, &outsider, &forged).await;
+        assert_eq!(status, 422, "{body}");
+        assert!(body.contains("alice-revoked"), "{body}");
+    }
+    // An ack of a version never sent is refused and does not poison the genuine ack.
+    let mut future = stream.genuine_ack(1);
+    future["version"] = json!(u64::MAX);
+    let (status, body) = post_ack(&operator, &genuine, &future).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("never sent"), "{body}");
+    // An ack naming 30,000 made-up revocations is refused as a whole (no state is created).
+    let mut flood = stream.genuine_ack(1);
+    flood["revocations"] = Value::Array(
+        (0..30_000)
+            .map(|i| json!({"name": format!("made-up-{i}"), "tasksCancelled": 1, "streamsClosed": 1}))
+            .collect(),
+    );
+    let (status, body) = post_ack(&operator, &genuine, &flood).await;
+    assert_eq!(status, 422, "{body}");
+
+    // The genuine ack counts, with its report capped at the documented bound.
+    let (status, body) = post_ack(&operator, &genuine, &stream.genuine_ack(u64::MAX)).await;
+    assert_eq!(status, 204, "{body}");
+    let path = "/apis/lifeguard.dev/v1alpha1/principalrevocations/alice-revoked";
+    eventually(WAIT, async || {
+        let o = get(&emulator, path).await?;
+        (o["status"]["tasksCancelled"] == 1_000_000).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the capped count never showed:\n{}", operator.logs()));
+    eventually(WAIT, async || {
+        let o = get(&emulator, &policy_path("reports")).await?;
+        (o["status"]["sidecarsInSync"] == 1).then_some(())
+    })
+    .await
+    .expect("the genuine sidecar is in sync");
+    assert!(
+        operator
+            .metric(
+                "lifeguard_operator_acknowledgement_refusals_total{reason=\"unsent_revocation\"}"
+            )
+            .await
+            >= Some(2.0)
+    );
+}

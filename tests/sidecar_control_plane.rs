@@ -65,6 +65,8 @@ enum Trust {
     Flag,
     SslCertFile,
     Nothing,
+    /// `--control-plane-ca` names this other CA, while `SSL_CERT_FILE` trusts the fake's.
+    PinnedElsewhere(PathBuf),
 }
 
 /// Like [`start`], with the fake refusing streams of the `refused` bearers from the outset and
@@ -82,6 +84,10 @@ async fn start_with(refused: &[&str], trust: Trust) -> Cluster {
             vec![("SSL_CERT_FILE".to_owned(), ca.display().to_string())],
         ),
         Trust::Nothing => (None, vec![]),
+        Trust::PinnedElsewhere(other) => (
+            Some(other),
+            vec![("SSL_CERT_FILE".to_owned(), ca.display().to_string())],
+        ),
     };
     let server = ExampleServer::start();
     let dir = tempfile::tempdir().unwrap();
@@ -480,6 +486,72 @@ async fn a_restart_without_the_control_plane_enforces_the_persisted_snapshot() {
 }
 
 #[tokio::test]
+async fn an_edited_persisted_snapshot_never_lifts_a_revocation_after_a_restart() {
+    let mut cluster = start().await;
+    let revoked_before = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let revoking = compiled(
+        &cluster.fake,
+        TASKS,
+        &revocation("alice-session", "alice", revoked_before),
+    );
+    let version = cluster.fake.push(Some(revoking), None);
+    cluster.fake.ack_of(version).await.expect("acked");
+    let token = alice().token();
+    let refused = cluster
+        .client
+        .call_tool(&token, "slow_compute", json!({"seconds": 0.05}))
+        .await;
+    assert_ne!(
+        refused.status, 200,
+        "the revoked user is refused: {refused:?}"
+    );
+
+    // With the operator away, someone who can write the volume removes the revocation from the
+    // persisted snapshot (and makes it look newer), then the sidecar restarts.
+    cluster.fake.go_down().await;
+    let persisted = cluster
+        .sidecar
+        .ledger_path
+        .with_file_name("ledger.db.snapshot.json");
+    let mut file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&persisted).unwrap()).unwrap();
+    let snapshot = if file.get("snapshot").is_some() {
+        &mut file["snapshot"]
+    } else {
+        &mut file
+    };
+    assert_eq!(
+        snapshot["policy"]["revocations"][0]["name"],
+        "alice-session"
+    );
+    snapshot["policy"]["revocations"] = json!([]);
+    snapshot["version"] = json!(version + 1);
+    std::fs::write(&persisted, serde_json::to_vec(&file).unwrap()).unwrap();
+    cluster.sidecar = cluster.sidecar.respawn_after_kill();
+    cluster.client = McpClient::new(&cluster.sidecar.url);
+    let complained = support::eventually(WAIT, async || {
+        cluster
+            .sidecar
+            .logs()
+            .contains("is not authenticated by this sidecar's ledger key")
+            .then_some(())
+    })
+    .await;
+    let after = cluster
+        .client
+        .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.05}))
+        .await;
+    assert_eq!(
+        after.status, 503,
+        "the edit re-admitted a revoked user: {after:?}"
+    );
+    assert!(complained.is_some(), "{}", cluster.sidecar.logs());
+    let (status, body) = cluster.sidecar.ready().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no snapshot received yet"), "{body}");
+}
+
+#[tokio::test]
 async fn a_pod_no_policy_selects_is_ready_and_refuses_every_request() {
     let cluster = start().await;
     let token = alice().token();
@@ -551,6 +623,30 @@ async fn the_control_plane_must_present_a_trusted_certificate() {
     assert!(complained.is_some(), "{}", untrusted.sidecar.logs());
     assert!(untrusted.fake.bearers().is_empty());
     assert_eq!(untrusted.sidecar.ready().await.0, 503);
+}
+
+#[tokio::test]
+async fn with_control_plane_ca_the_stream_trusts_that_ca_alone() {
+    // The fake's CA is trusted through SSL_CERT_FILE (as a public or injected root would be),
+    // but --control-plane-ca names another CA: the fake is an impostor and gets no token.
+    let dir = tempfile::tempdir().unwrap();
+    let other = support::operator::TestCa::new(dir.path());
+    let impostor = start_with(&[], Trust::PinnedElsewhere(other.ca_path.clone())).await;
+    impostor
+        .fake
+        .push(Some(compiled(&impostor.fake, TASKS, "")), None);
+    let complained = support::eventually(WAIT, async || {
+        let logs = impostor.sidecar.logs();
+        (logs.contains("no connection to the control plane") && logs.contains("certificate"))
+            .then_some(())
+    })
+    .await;
+    assert!(complained.is_some(), "{}", impostor.sidecar.logs());
+    assert!(
+        impostor.fake.bearers().is_empty(),
+        "the token went to a control plane only SSL_CERT_FILE vouches for"
+    );
+    assert_eq!(impostor.sidecar.ready().await.0, 503);
 }
 
 #[test]

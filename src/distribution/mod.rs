@@ -16,7 +16,11 @@
 //! - [`StreamMessage::Heartbeat`] lines arrive at least every [`HEARTBEAT_INTERVAL`]; a sidecar
 //!   that hears nothing for [`SILENCE_TIMEOUT`] drops the connection and dials again.
 //! - After a sidecar has put a snapshot in force *and* applied every revocation it carries, it
-//!   POSTs an [`Ack`] to [`ACK_PATH`] with the same bearer. Acks are idempotent.
+//!   POSTs an [`Ack`] to [`ACK_PATH`] with the same bearer. Acks are idempotent. The operator
+//!   records an ack only from the pod (uid) whose stream is open, for a version that session
+//!   was sent, with the policy hash and only the revocations that snapshot carried (409 for a
+//!   closed, older or foreign session, 422 for anything never sent); counts are capped.
+//! - A stream ends when its pod is deleted or replaced by a pod of the same name.
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};

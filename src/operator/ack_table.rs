@@ -136,8 +136,8 @@ impl SidecarView {
             .into_iter()
             .flat_map(|m| m.values())
         {
-            totals.tasks_cancelled += counts[0];
-            totals.streams_closed += counts[1];
+            totals.tasks_cancelled = totals.tasks_cancelled.saturating_add(counts[0]);
+            totals.streams_closed = totals.streams_closed.saturating_add(counts[1]);
         }
         totals
     }

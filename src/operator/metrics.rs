@@ -57,6 +57,7 @@ pub struct OperatorMetrics {
     pub snapshots_sent: Counter,
     pub acks: Counter,
     pub auth_refusals: Family<ReasonLabels, Counter>,
+    pub ack_refusals: Family<ReasonLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub status_writes: Family<ReconcileLabels, Counter>,
     pub leader: Gauge,
@@ -93,6 +94,12 @@ impl OperatorMetrics {
             "sidecar_auth_refusals",
             "Sidecar connections or acknowledgements refused, by reason",
             auth_refusals.clone(),
+        );
+        let ack_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "acknowledgement_refusals",
+            "Acknowledgements of authenticated sidecars refused, by reason",
+            ack_refusals.clone(),
         );
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         registry.register(
@@ -138,6 +145,7 @@ impl OperatorMetrics {
             snapshots_sent,
             acks,
             auth_refusals,
+            ack_refusals,
             reconciles,
             status_writes,
             leader,
@@ -150,6 +158,12 @@ impl OperatorMetrics {
 
     pub fn auth_refused(&self, reason: &'static str) {
         self.auth_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn ack_refused(&self, reason: &'static str) {
+        self.ack_refusals
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

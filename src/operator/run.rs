@@ -478,6 +478,7 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         distribution,
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        pods: ctx.pods.clone(),
     });
     let mut router = Router::new()
         .route(STREAM_PATH, get(stream::open_stream))

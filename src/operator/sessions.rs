@@ -3,7 +3,7 @@
 //! Plain data behind a mutex; the stream and ack handlers write it, the status reconcilers
 //! read it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +24,22 @@ pub struct Acknowledged {
     pub policy_hash: Option<String>,
 }
 
+/// A sidecar's report for one revocation is capped at this many tasks (and, separately,
+/// streams): a report above it is recorded as this bound. Totals over sidecars saturate at
+/// `u64::MAX` (and status at `i64::MAX`); nothing wraps.
+pub const MAX_REPORTED_COUNT: u64 = 1_000_000;
+/// A session remembers what its last this-many snapshots carried; an ack may only name one
+/// of them (an older one is answered as never sent).
+pub const SENT_REMEMBERED: usize = 8;
+
+/// What one snapshot sent on a session carried: all an ack of it may name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentSnapshot {
+    pub version: u64,
+    pub policy_hash: Option<String>,
+    pub revocations: BTreeSet<String>,
+}
+
 /// One pod's sidecar.
 #[derive(Clone, Debug)]
 pub struct SidecarSession {
@@ -35,6 +51,8 @@ pub struct SidecarSession {
     pub connected_at: Timestamp,
     /// Acknowledged through `session` (an older connection's acks are not counted).
     pub acknowledged: Option<Acknowledged>,
+    /// The last [`SENT_REMEMBERED`] snapshots sent through `session`, oldest first.
+    pub sent: VecDeque<SentSnapshot>,
 }
 
 #[derive(Default)]
@@ -46,12 +64,97 @@ struct Inner {
 }
 
 /// Why an acknowledgement was not recorded.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AckRefused {
     #[error("the pod has no open stream on this replica")]
     NoStream,
     #[error("the acknowledgement names an older connection of this pod")]
     StaleSession,
+    #[error(
+        "the stream of this pod name belongs to another pod (uid {current}); this token is for \
+         uid {acking}"
+    )]
+    OtherPod { current: String, acking: String },
+    #[error(
+        "snapshot version {0} was never sent on this session (or is older than the last \
+         {SENT_REMEMBERED} sent)"
+    )]
+    UnknownVersion(u64),
+    #[error("snapshot version {0} carried another policy hash than the acknowledgement names")]
+    PolicyHashMismatch(u64),
+    #[error("snapshot version {version} did not carry revocation {name:?}")]
+    UnsentRevocation { version: u64, name: String },
+    #[error("revocation {0:?} is named more than once")]
+    DuplicateRevocation(String),
+}
+
+impl AckRefused {
+    /// 409 when the session is not (or no longer) this pod's; 422 when the acknowledgement
+    /// names what was never sent.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Self::NoStream | Self::StaleSession | Self::OtherPod { .. } => {
+                http::StatusCode::CONFLICT
+            }
+            _ => http::StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+
+    /// Bounded metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoStream => "no_stream",
+            Self::StaleSession => "stale_session",
+            Self::OtherPod { .. } => "other_pod",
+            Self::UnknownVersion(_) => "unknown_version",
+            Self::PolicyHashMismatch(_) => "policy_hash_mismatch",
+            Self::UnsentRevocation { .. } => "unsent_revocation",
+            Self::DuplicateRevocation(_) => "duplicate_revocation",
+        }
+    }
+}
+
+/// Checks `ack` against what `session` was sent; returns the revocation reports to record,
+/// counts capped at [`MAX_REPORTED_COUNT`].
+fn validate(session: &SidecarSession, ack: &Ack) -> Result<Vec<RevocationApplied>, AckRefused> {
+    let sent = session
+        .sent
+        .iter()
+        .find(|s| s.version == ack.version)
+        .ok_or(AckRefused::UnknownVersion(ack.version))?;
+    if sent.policy_hash != ack.policy_hash {
+        return Err(AckRefused::PolicyHashMismatch(ack.version));
+    }
+    let mut named = BTreeSet::new();
+    let mut reports = Vec::with_capacity(ack.revocations.len().min(sent.revocations.len()));
+    for applied in &ack.revocations {
+        if !sent.revocations.contains(&applied.name) {
+            return Err(AckRefused::UnsentRevocation {
+                version: ack.version,
+                name: applied.name.clone(),
+            });
+        }
+        if !named.insert(applied.name.as_str()) {
+            return Err(AckRefused::DuplicateRevocation(applied.name.clone()));
+        }
+        if applied.tasks_cancelled > MAX_REPORTED_COUNT
+            || applied.streams_closed > MAX_REPORTED_COUNT
+        {
+            tracing::warn!(
+                pod = %format!("{}/{}", session.pod.namespace, session.pod.name),
+                revocation = %applied.name,
+                tasks = applied.tasks_cancelled,
+                streams = applied.streams_closed,
+                "a sidecar reported more than {MAX_REPORTED_COUNT} tasks or streams for one revocation; recording the bound"
+            );
+        }
+        reports.push(RevocationApplied {
+            name: applied.name.clone(),
+            tasks_cancelled: applied.tasks_cancelled.min(MAX_REPORTED_COUNT),
+            streams_closed: applied.streams_closed.min(MAX_REPORTED_COUNT),
+        });
+    }
+    Ok(reports)
 }
 
 /// The registry, with channels that tell the status reconcilers which objects to look at again.
@@ -154,6 +257,7 @@ impl Sessions {
                 connected: true,
                 connected_at: Timestamp::now(),
                 acknowledged: None,
+                sent: VecDeque::new(),
             },
         );
         self.touched();
@@ -168,9 +272,42 @@ impl Sessions {
             && entry.session == session
         {
             entry.connected = false;
+            entry.sent.clear();
             drop(inner);
             self.touched();
             let _ = self.pods_changed.send(key);
+        }
+    }
+
+    /// Forgets a connection whose pod no longer exists (only if it is still the pod name's
+    /// latest), so deleted pods leave no state behind.
+    pub fn forget(&self, pod: &PodIdentity, session: &str) {
+        let key = pod_key(pod);
+        let mut inner = self.lock();
+        if inner
+            .sidecars
+            .get(&key)
+            .is_some_and(|entry| entry.session == session && entry.pod.uid == pod.uid)
+        {
+            inner.sidecars.remove(&key);
+            drop(inner);
+            self.touched();
+            let _ = self.pods_changed.send(key);
+        }
+    }
+
+    /// Records that `sent` went out on `session` (before the line is written, so its ack
+    /// cannot arrive first). Keeps the last [`SENT_REMEMBERED`].
+    pub fn record_sent(&self, pod: &PodIdentity, session: &str, sent: SentSnapshot) {
+        let mut inner = self.lock();
+        if let Some(entry) = inner.sidecars.get_mut(&pod_key(pod))
+            && entry.session == session
+            && entry.pod.uid == pod.uid
+        {
+            if entry.sent.len() >= SENT_REMEMBERED {
+                entry.sent.pop_front();
+            }
+            entry.sent.push_back(sent);
         }
     }
 
@@ -179,6 +316,15 @@ impl Sessions {
         let key = pod_key(pod);
         let mut inner = self.lock();
         let entry = inner.sidecars.get_mut(&key).ok_or(AckRefused::NoStream)?;
+        if entry.pod.uid != pod.uid {
+            return Err(AckRefused::OtherPod {
+                current: entry.pod.uid.clone(),
+                acking: pod.uid.clone(),
+            });
+        }
+        if !entry.connected {
+            return Err(AckRefused::NoStream);
+        }
         if entry.session != ack.session {
             return Err(AckRefused::StaleSession);
         }
@@ -190,11 +336,12 @@ impl Sessions {
             // A late ack of an older version changes nothing.
             return Ok(());
         }
+        let reports = validate(entry, ack)?;
         entry.acknowledged = Some(Acknowledged {
             version: ack.version,
             policy_hash: ack.policy_hash.clone(),
         });
-        for applied in &ack.revocations {
+        for applied in &reports {
             inner
                 .revocations
                 .entry(applied.name.clone())
@@ -204,8 +351,8 @@ impl Sessions {
         drop(inner);
         self.touched();
         let _ = self.pods_changed.send(key);
-        for applied in &ack.revocations {
-            let _ = self.revocations_acknowledged.send(applied.name.clone());
+        for applied in reports {
+            let _ = self.revocations_acknowledged.send(applied.name);
         }
         Ok(())
     }
@@ -245,8 +392,11 @@ impl Sessions {
         let mut totals = RevocationTotals::default();
         if let Some(pods) = inner.revocations.get(revocation) {
             for applied in pods.values() {
-                totals.tasks_cancelled += applied.tasks_cancelled;
-                totals.streams_closed += applied.streams_closed;
+                totals.tasks_cancelled = totals
+                    .tasks_cancelled
+                    .saturating_add(applied.tasks_cancelled);
+                totals.streams_closed =
+                    totals.streams_closed.saturating_add(applied.streams_closed);
             }
         }
         totals
@@ -297,11 +447,36 @@ mod tests {
         }
     }
 
+    /// Connects `pod` on `session` and records that `version` went out with hash `h` and
+    /// revocations `revoked`.
+    fn sent(sessions: &Sessions, pod: &PodIdentity, session: &str, version: u64, revoked: &[&str]) {
+        sessions.record_sent(
+            pod,
+            session,
+            SentSnapshot {
+                version,
+                policy_hash: Some("h".into()),
+                revocations: revoked.iter().map(|r| (*r).to_owned()).collect(),
+            },
+        );
+    }
+
+    fn connect(
+        sessions: &Sessions,
+        pod: &PodIdentity,
+        session: &str,
+        version: u64,
+        revoked: &[&str],
+    ) {
+        sessions.connect(pod.clone(), session.into());
+        sent(sessions, pod, session, version, revoked);
+    }
+
     #[test]
     fn only_the_latest_connection_of_a_pod_counts() {
         let (sessions, mut events) = Sessions::new();
-        sessions.connect(pod("a"), "s1".into());
-        sessions.connect(pod("a"), "s2".into());
+        connect(&sessions, &pod("a"), "s1", 1, &[]);
+        connect(&sessions, &pod("a"), "s2", 1, &[]);
         assert_eq!(
             sessions.acknowledge(&pod("a"), &ack("s1", 1, "h", &[])),
             Err(AckRefused::StaleSession)
@@ -319,13 +494,18 @@ mod tests {
         assert_eq!(sessions.connected_count(), 0);
         assert!(!sessions.in_sync(&key, "h"));
         assert!(events.pods.try_recv().is_ok());
+        // A closed session takes no acknowledgement.
+        assert_eq!(
+            sessions.acknowledge(&pod("a"), &ack("s2", 1, "h", &[])),
+            Err(AckRefused::NoStream)
+        );
     }
 
     #[test]
     fn revocation_counts_sum_over_pods_and_survive_reconnects() {
         let (sessions, mut events) = Sessions::new();
-        sessions.connect(pod("a"), "s1".into());
-        sessions.connect(pod("b"), "s2".into());
+        connect(&sessions, &pod("a"), "s1", 5, &["rev"]);
+        connect(&sessions, &pod("b"), "s2", 5, &["rev"]);
         sessions
             .acknowledge(&pod("a"), &ack("s1", 5, "h", &[("rev", 2)]))
             .unwrap();
@@ -333,7 +513,7 @@ mod tests {
             .acknowledge(&pod("b"), &ack("s2", 5, "h", &[("rev", 3)]))
             .unwrap();
         // Pod a reconnects and reports the same first-application counts again.
-        sessions.connect(pod("a"), "s3".into());
+        connect(&sessions, &pod("a"), "s3", 6, &["rev"]);
         sessions
             .acknowledge(&pod("a"), &ack("s3", 6, "h", &[("rev", 2)]))
             .unwrap();
@@ -355,5 +535,81 @@ mod tests {
             sessions.acknowledge(&pod("x"), &ack("s", 1, "h", &[])),
             Err(AckRefused::NoStream)
         );
+    }
+
+    #[test]
+    fn an_ack_names_only_what_its_session_was_sent() {
+        let (sessions, _events) = Sessions::new();
+        connect(&sessions, &pod("a"), "s1", 5, &["rev"]);
+        let refused = [
+            (ack("s1", 99, "h", &[]), AckRefused::UnknownVersion(99)),
+            (
+                ack("s1", 5, "other", &[]),
+                AckRefused::PolicyHashMismatch(5),
+            ),
+            (
+                ack("s1", 5, "h", &[("invented", 1)]),
+                AckRefused::UnsentRevocation {
+                    version: 5,
+                    name: "invented".into(),
+                },
+            ),
+            (
+                ack("s1", 5, "h", &[("rev", 1), ("rev", 1)]),
+                AckRefused::DuplicateRevocation("rev".into()),
+            ),
+        ];
+        for (bad, error) in refused {
+            assert_eq!(sessions.acknowledge(&pod("a"), &bad), Err(error.clone()));
+            assert_eq!(error.status(), http::StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        // Nothing was recorded, and the genuine ack still counts.
+        assert!(!sessions.in_sync(&pod_key(&pod("a")), "h"));
+        sessions
+            .acknowledge(&pod("a"), &ack("s1", 5, "h", &[("rev", 1)]))
+            .unwrap();
+        assert!(sessions.in_sync(&pod_key(&pod("a")), "h"));
+        assert!(sessions.reported("invented").is_empty());
+    }
+
+    #[test]
+    fn counts_are_capped_and_totals_saturate() {
+        let (sessions, _events) = Sessions::new();
+        connect(&sessions, &pod("a"), "s1", 1, &["rev"]);
+        connect(&sessions, &pod("b"), "s2", 1, &["rev"]);
+        sessions
+            .acknowledge(&pod("a"), &ack("s1", 1, "h", &[("rev", u64::MAX)]))
+            .unwrap();
+        sessions
+            .acknowledge(&pod("b"), &ack("s2", 1, "h", &[("rev", u64::MAX)]))
+            .unwrap();
+        assert_eq!(
+            sessions.totals("rev").tasks_cancelled,
+            2 * MAX_REPORTED_COUNT
+        );
+    }
+
+    #[test]
+    fn an_ack_is_bound_to_the_pod_uid_and_only_recent_versions_are_remembered() {
+        let (sessions, _events) = Sessions::new();
+        connect(&sessions, &pod("a"), "s1", 1, &[]);
+        let mut successor = pod("a");
+        successor.uid = "uid-new".into();
+        // The same name, another uid: the ack of the old pod's token is not the new pod's.
+        assert!(matches!(
+            sessions.acknowledge(&successor, &ack("s1", 1, "h", &[])),
+            Err(AckRefused::OtherPod { .. })
+        ));
+        for version in 2..=(SENT_REMEMBERED as u64 + 1) {
+            sent(&sessions, &pod("a"), "s1", version, &[]);
+        }
+        assert_eq!(
+            sessions.acknowledge(&pod("a"), &ack("s1", 1, "h", &[])),
+            Err(AckRefused::UnknownVersion(1))
+        );
+        // A deleted pod's stream leaves nothing behind.
+        sessions.forget(&pod("a"), "s1");
+        assert_eq!(sessions.connected_count(), 0);
+        assert!(sessions.lock().sidecars.is_empty());
     }
 }

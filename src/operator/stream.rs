@@ -14,6 +14,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::watch;
@@ -27,7 +29,7 @@ use crate::policy::ObjectKey;
 use super::auth::{AuthError, SidecarAuthenticator, check_claim};
 use super::metrics::OperatorMetrics;
 use super::plan::Plan;
-use super::sessions::Sessions;
+use super::sessions::{SentSnapshot, Sessions};
 
 /// What every stream sends from: the current plan, published whenever it changes.
 #[derive(Debug)]
@@ -46,6 +48,33 @@ pub struct StreamContext {
     pub distribution: watch::Receiver<Arc<Distribution>>,
     pub metrics: Arc<OperatorMetrics>,
     pub shutdown: CancellationToken,
+    /// The pod watch cache: a stream ends once its pod (that uid) is gone.
+    pub pods: Store<Pod>,
+}
+
+/// A stream whose pod the cache has never shown (it may lag behind a pod that just started)
+/// ends after this many heartbeats.
+const UNSEEN_HEARTBEATS: u32 = 3;
+
+/// Whether the stream's pod still exists, as the watch cache tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PodPresence {
+    /// The cache holds the pod with this uid.
+    Present,
+    /// The cache holds no pod of that name.
+    Absent,
+    /// The cache holds a pod of that name with another uid: a new pod took the name.
+    Replaced,
+}
+
+fn presence(pods: &Store<Pod>, pod: &PodIdentity) -> PodPresence {
+    match pods.get(&ObjectRef::new(&pod.name).within(&pod.namespace)) {
+        None => PodPresence::Absent,
+        Some(found) if found.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
+            PodPresence::Present
+        }
+        Some(_) => PodPresence::Replaced,
+    }
 }
 
 /// The snapshot line as written: the policy and approver keys are embedded pre-serialized.
@@ -82,7 +111,11 @@ fn refuse(ctx: &StreamContext, error: &AuthError) -> Response {
     (error.status(), error.to_string()).into_response()
 }
 
-fn snapshot_line(distribution: &Distribution, pod: &PodIdentity, session: &str) -> (Bytes, Sent) {
+fn snapshot_line(
+    distribution: &Distribution,
+    pod: &PodIdentity,
+    session: &str,
+) -> (Bytes, Sent, SentSnapshot) {
     let key = ObjectKey {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -105,7 +138,12 @@ fn snapshot_line(distribution: &Distribution, pod: &PodIdentity, session: &str) 
         policy: assigned.map(|(k, c)| (k.clone(), c.map(|c| c.hash.clone()))),
         approver_keys_hash: distribution.approver_keys_hash.clone(),
     };
-    (Bytes::from(bytes), sent)
+    let carried = SentSnapshot {
+        version: distribution.version,
+        policy_hash: compiled.map(|c| c.hash.clone()),
+        revocations: compiled.map(|c| c.revocations.clone()).unwrap_or_default(),
+    };
+    (Bytes::from(bytes), sent, carried)
 }
 
 fn heartbeat_line() -> Bytes {
@@ -121,11 +159,17 @@ struct SessionGuard {
     pod: PodIdentity,
     session: String,
     metrics: Arc<OperatorMetrics>,
+    /// The stream ended because its pod no longer exists.
+    pod_gone: bool,
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.sessions.disconnect(&self.pod, &self.session);
+        if self.pod_gone {
+            self.sessions.forget(&self.pod, &self.session);
+        } else {
+            self.sessions.disconnect(&self.pod, &self.session);
+        }
         self.metrics
             .sidecars_connected
             .set(i64::try_from(self.sessions.connected_count()).unwrap_or(i64::MAX));
@@ -139,17 +183,51 @@ struct StreamState {
     heartbeat: tokio::time::Interval,
     shutdown: CancellationToken,
     metrics: Arc<OperatorMetrics>,
+    pods: Store<Pod>,
+    /// Whether the cache has shown this pod (with this uid) since the stream opened.
+    seen: bool,
+    /// Heartbeats sent while the cache never showed the pod.
+    unseen_heartbeats: u32,
 }
 
 impl StreamState {
+    /// Whether the stream's pod is gone: deleted or replaced by a pod of the same name with
+    /// another uid after the cache showed it, or never shown for [`UNSEEN_HEARTBEATS`].
+    fn pod_gone(&mut self) -> bool {
+        let gone = match presence(&self.pods, &self.guard.pod) {
+            PodPresence::Present => {
+                self.seen = true;
+                false
+            }
+            // Before the cache has shown this uid, another uid under the name may be the
+            // cache lagging behind a re-created pod: both wait for the bound.
+            PodPresence::Replaced | PodPresence::Absent => {
+                self.seen || self.unseen_heartbeats >= UNSEEN_HEARTBEATS
+            }
+        };
+        if gone {
+            let pod = &self.guard.pod;
+            tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, session = %self.guard.session, "the pod of this stream no longer exists; ending the stream");
+            self.guard.pod_gone = true;
+        }
+        gone
+    }
+
     /// The next line to write, or `None` to end the stream.
     async fn next_line(&mut self) -> Option<Bytes> {
         let mut changed = self.sent.is_none();
         loop {
             if changed {
+                if self.pod_gone() {
+                    return None;
+                }
                 let current = self.distribution.borrow_and_update().clone();
-                let (line, sent) = snapshot_line(&current, &self.guard.pod, &self.guard.session);
+                let (line, sent, carried) =
+                    snapshot_line(&current, &self.guard.pod, &self.guard.session);
                 if self.sent.as_ref() != Some(&sent) {
+                    self.guard
+                        .sessions
+                        .record_sent(&self.guard.pod, &self.guard.session, carried);
                     self.sent = Some(sent);
                     self.metrics.snapshots_sent.inc();
                     self.heartbeat.reset();
@@ -164,7 +242,15 @@ impl StreamState {
                     }
                     changed = true;
                 }
-                _ = self.heartbeat.tick() => return Some(heartbeat_line()),
+                _ = self.heartbeat.tick() => {
+                    if self.pod_gone() {
+                        return None;
+                    }
+                    if !self.seen {
+                        self.unseen_heartbeats += 1;
+                    }
+                    return Some(heartbeat_line());
+                }
             }
         }
     }
@@ -208,12 +294,16 @@ pub async fn open_stream(
             pod,
             session,
             metrics: ctx.metrics.clone(),
+            pod_gone: false,
         },
         distribution: ctx.distribution.clone(),
         sent: None,
         heartbeat,
         shutdown: ctx.shutdown.clone(),
         metrics: ctx.metrics.clone(),
+        pods: ctx.pods.clone(),
+        seen: false,
+        unseen_heartbeats: 0,
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         let line = state.next_line().await?;
@@ -247,7 +337,11 @@ pub async fn acknowledge(
             ctx.metrics.acks.inc();
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(refused) => (StatusCode::CONFLICT, refused.to_string()).into_response(),
+        Err(refused) => {
+            ctx.metrics.ack_refused(refused.label());
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, error = %refused, reason = refused.label(), "acknowledgement refused");
+            (refused.status(), refused.to_string()).into_response()
+        }
     }
 }
 
@@ -280,7 +374,9 @@ mod tests {
             uid: "u".into(),
             service_account: "reports".into(),
         };
-        let (line, sent) = snapshot_line(&distribution, &pod, "s1");
+        let (line, sent, carried) = snapshot_line(&distribution, &pod, "s1");
+        assert_eq!(carried.version, 42);
+        assert!(carried.policy_hash.is_none() && carried.revocations.is_empty());
         assert!(line.ends_with(b"\n"));
         let message: StreamMessage = serde_json::from_slice(&line).unwrap();
         let StreamMessage::Snapshot(snapshot) = message else {

@@ -7,7 +7,11 @@
 //!   OpenSSL convention that `SSL_CERT_FILE`/`SSL_CERT_DIR` *replace* the system store; here the
 //!   bundle is added to the system's own directories instead, so pointing `SSL_CERT_FILE` at a
 //!   private CA never drops the public roots;
-//! - any extra CA files the caller names (e.g. `--control-plane-ca`).
+//! - any extra CA files the caller names.
+//!
+//! [`pinned_client_config`] trusts only the CA files it is given (neither the system roots
+//! nor `SSL_CERT_FILE`): the sidecar's policy stream uses it when `--control-plane-ca` is
+//! set, so a public or environment-supplied CA can never vouch for a fake control plane.
 //!
 //! ALPN offers HTTP/2 first, then HTTP/1.1.
 
@@ -30,6 +34,8 @@ pub enum TlsConfigError {
     NoCertificate { path: PathBuf },
     #[error("the CA file {path}: no certificate in it is a usable trust anchor")]
     Unusable { path: PathBuf },
+    #[error("a pinned TLS configuration needs at least one CA file")]
+    NoCaFile,
     #[error("TLS setup: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -41,13 +47,33 @@ pub fn client_config(extra_ca_files: &[PathBuf]) -> Result<rustls::ClientConfig,
     let system = system_roots();
     let (added, ignored) = roots.add_parsable_certificates(system);
     tracing::debug!(added, ignored, "system trust roots loaded");
-    for path in extra_ca_files {
+    add_ca_files(&mut roots, extra_ca_files)?;
+    with_roots(roots)
+}
+
+/// The client configuration trusting only `ca_files` (each must hold at least one usable
+/// certificate; at least one file must be named).
+pub fn pinned_client_config(ca_files: &[PathBuf]) -> Result<rustls::ClientConfig, TlsConfigError> {
+    if ca_files.is_empty() {
+        return Err(TlsConfigError::NoCaFile);
+    }
+    let mut roots = RootCertStore::empty();
+    add_ca_files(&mut roots, ca_files)?;
+    with_roots(roots)
+}
+
+fn add_ca_files(roots: &mut RootCertStore, ca_files: &[PathBuf]) -> Result<(), TlsConfigError> {
+    for path in ca_files {
         let certs = read_pem_certificates(path)?;
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
             return Err(TlsConfigError::Unusable { path: path.clone() });
         }
     }
+    Ok(())
+}
+
+fn with_roots(roots: RootCertStore) -> Result<rustls::ClientConfig, TlsConfigError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -122,6 +148,18 @@ mod tests {
             config.alpn_protocols,
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         );
+    }
+
+    #[test]
+    fn a_pinned_configuration_needs_a_ca_and_trusts_only_it() {
+        assert!(matches!(
+            pinned_client_config(&[]),
+            Err(TlsConfigError::NoCaFile)
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_pem()).unwrap();
+        assert!(pinned_client_config(&[ca]).is_ok());
     }
 
     #[test]

@@ -91,7 +91,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, AuditTarget, IdentityDigester, TaskHasher};
 use crate::identity::store::KeyRegistry;
-use crate::ledger::{LedgerLocation, LedgerScope};
+use crate::ledger::{LedgerLocation, LedgerScope, TaskLedger};
 use crate::runtime::http::{ConnectionMetrics, ServerLimits};
 use crate::runtime::workers::Workers;
 use crate::runtime::{Health, Readiness};
@@ -120,7 +120,8 @@ pub enum PolicySourceConfig {
     ControlPlane {
         /// `https://HOST:PORT` of the operator's distribution endpoint.
         url: url::Url,
-        /// A PEM bundle trusted for it (and for issuers' JWKS) besides the system roots.
+        /// A PEM bundle: the only roots the policy stream trusts when given (issuers' JWKS
+        /// trust it besides the system roots and `SSL_CERT_FILE`).
         ca_file: Option<PathBuf>,
         /// The projected ServiceAccount token presented as the bearer, re-read at every dial.
         token_file: PathBuf,
@@ -156,11 +157,12 @@ impl PolicySourceConfig {
     }
 
     /// The source this configuration names; cluster mode registers its metrics in `metrics`.
-    fn into_source(
+    async fn into_source(
         self,
         registry: Arc<KeyRegistry>,
         tls: rustls::ClientConfig,
         metrics: &mut SidecarMetrics,
+        ledger: &dyn TaskLedger,
     ) -> Result<Box<dyn PolicySource>> {
         Ok(match self {
             Self::File {
@@ -169,7 +171,7 @@ impl PolicySourceConfig {
             } => Box::new(FilePolicySource::new(path, approver_keys, registry)),
             Self::ControlPlane {
                 url,
-                ca_file: _,
+                ca_file,
                 token_file,
                 pod_namespace,
                 pod_name,
@@ -178,13 +180,27 @@ impl PolicySourceConfig {
                 if url.scheme() != "https" {
                     anyhow::bail!("--control-plane must be an https:// URL, got {url}");
                 }
+                let snapshot_key = snapshot_store::SnapshotKey::new(
+                    ledger
+                        .secret(SNAPSHOT_SECRET)
+                        .await
+                        .context("reading the snapshot key from the ledger")?,
+                );
                 let config = ControlPlaneConfig {
                     url,
                     token_file,
                     pod_namespace,
                     pod_name,
                     snapshot_path,
+                    snapshot_key,
                     silence_timeout: control_plane::SILENCE_TIMEOUT,
+                };
+                // With --control-plane-ca the policy stream trusts that CA alone (issuers'
+                // JWKS keep the system roots); without it, the shared configuration.
+                let tls = match ca_file {
+                    Some(ca) => crate::runtime::tls_client::pinned_client_config(&[ca])
+                        .context("setting up TLS for the control plane")?,
+                    None => tls,
                 };
                 let metrics = ControlPlaneMetrics::register(&mut metrics.registry);
                 Box::new(
@@ -236,6 +252,8 @@ pub const AUDIT_HASH_SECRET: &str = "audit-task-id-hash";
 /// Name of the ledger secret that keys identity digests in the audit trail
 /// (`audit.identityDigests`).
 pub const AUDIT_IDENTITY_SECRET: &str = "audit-identity-digest";
+/// Name of the ledger secret that authenticates the persisted policy snapshot (cluster mode).
+const SNAPSHOT_SECRET: &str = "policy-snapshot-mac";
 /// Name of the ledger secret that keys idempotency hashes.
 const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
@@ -364,7 +382,8 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     let source = config
         .policy
         .clone()
-        .into_source(registry, tls, &mut metrics)?;
+        .into_source(registry, tls, &mut metrics, ledger.as_ref())
+        .await?;
     let metrics = Arc::new(metrics);
     let PolicyChannels {
         publisher,

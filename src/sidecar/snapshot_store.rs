@@ -2,13 +2,83 @@
 //! operator is down enforces the last known policy instead of failing closed until the operator
 //! is back.
 //!
-//! The file is the snapshot as it came over the wire (JSON), written atomically (temporary
-//! file, fsync, rename, fsync of the directory) with mode 0600.
+//! The file is written atomically (temporary file, fsync, rename, fsync of the directory) with
+//! mode 0600, and it is *authenticated*: `{"mac": HEX, "snapshot": SNAPSHOT}`, where `mac` is
+//! HMAC-SHA256, under a [`SnapshotKey`] kept in the ledger (never in the state directory), of a
+//! domain tag and the snapshot's exact bytes. Whoever can write the state directory but not read
+//! the ledger's secrets (another container sharing the volume, a file restored from elsewhere,
+//! a hand edit) cannot produce a file this sidecar accepts: a file whose MAC does not verify,
+//! or without one (written before the MAC existed), is refused loudly and the sidecar fails
+//! closed until the operator answers. So an edit can never lift a revocation the snapshot
+//! carried. What the MAC cannot tell apart is an older file this same sidecar wrote itself
+//! (a restored backup of the state directory): it is enforced only until the operator's first
+//! snapshot replaces it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::Sha256;
+
 use crate::distribution::Snapshot;
+
+/// Separates this MAC from every other use of HMAC in Lifeguard.
+const MAC_DOMAIN: &[u8] = b"lifeguard persisted policy snapshot v1\0";
+
+/// The key that authenticates the persisted snapshot (a ledger secret).
+#[derive(Clone)]
+pub struct SnapshotKey([u8; 32]);
+
+impl SnapshotKey {
+    pub fn new(key: [u8; 32]) -> Self {
+        Self(key)
+    }
+
+    fn mac(&self, snapshot: &[u8]) -> Hmac<Sha256> {
+        // HMAC takes keys of any length.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(MAC_DOMAIN);
+        mac.update(snapshot);
+        mac
+    }
+}
+
+impl std::fmt::Debug for SnapshotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotKey(..)")
+    }
+}
+
+/// The file as written.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    mac: String,
+    snapshot: &'a RawValue,
+}
+
+/// The file as read: the snapshot's exact bytes, to check the MAC over.
+#[derive(Deserialize)]
+struct ReadEnvelope {
+    mac: String,
+    snapshot: Box<RawValue>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
 
 /// Where the snapshot of a sidecar whose ledger file is `ledger` is kept:
 /// `<ledger's directory>/<ledger's file name>.snapshot.json`.
@@ -40,6 +110,12 @@ pub enum SnapshotStoreError {
         source: serde_json::Error,
     },
     #[error(
+        "{path} is not authenticated by this sidecar's ledger key (edited, written by someone \
+         else, or by a Lifeguard version before persisted snapshots were authenticated); \
+         ignoring it and refusing every request until the control plane sends a snapshot"
+    )]
+    NotAuthenticated { path: PathBuf },
+    #[error(
         "{path} holds the snapshot of pod {found}, not of this pod {expected}; ignoring it \
          (was the ledger volume moved between pods?)"
     )]
@@ -64,14 +140,16 @@ pub struct SnapshotStore {
     path: PathBuf,
     pod_namespace: String,
     pod_name: String,
+    key: SnapshotKey,
 }
 
 impl SnapshotStore {
-    pub fn new(path: PathBuf, pod_namespace: String, pod_name: String) -> Self {
+    pub fn new(path: PathBuf, pod_namespace: String, pod_name: String, key: SnapshotKey) -> Self {
         Self {
             path,
             pod_namespace,
             pod_name,
+            key,
         }
     }
 
@@ -91,8 +169,19 @@ impl SnapshotStore {
                 });
             }
         };
+        let not_authenticated = || SnapshotStoreError::NotAuthenticated {
+            path: self.path.clone(),
+        };
+        let envelope: ReadEnvelope =
+            serde_json::from_slice(&bytes).map_err(|_| not_authenticated())?;
+        let tag = unhex(&envelope.mac).ok_or_else(not_authenticated)?;
+        let raw = envelope.snapshot.get().as_bytes();
+        self.key
+            .mac(raw)
+            .verify_slice(&tag)
+            .map_err(|_| not_authenticated())?;
         let snapshot: Snapshot =
-            serde_json::from_slice(&bytes).map_err(|source| SnapshotStoreError::Parse {
+            serde_json::from_slice(raw).map_err(|source| SnapshotStoreError::Parse {
                 path: self.path.clone(),
                 source,
             })?;
@@ -108,10 +197,17 @@ impl SnapshotStore {
 
     /// Replaces the persisted snapshot with `snapshot`, atomically.
     pub async fn save(&self, snapshot: &Snapshot) -> Result<(), SnapshotStoreError> {
-        let bytes = serde_json::to_vec(snapshot).map_err(|e| SnapshotStoreError::Write {
+        let fail = |e: serde_json::Error| SnapshotStoreError::Write {
             path: self.path.clone(),
             source: std::io::Error::other(e),
-        })?;
+        };
+        let raw = serde_json::value::to_raw_value(snapshot).map_err(fail)?;
+        let mac = hex(&self.key.mac(raw.get().as_bytes()).finalize().into_bytes());
+        let bytes = serde_json::to_vec(&Envelope {
+            mac,
+            snapshot: &raw,
+        })
+        .map_err(fail)?;
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             write_atomically(&path, &bytes).map_err(|source| SnapshotStoreError::Write {
@@ -164,6 +260,10 @@ mod tests {
     use super::*;
     use crate::distribution::PodIdentity;
 
+    fn key() -> SnapshotKey {
+        SnapshotKey::new([7; 32])
+    }
+
     fn snapshot(namespace: &str, name: &str, version: u64) -> Snapshot {
         Snapshot {
             session: "s1".into(),
@@ -199,6 +299,7 @@ mod tests {
             path_beside(&dir.path().join("ledger.db")),
             "team-a".into(),
             "reports-0".into(),
+            key(),
         );
         assert!(store.load().await.unwrap().is_none(), "nothing saved yet");
         store
@@ -228,12 +329,12 @@ mod tests {
     async fn the_snapshot_of_another_pod_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db.snapshot.json");
-        let other = SnapshotStore::new(path.clone(), "team-a".into(), "reports-1".into());
+        let other = SnapshotStore::new(path.clone(), "team-a".into(), "reports-1".into(), key());
         other
             .save(&snapshot("team-a", "reports-1", 5))
             .await
             .unwrap();
-        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into());
+        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into(), key());
         let err = store.load().await.unwrap_err();
         assert!(
             matches!(err, SnapshotStoreError::OtherPod { ref found, .. } if found == "team-a/reports-1"),
@@ -246,10 +347,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db.snapshot.json");
         std::fs::write(&path, "{\"type\": \"snap").unwrap();
-        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into());
+        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into(), key());
         assert!(matches!(
             store.load().await,
-            Err(SnapshotStoreError::Parse { .. })
+            Err(SnapshotStoreError::NotAuthenticated { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_edited_forged_or_unauthenticated_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db.snapshot.json");
+        let store = SnapshotStore::new(path.clone(), "team-a".into(), "reports-0".into(), key());
+        let genuine = snapshot("team-a", "reports-0", 5);
+        store.save(&genuine).await.unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(genuine.clone()));
+        let written = std::fs::read_to_string(&path).unwrap();
+
+        let refused = async |text: String| {
+            std::fs::write(&path, text).unwrap();
+            matches!(
+                store.load().await,
+                Err(SnapshotStoreError::NotAuthenticated { .. })
+            )
+        };
+        // An edit inside the authenticated snapshot (here: its version).
+        assert!(refused(written.replace("\"version\":5", "\"version\":6")).await);
+        // The plain snapshot of earlier versions, without a MAC.
+        assert!(refused(serde_json::to_string(&genuine).unwrap()).await);
+        // A file authenticated under another key.
+        let other = SnapshotStore::new(
+            path.clone(),
+            "team-a".into(),
+            "reports-0".into(),
+            SnapshotKey::new([8; 32]),
+        );
+        other.save(&genuine).await.unwrap();
+        assert!(matches!(
+            store.load().await,
+            Err(SnapshotStoreError::NotAuthenticated { .. })
         ));
     }
 }

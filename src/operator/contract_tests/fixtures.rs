@@ -21,7 +21,7 @@ use crate::operator::metrics::OperatorMetrics;
 use crate::operator::object_metrics::ObjectSources;
 use crate::operator::plan::{ApproverKeys, Plan, World, plan};
 use crate::operator::propagation::PropagationTracker;
-use crate::operator::sessions::Sessions;
+use crate::operator::sessions::{SentSnapshot, Sessions};
 use crate::operator::stream::Distribution;
 use crate::policy::ObjectKey;
 
@@ -203,6 +203,15 @@ pub fn acknowledged(
 ) {
     let session = format!("s-{pod}");
     sessions.connect(identity(pod), session.clone());
+    sessions.record_sent(
+        &identity(pod),
+        &session,
+        SentSnapshot {
+            version: 1,
+            policy_hash: hash.map(str::to_owned),
+            revocations: revocations.iter().map(|r| r.0.to_owned()).collect(),
+        },
+    );
     let ack = Ack {
         session,
         version: 1,

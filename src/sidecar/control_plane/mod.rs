@@ -32,7 +32,7 @@ use crate::identity::store::KeyRegistry;
 use crate::telemetry::metrics::ControlPlaneMetrics;
 
 use super::policy_source::{PolicyPublisher, PolicySource};
-use super::snapshot_store::SnapshotStore;
+use super::snapshot_store::{SnapshotKey, SnapshotStore};
 use apply::{OwedAck, SnapshotError, build_policy, check_pod};
 use backoff::Backoff;
 use stream::{OpenError, Stream, ack_url, post_ack, read_token, stream_url};
@@ -53,6 +53,8 @@ pub struct ControlPlaneConfig {
     pub pod_name: String,
     /// Where the last snapshot in force is kept.
     pub snapshot_path: PathBuf,
+    /// Authenticates that file (a ledger secret; see [`super::snapshot_store`]).
+    pub snapshot_key: SnapshotKey,
     /// Silence after which the stream is dropped and dialled again
     /// ([`SILENCE_TIMEOUT`] outside tests).
     pub silence_timeout: Duration,
@@ -97,6 +99,7 @@ impl PolicySource for ControlPlaneSource {
             self.config.snapshot_path.clone(),
             self.config.pod_namespace.clone(),
             self.config.pod_name.clone(),
+            self.config.snapshot_key.clone(),
         );
         let mut runner = Runner {
             source: *self,
