@@ -158,6 +158,8 @@ async fn the_pack_fails_against_the_unprotected_server() {
         "cross-principal".into(),
         "--check".into(),
         "tokens".into(),
+        "--check".into(),
+        "token-expires-mid-task".into(),
         "--upstream-debug".into(),
         server.base.clone(),
         "--out".into(),
@@ -190,6 +192,15 @@ async fn the_pack_fails_against_the_unprotected_server() {
     assert!(
         tokens.contains("refused tools/call requests reached the server"),
         "the server's own log shows what got through: {tokens}"
+    );
+    let expiry = &report["checks"][2];
+    assert_eq!(expiry["id"], "token-expires-mid-task");
+    assert!(
+        expiry["failures"]
+            .to_string()
+            .contains("the expired token: expected HTTP 401"),
+        "the server keeps answering an expired token: {}",
+        expiry["failures"]
     );
 }
 
