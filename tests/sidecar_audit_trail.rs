@@ -214,8 +214,12 @@ async fn identity_digests_hide_subjects_and_tenants_and_the_cli_tells_whose_they
     }
 }
 
-/// `lifeguard audit digest` with `args`: each `VALUE<TAB>DIGEST` line, or the failure.
-fn audit_digest(args: &[&str]) -> Result<Vec<(String, String)>, (Option<i32>, String)> {
+/// `VALUE<TAB>DIGEST` lines, as pairs.
+type Digests = Vec<(String, String)>;
+
+/// `lifeguard audit digest` with `args`: each `VALUE<TAB>DIGEST` line, or the exit code and
+/// stderr of the failure.
+fn audit_digest(args: &[&str]) -> Result<Digests, (Option<i32>, String)> {
     let output = Command::new(env!("CARGO_BIN_EXE_lifeguard"))
         .args(["audit", "digest"])
         .args(args)
