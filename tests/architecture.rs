@@ -359,3 +359,164 @@ fn the_reader_resolves_groups_and_relative_paths() {
         .collect();
     assert!(find_cycle(&acyclic).is_none());
 }
+
+/// The modules of `dir` as the docs name them: `*.rs` files (not `mod.rs`, not test-only
+/// `*_tests.rs`) and directories (not `*_tests`).
+fn modules_in(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .expect("read module directory")
+        .map(|e| e.expect("dir entry").path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_string_lossy().into_owned();
+            let module = if path.is_dir() {
+                name
+            } else {
+                name.strip_suffix(".rs")?.to_owned()
+            };
+            (module != "mod" && !module.ends_with("_tests")).then_some(module)
+        })
+        .collect()
+}
+
+/// The backticked names of a table cell outside parentheses (those are the row's modules;
+/// inside parentheses are descriptions, submodules and functions), with a trailing `/` and
+/// `mod.rs` dropped.
+fn named_outside_parentheses(cell: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut chars = cell.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            '`' => {
+                let name: String = chars.by_ref().take_while(|&c| c != '`').collect();
+                let name = name.trim_end_matches('/').to_owned();
+                if depth == 0 && name != "mod.rs" {
+                    names.push(name);
+                }
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+/// The modules column (the second) of the Markdown table whose header row is `header`, from
+/// `lines` (already stripped of any comment prefix).
+fn table_modules(lines: &[String], header: &str, source: &str) -> Vec<String> {
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == header)
+        .unwrap_or_else(|| panic!("no table `{header}` in {source}"));
+    lines[start + 2..]
+        .iter()
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .flat_map(|row| {
+            let cells: Vec<&str> = row.split('|').collect();
+            named_outside_parentheses(cells.get(2).copied().unwrap_or_default())
+        })
+        .collect()
+}
+
+/// `documented` against `actual`: what the docs omit and what they name that does not exist.
+fn compare_listing(what: &str, documented: &[String], actual: &BTreeSet<String>) -> Vec<String> {
+    let named: BTreeSet<String> = documented.iter().cloned().collect();
+    let mut problems: Vec<String> = actual
+        .difference(&named)
+        .map(|m| format!("{what}: module `{m}` is missing"))
+        .collect();
+    problems.extend(
+        named
+            .difference(actual)
+            .map(|m| format!("{what}: names `{m}`, which is no module")),
+    );
+    problems
+}
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The sidecar's layer tables (docs/design.md, "Inside the sidecar", and the crate docs of
+/// `src/sidecar/mod.rs`) name every module of `src/sidecar/`, and only those.
+#[test]
+fn the_sidecar_layer_tables_name_every_module_and_only_modules() {
+    let actual = modules_in(&src().join("sidecar"));
+    assert!(
+        actual.contains("pipeline") && actual.contains("decisions"),
+        "{actual:?}"
+    );
+    let design: Vec<String> = repo_file("docs/design.md")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let crate_docs: Vec<String> = repo_file("src/sidecar/mod.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.trim_start().to_owned())
+        .collect();
+    let mut problems = compare_listing(
+        "docs/design.md's sidecar layer table",
+        &table_modules(
+            &design,
+            "| layer | modules | what they do |",
+            "docs/design.md",
+        ),
+        &actual,
+    );
+    problems.extend(compare_listing(
+        "src/sidecar/mod.rs's layer table",
+        &table_modules(&crate_docs, "| layer | modules |", "src/sidecar/mod.rs"),
+        &actual,
+    ));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The operator's listing in docs/design.md ("Inside the operator": one file or directory per
+/// line, `a.rs, b.rs` sharing a line) names every module of `src/operator/`, and only those.
+#[test]
+fn the_operator_listing_names_every_module_and_only_modules() {
+    let design = repo_file("docs/design.md");
+    let section = &design[design
+        .find("### Inside the operator")
+        .expect("an operator section")..];
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("a code block in the operator section");
+    let named: Vec<String> = block
+        .lines()
+        .filter(|l| !l.starts_with(' ') && !l.trim().is_empty())
+        .flat_map(|l| {
+            // The names column ends where the description starts (two or more spaces).
+            let names = l.split("  ").next().unwrap_or_default();
+            names
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .trim_end_matches('/')
+                        .trim_end_matches(".rs")
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let problems = compare_listing(
+        "docs/design.md's operator listing",
+        &named,
+        &modules_in(&src().join("operator")),
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_table_reader_takes_only_names_outside_parentheses() {
+    assert_eq!(
+        named_outside_parentheses(
+            " `mod.rs` (`run`), `tasks/` (`create`, `get`), `upstream` + `x` (with `y` (`z`)) "
+        ),
+        ["tasks", "upstream", "x"]
+    );
+}

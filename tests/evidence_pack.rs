@@ -18,6 +18,7 @@ const CHECKS: &[&str] = &[
     "cross-principal",
     "guessed-ids",
     "tokens",
+    "token-expires-mid-task",
     "envelope",
     "cancel-then-writes",
     "read-once",
@@ -25,7 +26,8 @@ const CHECKS: &[&str] = &[
     "quota",
     "idempotency",
     "listen",
-    "disable-mid-run",
+    "tool-removed-mid-run",
+    "user-disabled-mid-run",
 ];
 
 /// `spec:` of examples/evidence/policy.yaml from `tasks:` on, for the harness's test policy
@@ -133,7 +135,7 @@ async fn the_pack_passes_against_a_sidecar_and_records_every_check() {
     assert_eq!(
         std::fs::read_to_string(&sidecar.policy_path).unwrap(),
         policy_before,
-        "the reload check restores the policy file"
+        "the reload and revocation checks restore the policy file"
     );
     // Tokens never reach the report: only their labels.
     let raw = serde_json::to_string(&report).unwrap();
@@ -156,6 +158,8 @@ async fn the_pack_fails_against_the_unprotected_server() {
         "cross-principal".into(),
         "--check".into(),
         "tokens".into(),
+        "--check".into(),
+        "token-expires-mid-task".into(),
         "--upstream-debug".into(),
         server.base.clone(),
         "--out".into(),
@@ -189,6 +193,15 @@ async fn the_pack_fails_against_the_unprotected_server() {
         tokens.contains("refused tools/call requests reached the server"),
         "the server's own log shows what got through: {tokens}"
     );
+    let expiry = &report["checks"][2];
+    assert_eq!(expiry["id"], "token-expires-mid-task");
+    assert!(
+        expiry["failures"]
+            .to_string()
+            .contains("the expired token: expected HTTP 401"),
+        "the server keeps answering an expired token: {}",
+        expiry["failures"]
+    );
 }
 
 #[test]
@@ -211,4 +224,36 @@ fn an_unreachable_target_is_a_clear_error() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A check's old name is refused with its new one (the names are the report's contract), and
+/// `--list` names the checks of the security review's seed.
+#[test]
+fn a_renamed_check_is_refused_with_its_new_name() {
+    let out = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--target".into(),
+        "http://127.0.0.1:9/mcp".into(),
+        "--issuer".into(),
+        support::ISSUER.into(),
+        "--check".into(),
+        "disable-mid-run".into(),
+        "--out".into(),
+        out.path().display().to_string(),
+    ];
+    args.extend(key_args());
+    let output = lifeguard_evidence(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"disable-mid-run\" is now called \"tool-removed-mid-run\""),
+        "{stderr}"
+    );
+    let listed = lifeguard_evidence(&["--list".into()]);
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(names, CHECKS, "{stdout}");
 }

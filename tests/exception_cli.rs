@@ -168,3 +168,138 @@ fn the_documented_openssl_recipe_produces_the_same_signature() {
     // Ed25519 is deterministic and both produce the same header bytes: identical signatures.
     assert_eq!(by_openssl, signature_line(&file));
 }
+
+/// `lifeguard ARGS` with stdout and stderr apart, and its exit code.
+fn lifeguard_split(args: &[&str], dir: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run lifeguard");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every `exception` subcommand on a file whose exception does not parse (a tenant written as
+/// a string) or that the API server would refuse (an unknown field) fails with the findings `policy check` prints for that file,
+/// word for word, instead of "holds 0 CapabilityExceptions".
+#[test]
+fn a_document_that_does_not_parse_gets_policy_checks_error_from_every_exception_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = active_exception(dir.path());
+    let text = std::fs::read_to_string(&good).unwrap().replace(
+        "tenants: [{issuer: \"https://idp.example.com\", tenant: tenant-a}]",
+        "tenants: [tenant-a]",
+    );
+    assert!(text.contains("tenants: [tenant-a]"), "edit applied");
+    let bad_type = dir.path().join("bad-type.yaml");
+    std::fs::write(&bad_type, &text).unwrap();
+    let misspelled = dir.path().join("misspelled.yaml");
+    std::fs::write(
+        &misspelled,
+        std::fs::read_to_string(&good).unwrap().replace(
+            "  approvalId: CHG-2026-1187",
+            "  approvalId: CHG-2026-1187\n  approvedBy: ciso",
+        ),
+    )
+    .unwrap();
+    let key = repo().join("examples/approvers/example-approver.pem");
+    let keys = repo().join("examples/approvers/approvers.jwks.json");
+
+    for (file, expected) in [
+        (
+            &bad_type,
+            "spec.tenants[0]: invalid type: string \"tenant-a\", expected struct TenantRef",
+        ),
+        (&misspelled, "spec.approvedBy: unknown field"),
+    ] {
+        let path = file.to_str().unwrap();
+        let (code, stdout, _) = lifeguard_split(&["policy", "check", path], dir.path());
+        assert_eq!(code, Some(1), "policy check fails:\n{stdout}");
+        // Every finding line (not the summary) of policy check.
+        let findings: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with(path) && l.contains(" error: "))
+            .collect();
+        assert!(
+            findings.iter().any(|l| l.contains(expected)),
+            "policy check names `{expected}`:\n{stdout}"
+        );
+        let commands: [Vec<&str>; 4] = [
+            vec![
+                "exception",
+                "sign",
+                "--key",
+                key.to_str().unwrap(),
+                "--kid",
+                KID,
+                path,
+            ],
+            vec![
+                "exception",
+                "sign",
+                "--key",
+                key.to_str().unwrap(),
+                "--kid",
+                KID,
+                "--in-place",
+                path,
+            ],
+            vec!["exception", "payload", path],
+            vec![
+                "exception",
+                "verify",
+                "--keys",
+                keys.to_str().unwrap(),
+                path,
+            ],
+        ];
+        let before = std::fs::read_to_string(file).unwrap();
+        for args in commands {
+            let (code, stdout, stderr) = lifeguard_split(&args, dir.path());
+            assert_ne!(code, Some(0), "{args:?} must fail:\n{stdout}{stderr}");
+            for finding in &findings {
+                assert!(
+                    stderr.contains(finding),
+                    "{args:?} must say what policy check says:\n  {finding}\ngot:\n{stderr}"
+                );
+            }
+            assert!(
+                !stderr.contains("CapabilityExceptions")
+                    && !stdout.contains("no CapabilityException"),
+                "{args:?} miscounts instead: {stdout}{stderr}"
+            );
+            assert!(stdout.is_empty(), "{args:?} printed: {stdout}");
+            assert_eq!(
+                std::fs::read_to_string(file).unwrap(),
+                before,
+                "{args:?} left the file as it was"
+            );
+        }
+    }
+
+    // verify still reports the good file next to a bad one, and fails.
+    let (code, stdout, stderr) = lifeguard_split(
+        &[
+            "exception",
+            "verify",
+            "--keys",
+            keys.to_str().unwrap(),
+            bad_type.to_str().unwrap(),
+            good.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("invalid type: string \"tenant-a\", expected struct TenantRef"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("CapabilityException team-a/reports-summarize-with-sampling"),
+        "{stdout}"
+    );
+}

@@ -213,3 +213,102 @@ async fn identity_digests_hide_subjects_and_tenants_and_the_cli_tells_whose_they
         assert!(!raw.contains(name), "{name} in the clear: {raw}");
     }
 }
+
+/// `VALUE<TAB>DIGEST` lines, as pairs.
+type Digests = Vec<(String, String)>;
+
+/// `lifeguard audit digest` with `args`: each `VALUE<TAB>DIGEST` line, or the exit code and
+/// stderr of the failure.
+fn audit_digest(args: &[&str]) -> Result<Digests, (Option<i32>, String)> {
+    let output = Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(["audit", "digest"])
+        .args(args)
+        .output()
+        .unwrap();
+    if !output.status.success() {
+        return Err((
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ));
+    }
+    Ok(String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (value, digest) = l.split_once('\t').expect("VALUE<TAB>DIGEST");
+            (value.to_owned(), digest.to_owned())
+        })
+        .collect())
+}
+
+/// `audit digest --task` maps a task ID (the sidecar's, or any ID a client sent) to the `task`
+/// hash its audit events carry; and `task.created` is the task's start: the event says the task
+/// is `working` from its first answer, and no separate start event exists (the protocol has no
+/// queued state, docs/sidecar.md "Audit trail").
+#[tokio::test]
+async fn the_cli_names_the_audit_hash_of_a_task_id_and_creation_is_the_start() {
+    let (_server, sidecar, client) = support::start_behind_sidecar(TOOLS).await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let bob = User::new("bob", "tenant-a", "console").token();
+    let id = support::create_task(
+        &client,
+        &alice,
+        "slow_compute",
+        json!({"seconds": 30, "label": "digest"}),
+    )
+    .await;
+    let forged = "lgt_not-a-task-anyone-was-given";
+    let foreign = client.get_task(&bob, forged).await;
+    assert_eq!(foreign.error_code(), Some(-32602), "{foreign:?}");
+    let polled = client.get_task(&alice, &id).await;
+    assert_eq!(polled.result()["status"], "working", "{polled:?}");
+    let created = sidecar
+        .audit_event(|e| e["event"] == "task.created")
+        .await
+        .expect("task.created audited");
+    let refused = sidecar
+        .audit_event(|e| e["event"] == "task.denied" && e["reason"] == "unknown")
+        .await
+        .expect("the forged ID's refusal audited");
+
+    let ledger = sidecar.ledger_path.to_str().unwrap();
+    let lines = audit_digest(&["--ledger", ledger, "--task", &id, forged]).expect("digests");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0].0, id);
+    assert_eq!(created["task"], lines[0].1.as_str(), "{created}");
+    assert!(lines[0].1.starts_with("h:") && !lines[0].1.contains(&id));
+    assert_eq!(lines[1].0, forged);
+    assert_eq!(refused["task"], lines[1].1.as_str(), "{refused}");
+    // Every event of the task carries that hash.
+    let audit = sidecar.audit();
+    let of_task: Vec<&Value> = audit
+        .iter()
+        .filter(|e| e["correlation_id"] == created["correlation_id"])
+        .collect();
+    assert!(of_task.len() >= 2, "{of_task:?}");
+    for event in of_task {
+        assert_eq!(event["task"], lines[0].1.as_str(), "{event}");
+    }
+    // The identity key is another key: the same text digests differently without --task.
+    let as_identity = audit_digest(&["--ledger", ledger, &id]).expect("identity digest");
+    assert_ne!(as_identity[0].1, lines[0].1);
+
+    // Creation is the start: the first answer already says `working`.
+    assert_eq!(created["detail"]["status"], "working", "{created}");
+    assert!(
+        !audit.iter().any(|e| e["event"] == "task.started"),
+        "no separate start event"
+    );
+
+    // A mistyped ledger is an error, not digests under a brand-new key.
+    let missing = sidecar.ledger_path.with_file_name("no-such-ledger.db");
+    let (code, stderr) = audit_digest(&["--ledger", missing.to_str().unwrap(), "--task", &id])
+        .expect_err("a missing ledger is refused");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("no ledger at"), "{stderr}");
+    assert!(!missing.exists(), "the missing ledger was created");
+    let (code, stderr) = audit_digest(&["--ledger", ledger, "--task", "--object-type", "t", &id])
+        .expect_err("--task and --object-type together are refused");
+    assert_eq!(code, Some(2), "{stderr}");
+    client.cancel_task(&alice, &id).await;
+}

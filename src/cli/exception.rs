@@ -7,22 +7,40 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use lifeguard::api::{CapabilityException, ExceptionState};
 use lifeguard::exception::{ApproverTrust, describe_header, sign, signing_payload, verify};
-use lifeguard::policy::manifest::{LifeguardObject, parse_manifests};
+use lifeguard::policy::manifest::LifeguardObject;
+use lifeguard::policy::{Severity, document_findings};
 
-/// The CapabilityExceptions of a file, with their namespaces.
+use super::policy_files::parse_manifest_file;
+
+/// The CapabilityExceptions of a file, with their namespaces. The file is read the way
+/// `lifeguard policy check` reads it: a document that does not parse, or that the API server
+/// would refuse (schema, unknown field, CEL rule), is an error with the very words, line and
+/// object `policy check` prints, never an exception silently left out of the count.
 fn exceptions_in(path: &Path) -> Result<(String, Vec<(CapabilityException, String)>)> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let documents =
-        parse_manifests(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let file = parse_manifest_file(path, &text);
+    let errors: Vec<String> = document_findings(&file)
+        .iter()
+        .filter(|f| f.problem.severity == Severity::Error)
+        .map(|f| format!("  {f}"))
+        .collect();
+    if !errors.is_empty() {
+        bail!(
+            "{} is not a valid manifest ({} error(s), as `lifeguard policy check` reports them):\n{}",
+            path.display(),
+            errors.len(),
+            errors.join("\n")
+        );
+    }
     let mut found = Vec::new();
-    for document in documents {
-        if let Some(LifeguardObject::Exception(e)) = document.object {
+    for document in file.documents.iter().flatten() {
+        if let Some(LifeguardObject::Exception(e)) = &document.object {
             let namespace = e
                 .metadata
                 .namespace
                 .clone()
                 .unwrap_or_else(|| "default".to_owned());
-            found.push((*e, namespace));
+            found.push(((**e).clone(), namespace));
         }
     }
     Ok((text, found))
@@ -78,7 +96,15 @@ pub fn verify_files(keys: &Path, files: &[std::path::PathBuf]) -> Result<ExitCod
     let now = jiff::Timestamp::now();
     let mut all_active = true;
     for file in files {
-        let (_, found) = exceptions_in(file)?;
+        let found = match exceptions_in(file) {
+            Ok((_, found)) => found,
+            Err(e) => {
+                // One bad file fails the run but does not hide the others' results.
+                eprintln!("error: {e:#}");
+                all_active = false;
+                continue;
+            }
+        };
         if found.is_empty() {
             println!("{}: no CapabilityException", file.display());
             all_active = false;

@@ -1,4 +1,5 @@
-//! Reading manifest files and directories for `lifeguard policy check|diff`.
+//! Reading manifest files and directories for `lifeguard policy check|diff` and
+//! `lifeguard exception …`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -26,11 +27,16 @@ pub fn read_manifests(paths: &[PathBuf]) -> Result<Vec<ManifestFile>> {
 }
 
 fn read(path: &Path) -> ManifestFile {
-    let name = path.display().to_string();
     match fs::read_to_string(path) {
-        Ok(text) => ManifestFile::parse(name, &text),
-        Err(e) => ManifestFile::unreadable(name, &e),
+        Ok(text) => parse_manifest_file(path, &text),
+        Err(e) => ManifestFile::unreadable(path.display().to_string(), &e),
     }
+}
+
+/// `text`, read from `path`, as the manifest file every command checks (`policy check|diff`,
+/// `exception sign|verify|payload`): the same name, so the same findings word for word.
+pub fn parse_manifest_file(path: &Path, text: &str) -> ManifestFile {
+    ManifestFile::parse(path.display().to_string(), text)
 }
 
 fn yaml_files(dir: &Path, found: &mut Vec<PathBuf>) -> std::io::Result<()> {

@@ -144,6 +144,48 @@ fn describe(document: &Document) -> Option<String> {
     })
 }
 
+/// A file that is not YAML (or could not be read), as the finding that reports it.
+fn syntax_finding(file: &ManifestFile, error: &YamlSyntaxError) -> Finding {
+    Finding {
+        file: file.name.clone(),
+        line: file.syntax_error_line,
+        document: None,
+        object: None,
+        problem: Problem {
+            severity: Severity::Error,
+            path: String::new(),
+            message: error.to_string(),
+        },
+    }
+}
+
+/// The problems one document has on its own (schema, unknown fields, CEL rules), located.
+fn document_problems(file: &ManifestFile, document: &Document) -> Vec<Finding> {
+    let here = Location {
+        file,
+        document: document.index,
+    };
+    let object_name = describe(document);
+    document
+        .problems
+        .iter()
+        .map(|problem| here.finding(object_name.clone(), problem.clone()))
+        .collect()
+}
+
+/// What is wrong with `file`'s documents before any compile: the YAML syntax error, or each
+/// document's own problems, as `check_files` reports them (the same text, line and object), so
+/// every command that reads a manifest fails on a bad one with the words `policy check` uses.
+pub fn document_findings(file: &ManifestFile) -> Vec<Finding> {
+    match &file.documents {
+        Err(e) => vec![syntax_finding(file, e)],
+        Ok(documents) => documents
+            .iter()
+            .flat_map(|d| document_problems(file, d))
+            .collect(),
+    }
+}
+
 /// Checks every document of every file and compiles every McpServerPolicy with the exceptions
 /// and revocations found alongside it.
 pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) -> CheckReport {
@@ -160,17 +202,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
         let documents = match &file.documents {
             Ok(documents) => documents,
             Err(e) => {
-                findings.push(Finding {
-                    file: file.name.clone(),
-                    line: file.syntax_error_line,
-                    document: None,
-                    object: None,
-                    problem: Problem {
-                        severity: Severity::Error,
-                        path: String::new(),
-                        message: e.to_string(),
-                    },
-                });
+                findings.push(syntax_finding(file, e));
                 continue;
             }
         };
@@ -180,9 +212,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
                 file,
                 document: document.index,
             };
-            for problem in &document.problems {
-                findings.push(here.finding(object_name.clone(), problem.clone()));
-            }
+            findings.extend(document_problems(file, document));
             let Some(object) = &document.object else {
                 continue;
             };

@@ -19,7 +19,8 @@ pub mod validate;
 mod compile_tests;
 
 pub use check::{
-    CheckReport, Finding, ManifestFile, StandaloneError, check_files, load_standalone,
+    CheckReport, Finding, ManifestFile, StandaloneError, check_files, document_findings,
+    load_standalone,
 };
 pub use compile::{Compilation, CompileInput, ObjectKind, ObjectProblem, ObjectRef, compile};
 pub use effective::*;

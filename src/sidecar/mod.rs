@@ -28,18 +28,19 @@
 //! revocation applier reports on a second `watch` (defined in `policy_source`) when a policy's
 //! revocations are all applied, which is when the control plane source acknowledges it.
 //!
-//! # Layers (a module imports only from layers below it; a test checks there is no cycle)
+//! # Layers (a module imports only from layers below it; a test checks there is no cycle, and
+//! that this table and docs/design.md's name every module here)
 //!
 //! | layer | modules |
 //! |---|---|
 //! | entry | `mod.rs` (`run`), `hop_server`, `pipeline` |
 //! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
 //! | background | `sweeper`, `revocation` |
-//! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state` |
+//! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state`, `delegate` (delegation assertions, identity lease), `logging_gate` (the deprecated logging surface) |
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
 //! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;

@@ -1,4 +1,4 @@
-//! The sidecar's admin port: `/ready`, and the policy hash it names.
+//! The sidecar's admin port: `/ready` and the policy hash it names, and `/metrics` counters.
 
 use std::time::Duration;
 
@@ -48,6 +48,22 @@ impl Admin {
         let (_, body) = self.ready().await.ok()?;
         ready_hash(&body)
     }
+
+    /// The value of one series of `/metrics` (`lifeguard_denials_total{reason="expired"}`, as
+    /// the text exposition writes it), `None` when absent or unreadable.
+    pub async fn series(&self, series: &str) -> Option<f64> {
+        let url = self.base.join("metrics").ok()?;
+        let body = self.http.get(url).send().await.ok()?.text().await.ok()?;
+        series_value(&body, series)
+    }
+}
+
+/// The value of `series` in a Prometheus/OpenMetrics text body.
+pub fn series_value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
 }
 
 /// The hash in a `/ready` body: `ready: policy <namespace/name> <hash>[; …]`.
@@ -73,5 +89,18 @@ mod tests {
             Some("ff00")
         );
         assert_eq!(ready_hash("no policy loaded"), None);
+    }
+
+    #[test]
+    fn metrics_bodies_name_series_values() {
+        let body = "# TYPE lifeguard_denials_total counter\n\
+                    lifeguard_denials_total{reason=\"expired\"} 3\n\
+                    lifeguard_denials_total{reason=\"expired_x\"} 9\n";
+        let expired = r#"lifeguard_denials_total{reason="expired"}"#;
+        assert_eq!(series_value(body, expired), Some(3.0));
+        assert_eq!(
+            series_value(body, r#"lifeguard_denials_total{reason="x"}"#),
+            None
+        );
     }
 }

@@ -43,7 +43,8 @@ pub struct EvidenceArgs {
     #[arg(long, value_name = "URL")]
     pub admin: Option<url::Url>,
     /// The policy file the sidecar reads (standalone mode). Gives the checks their expected
-    /// values and the policy hash; the "disable mid-run" check rewrites it and restores it.
+    /// values and the policy hash; the `tool-removed-mid-run` and `user-disabled-mid-run`
+    /// checks rewrite it and restore it.
     #[arg(long, value_name = "FILE", conflicts_with = "expect_policy")]
     pub policy: Option<PathBuf>,
     /// The policy the target enforces, read only (e.g. the manifest applied to a cluster): the
@@ -95,11 +96,17 @@ pub struct EvidenceArgs {
 pub fn run(args: &EvidenceArgs) -> Result<ExitCode> {
     if args.list {
         for check in CHECKS {
-            println!("{:<20} {}", check.id, check.title);
+            println!("{:<24} {}", check.id, check.title);
         }
         return Ok(ExitCode::SUCCESS);
     }
     for name in &args.only {
+        if let Some((_, new)) = checks::RENAMED.iter().find(|(old, _)| old == name) {
+            bail!(
+                "the check {name:?} is now called {new:?} (docs/evidence-pack.md, \"Renamed \
+                 checks\"); the report's JSON names it so too"
+            );
+        }
         if !CHECKS.iter().any(|c| c.id == name) {
             bail!("no check named {name:?}; `lifeguard evidence --list` names them");
         }

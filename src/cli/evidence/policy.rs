@@ -1,5 +1,6 @@
 //! What the policy promises, learned the way `lifeguard policy check --mode standalone` learns
-//! it (the same library call, so the same `hash`), and the one edit the reload check makes.
+//! it (the same library call, so the same `hash`), and the edits the reload and revocation
+//! checks make.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,28 @@ pub fn without_task_tool(text: &str, tool: &str) -> Option<String> {
     })
 }
 
+/// `text` with one more document: a PrincipalRevocation `name` disabling the account of
+/// `subject` at `issuer` (`accountDisabled`: every token refused until the object is removed),
+/// as an administrator would add it to a standalone policy file.
+pub fn with_account_disabled(text: &str, name: &str, issuer: &str, subject: &str) -> String {
+    let quote = |v: &str| serde_json::Value::from(v).to_string();
+    let revoked_before = jiff::Timestamp::now().to_string();
+    let mut out = text.to_owned();
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "---\napiVersion: lifeguard.dev/v1alpha1\nkind: PrincipalRevocation\nmetadata: {{name: {}}}\n\
+         spec:\n  issuer: {}\n  subject: {}\n  revokedBefore: {}\n  reason: accountDisabled\n  \
+         source: {{kind: manual}}\n",
+        quote(name),
+        quote(issuer),
+        quote(subject),
+        quote(&revoked_before),
+    ));
+    out
+}
+
 /// Replaces `path`'s contents atomically (write beside it, then rename), so the sidecar's
 /// reload never reads half a file.
 pub fn replace_file(path: &Path, text: &str) -> Result<()> {
@@ -135,6 +158,33 @@ mod tests {
             "spec:\n  tasks:\n    tools: [write_rows, confirm_action]\n    minPollInterval: 1s\n"
         );
         assert!(without_task_tool(text, "greet").is_none());
+    }
+
+    #[test]
+    fn a_disabled_account_is_one_more_document_that_compiles() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/evidence/policy.yaml"
+        ))
+        .unwrap();
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/evidence/policy.yaml"
+        ));
+        let before = compile(path, &text).unwrap();
+        let edited = with_account_disabled(
+            &text,
+            "evidence-disable-ev1",
+            "https://dev-issuer.lifeguard.local",
+            "alice",
+        );
+        assert!(edited.starts_with(&text));
+        let after = compile(path, &edited).expect("compiles");
+        assert_ne!(
+            before.hash(),
+            after.hash(),
+            "the revocation is part of the policy"
+        );
     }
 
     #[test]

@@ -487,6 +487,9 @@ impl TaskCreation {
             .audit("task.created", Decision::Allow, "created")
             .tool(&pending.tool)
             .for_task(&app.hasher, &record.id, &record.correlation_id)
+            // The protocol has no queued state: a task is `working` (or `input_required`) from
+            // the answer that creates it, so creation is its start (no `task.started`).
+            .detail("status", record.status.as_str())
             .detail("ttlMs", record.ttl_ms)
             .detail("deadlineAt", iso_millis(record.deadline_at))
             .detail("arguments", summarize(&ctx.tool_arguments()));

@@ -8,11 +8,13 @@
 //! starts from a quiet server.
 
 mod envelope;
+mod expiry;
 mod lifecycle;
 mod limits;
 mod listen;
 mod ownership;
 mod reload;
+mod revoked;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -44,6 +46,7 @@ pub const CHECKS: &[CheckDef] = &[
     ownership::CROSS_PRINCIPAL,
     ownership::GUESSED_IDS,
     ownership::TOKENS,
+    expiry::TOKEN_EXPIRES_MID_TASK,
     envelope::ENVELOPE,
     lifecycle::CANCEL_THEN_WRITES,
     lifecycle::READ_ONCE,
@@ -51,8 +54,13 @@ pub const CHECKS: &[CheckDef] = &[
     limits::QUOTA,
     limits::IDEMPOTENCY,
     listen::LISTEN,
-    reload::DISABLE_MID_RUN,
+    reload::TOOL_REMOVED_MID_RUN,
+    revoked::USER_DISABLED_MID_RUN,
 ];
+
+/// Checks renamed since a release: `--check OLD` is refused with the new name (the names are
+/// the report's JSON contract; docs/evidence-pack.md, "Renamed checks").
+pub const RENAMED: &[(&str, &str)] = &[("disable-mid-run", "tool-removed-mid-run")];
 
 /// The callers the checks play. Alice owns the tasks; everyone else tries to reach them.
 pub struct People {
@@ -178,6 +186,7 @@ impl Env {
             "cross-principal" => ownership::cross_principal(self, &mut run).await,
             "guessed-ids" => ownership::guessed_ids(self, &mut run).await,
             "tokens" => ownership::tokens(self, &mut run).await,
+            "token-expires-mid-task" => expiry::token_expires_mid_task(self, &mut run).await,
             "envelope" => envelope::envelope(self, &mut run).await,
             "cancel-then-writes" => lifecycle::cancel_then_writes(self, &mut run).await,
             "read-once" => lifecycle::read_once(self, &mut run).await,
@@ -185,7 +194,8 @@ impl Env {
             "quota" => limits::quota(self, &mut run).await,
             "idempotency" => limits::idempotency(self, &mut run).await,
             "listen" => listen::listen(self, &mut run).await,
-            "disable-mid-run" => reload::disable_mid_run(self, &mut run).await,
+            "tool-removed-mid-run" => reload::tool_removed_mid_run(self, &mut run).await,
+            "user-disabled-mid-run" => revoked::user_disabled_mid_run(self, &mut run).await,
             other => run.fail(format!("no implementation for check {other}")),
         }
         let audit = match (&self.audit, mark) {

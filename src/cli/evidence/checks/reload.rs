@@ -10,8 +10,10 @@ use super::super::policy::{compile, replace_file, without_task_tool};
 use super::super::probe::Call;
 use super::{CheckDef, Env, Run, is_task_not_found, is_terminal, short};
 
-pub const DISABLE_MID_RUN: CheckDef = CheckDef {
-    id: "disable-mid-run",
+/// Named `disable-mid-run` before 2026-12: it never disabled a user, it withdraws a tool from
+/// `tasks.tools` (the user disabled mid-run is `user-disabled-mid-run`).
+pub const TOOL_REMOVED_MID_RUN: CheckDef = CheckDef {
+    id: "tool-removed-mid-run",
     title: "Taking a tool out of tasks.tools while its task runs",
     proves: "with slow_compute removed from `tasks.tools` in the reloaded file, the new policy \
              is in force within seconds (its hash on /ready and in the audit lines); a new call \
@@ -24,10 +26,10 @@ pub const DISABLE_MID_RUN: CheckDef = CheckDef {
 };
 
 /// How long a reload may take before the check gives up (docs: about half a second).
-const RELOAD_WAIT: Duration = Duration::from_secs(10);
+pub(super) const RELOAD_WAIT: Duration = Duration::from_secs(10);
 
-/// `disable-mid-run`.
-pub async fn disable_mid_run(env: &Env, run: &mut Run) {
+/// `tool-removed-mid-run`.
+pub async fn tool_removed_mid_run(env: &Env, run: &mut Run) {
     let Some(facts) = &env.facts else {
         run.skip("needs --policy (the policy file the sidecar reloads)");
         return;
@@ -245,7 +247,7 @@ async fn under_the_edited_policy(env: &Env, run: &mut Run, running: &str) {
 
 /// Waits until the policy with `hash` is in force: by `/ready` when the admin port is known,
 /// else by behaviour (a slow_compute call becomes a task exactly when `tasks_on`).
-async fn wait_for_policy(env: &Env, run: &mut Run, hash: &str, tasks_on: bool) -> bool {
+pub(super) async fn wait_for_policy(env: &Env, run: &mut Run, hash: &str, tasks_on: bool) -> bool {
     let deadline = Instant::now() + RELOAD_WAIT;
     while Instant::now() < deadline {
         let seen = match &env.admin {
