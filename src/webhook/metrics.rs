@@ -44,6 +44,8 @@ pub struct WebhookMetrics {
     pub duration: Family<EndpointLabels, Histogram>,
     /// AdmissionReview bodies not read, by endpoint and reason.
     pub bodies_refused: Family<BodyRefusalLabels, Counter>,
+    /// Bytes of `--review-buffer-bytes` reserved by review bodies being read.
+    pub review_buffer_reserved: prometheus_client::metrics::gauge::Gauge,
     /// Connections of the `--listen` port: open, refused by a cap, timed out.
     pub connections: crate::runtime::http::ConnectionMetrics,
 }
@@ -84,10 +86,17 @@ impl WebhookMetrics {
              (over --body-read-timeout), unreadable, busy (no room in --review-buffer-bytes)",
             bodies_refused.clone(),
         );
+        let review_buffer_reserved = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "review_buffer_reserved_bytes",
+            "Bytes of --review-buffer-bytes reserved by AdmissionReview bodies being read",
+            review_buffer_reserved.clone(),
+        );
         let connections = crate::runtime::http::ConnectionMetrics::default();
         connections.register(&mut registry);
         Self {
             registry,
+            review_buffer_reserved,
             bodies_refused,
             connections,
             injections,

@@ -186,13 +186,17 @@ pub async fn run(config: WebhookConfig, shutdown: CancellationToken) -> Result<(
     let local = listener.local_addr()?;
     eprintln!("lifeguard: webhook on https://{local}");
     let connections = metrics.connections.clone();
+    let review_buffer = BodyBudget::new(
+        config.review_buffer_bytes,
+        metrics.review_buffer_reserved.clone(),
+    );
     let state = Arc::new(WebhookState {
         config: file,
         own_namespace: namespace,
         cluster: caches.clone(),
         metrics,
         max_review_bytes: config.max_review_bytes,
-        review_buffer: BodyBudget::new(config.review_buffer_bytes),
+        review_buffer,
     });
     let serving = tokio::spawn(serve_tls(
         listener,

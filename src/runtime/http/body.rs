@@ -10,6 +10,7 @@ use axum::extract::FromRequestParts;
 use bytes::Bytes;
 use http::request::Parts;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a handler may take to read a request body, counted from when it starts reading.
@@ -72,12 +73,22 @@ const BUDGET_UNIT: usize = 1024;
 pub struct BodyBudget {
     units: Arc<Semaphore>,
     total_units: usize,
+    /// Bytes reserved now.
+    reserved: Gauge,
 }
 
 /// Room held in a [`BodyBudget`] until dropped.
 #[derive(Debug)]
 pub struct Reservation {
     _permit: OwnedSemaphorePermit,
+    bytes: i64,
+    reserved: Gauge,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.reserved.dec_by(self.bytes);
+    }
 }
 
 /// No room in the budget came free within the body read timeout.
@@ -85,12 +96,13 @@ pub struct Reservation {
 pub struct BudgetExhausted;
 
 impl BodyBudget {
-    /// A budget of `bytes` (at least one unit).
-    pub fn new(bytes: usize) -> Self {
+    /// A budget of `bytes` (at least one unit); `reserved` follows the bytes reserved.
+    pub fn new(bytes: usize, reserved: Gauge) -> Self {
         let total_units = bytes.div_ceil(BUDGET_UNIT).clamp(1, Semaphore::MAX_PERMITS);
         Self {
             units: Arc::new(Semaphore::new(total_units)),
             total_units,
+            reserved,
         }
     }
 
@@ -107,9 +119,18 @@ impl BodyBudget {
         let units = bytes.div_ceil(BUDGET_UNIT).clamp(1, self.total_units);
         let units = u32::try_from(units).unwrap_or(u32::MAX);
         let acquire = self.units.clone().acquire_many_owned(units);
+        let reserved = self.reserved.clone();
         async move {
             match tokio::time::timeout(timeout.0, acquire).await {
-                Ok(Ok(permit)) => Ok(Reservation { _permit: permit }),
+                Ok(Ok(permit)) => {
+                    let bytes = i64::from(units) * BUDGET_UNIT as i64;
+                    reserved.inc_by(bytes);
+                    Ok(Reservation {
+                        _permit: permit,
+                        bytes,
+                        reserved,
+                    })
+                }
                 Ok(Err(_)) | Err(_) => Err(BudgetExhausted),
             }
         }
@@ -155,7 +176,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_budget_holds_announced_lengths_until_released() {
-        let budget = BodyBudget::new(4 * BUDGET_UNIT);
+        let reserved = Gauge::default();
+        let budget = BodyBudget::new(4 * BUDGET_UNIT, reserved.clone());
         let short = BodyReadTimeout(Duration::from_millis(20));
         let three = Body::from(vec![0u8; 3 * BUDGET_UNIT]);
         let held = budget
@@ -169,7 +191,9 @@ mod tests {
         );
         // An unannounced length reserves the limit (clamped to the whole budget).
         let never = Body::from_stream(stream::pending::<Result<Bytes, Infallible>>());
+        assert_eq!(reserved.get(), 3 * BUDGET_UNIT as i64);
         drop(held);
+        assert_eq!(reserved.get(), 0);
         let whole = budget
             .reserve(&never, 8 * BUDGET_UNIT, SECOND)
             .await
