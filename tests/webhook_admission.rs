@@ -528,7 +528,7 @@ async fn review_bodies_are_bounded_before_they_are_read() {
         "--review-buffer-bytes",
         "65536",
         "--body-read-timeout",
-        "2s",
+        "5s",
     ];
     let webhook = Webhook::start_with_args(&emulator, &config_yaml(""), &limits).await;
     let addr = address(&webhook.url);
@@ -551,19 +551,29 @@ async fn review_bodies_are_bounded_before_they_are_read() {
     })
     .await;
     assert!(full.is_some(), "the held body never reserved the buffer");
-    // ...so another review waits for room, and is told to retry when none comes free...
-    let mut waiting = tls(&webhook.ca.ca_pem, addr).await.unwrap();
-    post_head_only(&mut waiting, "/inject", &json, 1000).await;
-    let head = response_head(&mut waiting).await.expect("no answer");
-    assert_eq!(status(&head), 503, "{head}");
-    // ...and the held body is cut off at the body read timeout, freeing the buffer.
+    // ...so two more reviews of that size wait for room. When the held body is cut off at the
+    // body read timeout, one of them gets the room (and is cut off in turn, its body never
+    // coming either), the other is told to retry once it waited its own timeout.
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tls(&webhook.ca.ca_pem, addr).await.unwrap();
+        post_head_only(&mut stream, "/inject", &json, 65536).await;
+        waiting.push(stream);
+    }
     let head = response_head(&mut held).await.expect("no answer");
     assert_eq!(status(&head), 408, "{head}");
+    let mut statuses = Vec::new();
+    for stream in &mut waiting {
+        statuses.push(status(&response_head(stream).await.expect("no answer")));
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [408, 503]);
     assert_eq!(webhook.metric(reserved).await, Some(0.0));
 
     for (endpoint, reason) in [
         ("inject", "too_large"),
         ("inject", "busy"),
+        ("inject", "timed_out"),
         ("validate", "timed_out"),
     ] {
         let labels = format!(r#"endpoint="{endpoint}",reason="{reason}""#);
