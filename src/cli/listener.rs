@@ -10,13 +10,17 @@ fn default_limits() -> ServerLimits {
     ServerLimits::default()
 }
 
+/// The operator's default `--max-connections`: each sidecar holds its stream and, while it
+/// acknowledges, a second connection.
+pub const OPERATOR_MAX_CONNECTIONS: usize = 8192;
+
 /// Limits of the `--listen` HTTPS port.
 #[derive(Debug, clap::Args)]
 pub struct ListenerArgs {
     /// Connections served at once on --listen; beyond it a new connection is closed at accept.
-    #[arg(long, value_name = "N", default_value_t = default_limits().max_connections as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
+    /// Default: 8192 on the operator (a sidecar holds up to two), 1024 on the webhook.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
     /// Connections served at once on --listen from one IP address (a proxy or ingress in front
     /// counts as one address).
     #[arg(long, value_name = "N", default_value_t = default_limits().max_connections_per_peer as u32,
@@ -43,8 +47,9 @@ pub struct ListenerArgs {
 }
 
 impl ListenerArgs {
-    /// The limits, refusing a zero timeout (it would close every connection).
-    pub fn limits(&self) -> Result<ServerLimits> {
+    /// The limits, refusing a zero timeout (it would close every connection);
+    /// `max_connections` unless --max-connections is given.
+    pub fn limits(&self, max_connections: usize) -> Result<ServerLimits> {
         for (flag, value) in [
             ("--handshake-timeout", &self.handshake_timeout),
             ("--header-read-timeout", &self.header_read_timeout),
@@ -58,7 +63,7 @@ impl ListenerArgs {
             header_read_timeout: self.header_read_timeout.get(),
             body_read_timeout: self.body_read_timeout.get(),
             idle_timeout: self.idle_timeout.get(),
-            max_connections: self.max_connections as usize,
+            max_connections: self.max_connections.map_or(max_connections, |n| n as usize),
             max_connections_per_peer: self.max_connections_per_peer as usize,
             ..ServerLimits::default()
         })
