@@ -47,7 +47,9 @@ pub fn run(args: &OperatorArgs) -> Result<()> {
         tls_key: args.tls_key.clone(),
         admin: args.admin,
         config: args.config.clone(),
-        limits: args.listener.limits(super::listener::OPERATOR_MAX_CONNECTIONS)?,
+        limits: args
+            .listener
+            .limits(super::listener::OPERATOR_MAX_CONNECTIONS)?,
     };
     let runtime = lifeguard::runtime::tokio_runtime(None)?;
     runtime.block_on(async move {

@@ -60,7 +60,9 @@ pub fn run(args: &WebhookArgs) -> Result<()> {
         tls_key: args.tls_key.clone(),
         admin: args.admin,
         config: args.config.clone(),
-        limits: args.listener.limits(lifeguard::runtime::http::ServerLimits::default().max_connections)?,
+        limits: args
+            .listener
+            .limits(lifeguard::runtime::http::ServerLimits::default().max_connections)?,
         max_review_bytes: usize::try_from(args.max_review_bytes)?,
         review_buffer_bytes: usize::try_from(args.review_buffer_bytes)?,
     };
