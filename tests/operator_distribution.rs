@@ -529,11 +529,12 @@ fn listener_sample(name: &str, labels: &str) -> String {
 async fn the_listener_closes_silent_connections_and_caps_each_peer() {
     use support::listener::{address, closed_by_server, tls};
     let emulator = KubeEmulator::start().await;
+    // Timeouts long enough for both connections to be open when the third arrives.
     let limits = [
         "--handshake-timeout",
-        "1s",
+        "5s",
         "--header-read-timeout",
-        "1s",
+        "5s",
         "--max-connections-per-peer",
         "2",
     ];
