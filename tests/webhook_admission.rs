@@ -427,3 +427,164 @@ impl TapCreate for std::path::PathBuf {
         self
     }
 }
+
+// The listener's limits (docs/operations.md, "Listener limits"), with timeouts short enough to
+// watch them act. Outcomes are asserted, not durations: "the server closes the connection"
+// within a generous bound.
+
+fn sample(name: &str, labels: &str) -> String {
+    format!("lifeguard_webhook_{name}{{{labels}}}")
+}
+
+#[tokio::test]
+async fn the_listener_closes_silent_and_trickling_connections() {
+    use support::listener::{address, closed_by_server, tls, trickle_head};
+    let emulator = cluster().await;
+    let limits = ["--handshake-timeout", "1s", "--header-read-timeout", "1s"];
+    let webhook = Webhook::start_with_args(&emulator, &config_yaml(""), &limits).await;
+    let addr = address(&webhook.url);
+
+    // A TCP connection that never sends a ClientHello.
+    let mut no_hello = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(
+        closed_by_server(&mut no_hello).await,
+        "a connection without a ClientHello stays open"
+    );
+    // A TLS session that never sends a request.
+    let mut silent = tls(&webhook.ca.ca_pem, addr).await.expect("handshake");
+    assert!(
+        closed_by_server(&mut silent).await,
+        "a silent TLS session stays open"
+    );
+    // A request head sent a byte at a time, never finishing.
+    let mut slow = tls(&webhook.ca.ca_pem, addr).await.expect("handshake");
+    assert!(
+        trickle_head(&mut slow, Duration::from_millis(100), 100_000).await,
+        "a trickled request head is never cut off"
+    );
+
+    let handshake = sample("connections_timed_out_total", r#"reason="handshake""#);
+    assert_eq!(webhook.metric(&handshake).await, Some(1.0));
+    let header = sample("connections_timed_out_total", r#"reason="header_read""#);
+    assert_eq!(webhook.metric(&header).await, Some(2.0));
+    // Well-behaved clients are still served.
+    let review = pod_review("u-limits", "team-b", &mcp_pod(json!({}), json!({})));
+    assert_eq!(webhook.review("/inject", &review).await["allowed"], true);
+}
+
+#[tokio::test]
+async fn connections_beyond_the_per_peer_cap_are_refused() {
+    use support::listener::{address, still_open, tls};
+    let emulator = cluster().await;
+    let limits = ["--max-connections-per-peer", "3"];
+    let webhook = Webhook::start_with_args(&emulator, &config_yaml(""), &limits).await;
+    let addr = address(&webhook.url);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tls(&webhook.ca.ca_pem, addr).await.expect("within the cap"));
+    }
+    // The fourth is closed at accept: its handshake cannot complete.
+    assert!(
+        tls(&webhook.ca.ca_pem, addr).await.is_none(),
+        "a connection beyond the per-peer cap was served"
+    );
+    let refused = sample(
+        "connections_refused_total",
+        r#"reason="max_connections_per_peer""#,
+    );
+    assert_eq!(webhook.metric(&refused).await, Some(1.0));
+    assert_eq!(
+        webhook.metric("lifeguard_webhook_connections_open").await,
+        Some(3.0)
+    );
+    for session in &mut held {
+        assert!(still_open(session, Duration::from_millis(200)).await);
+    }
+    // Slots are given back when connections close.
+    drop(held);
+    let review = pod_review("u-cap", "team-b", &mcp_pod(json!({}), json!({})));
+    let served = support::eventually(Duration::from_secs(20), async || {
+        let response = webhook
+            .ca
+            .client()
+            .post(format!("{}/inject", webhook.url))
+            .json(&review)
+            .send()
+            .await
+            .ok()?;
+        (response.status() == 200).then_some(())
+    })
+    .await;
+    assert!(served.is_some(), "{}", webhook.logs());
+}
+
+#[tokio::test]
+async fn review_bodies_are_bounded_before_they_are_read() {
+    use support::listener::{address, post_head_only, response_head, status, tls};
+    let emulator = cluster().await;
+    let limits = [
+        "--max-review-bytes",
+        "65536",
+        "--review-buffer-bytes",
+        "65536",
+        "--body-read-timeout",
+        "5s",
+    ];
+    let webhook = Webhook::start_with_args(&emulator, &config_yaml(""), &limits).await;
+    let addr = address(&webhook.url);
+    let json = [("Content-Type", "application/json")];
+
+    // A body announced larger than the bound is refused before a byte of it is sent.
+    let mut large = tls(&webhook.ca.ca_pem, addr).await.unwrap();
+    post_head_only(&mut large, "/inject", &json, 100 * 1024 * 1024).await;
+    let head = response_head(&mut large)
+        .await
+        .expect("no answer before the body");
+    assert_eq!(status(&head), 413, "{head}");
+
+    // A body that fits but never comes holds the whole review buffer...
+    let mut held = tls(&webhook.ca.ca_pem, addr).await.unwrap();
+    post_head_only(&mut held, "/validate", &json, 65536).await;
+    let reserved = "lifeguard_webhook_review_buffer_reserved_bytes";
+    let full = support::eventually(Duration::from_secs(20), async || {
+        (webhook.metric(reserved).await? == 65536.0).then_some(())
+    })
+    .await;
+    assert!(full.is_some(), "the held body never reserved the buffer");
+    // ...so two more reviews of that size wait for room. When the held body is cut off at the
+    // body read timeout, one of them gets the room (and is cut off in turn, its body never
+    // coming either), the other is told to retry once it waited its own timeout.
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tls(&webhook.ca.ca_pem, addr).await.unwrap();
+        post_head_only(&mut stream, "/inject", &json, 65536).await;
+        waiting.push(stream);
+    }
+    let head = response_head(&mut held).await.expect("no answer");
+    assert_eq!(status(&head), 408, "{head}");
+    let mut statuses = Vec::new();
+    for stream in &mut waiting {
+        statuses.push(status(&response_head(stream).await.expect("no answer")));
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [408, 503]);
+    assert_eq!(webhook.metric(reserved).await, Some(0.0));
+
+    for (endpoint, reason) in [
+        ("inject", "too_large"),
+        ("inject", "busy"),
+        ("inject", "timed_out"),
+        ("validate", "timed_out"),
+    ] {
+        let labels = format!(r#"endpoint="{endpoint}",reason="{reason}""#);
+        assert_eq!(
+            webhook
+                .metric(&sample("bodies_refused_total", &labels))
+                .await,
+            Some(1.0),
+            "{endpoint} {reason}"
+        );
+    }
+    let review = pod_review("u-body", "team-b", &mcp_pod(json!({}), json!({})));
+    assert_eq!(webhook.review("/inject", &review).await["allowed"], true);
+}

@@ -6,6 +6,7 @@ pub mod crdgen;
 pub mod dev;
 pub mod evidence;
 pub mod exception;
+mod listener;
 pub mod operator;
 pub mod plugin;
 pub mod policy_check;

@@ -33,6 +33,8 @@ pub struct OperatorArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
+    #[command(flatten)]
+    pub listener: super::listener::ListenerArgs,
 }
 
 pub fn run(args: &OperatorArgs) -> Result<()> {
@@ -45,6 +47,9 @@ pub fn run(args: &OperatorArgs) -> Result<()> {
         tls_key: args.tls_key.clone(),
         admin: args.admin,
         config: args.config.clone(),
+        limits: args
+            .listener
+            .limits(super::listener::OPERATOR_MAX_CONNECTIONS)?,
     };
     let runtime = lifeguard::runtime::tokio_runtime(None)?;
     runtime.block_on(async move {

@@ -66,6 +66,8 @@ pub struct OperatorMetrics {
     pub revocation_propagation_seconds: Histogram,
     /// Per-object gauges, computed at scrape time (exported by the leader only).
     pub objects: Arc<LateCollector>,
+    /// Connections of the `--listen` port: open, refused by a cap, timed out.
+    pub connections: crate::runtime::http::ConnectionMetrics,
 }
 
 impl OperatorMetrics {
@@ -139,6 +141,8 @@ impl OperatorMetrics {
         );
         let objects = Arc::new(LateCollector::default());
         registry.register_collector(Box::new(objects.clone()));
+        let connections = crate::runtime::http::ConnectionMetrics::default();
+        connections.register(&mut registry);
         Self {
             registry,
             sidecars_connected,
@@ -151,6 +155,7 @@ impl OperatorMetrics {
             leader,
             plan_version,
             plan_seconds,
+            connections,
             revocation_propagation_seconds,
             objects,
         }

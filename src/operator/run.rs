@@ -53,6 +53,8 @@ pub struct OperatorConfig {
     pub tls_key: PathBuf,
     pub admin: SocketAddr,
     pub config: Option<PathBuf>,
+    /// Limits of the `--listen` port.
+    pub limits: crate::runtime::http::ServerLimits,
 }
 
 /// Identity of this replica in the Lease.
@@ -498,8 +500,13 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         listener,
         router,
         certificate,
+        crate::runtime::http::ServerLimits {
+            // Streams end themselves at shutdown; acks are short.
+            shutdown_grace: Duration::from_secs(5),
+            ..config.limits.clone()
+        },
+        metrics.connections.clone(),
         shutdown.clone(),
-        Duration::from_secs(5),
     )
     .await
     .context("serving the distribution endpoint")?;

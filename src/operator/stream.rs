@@ -8,7 +8,6 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -25,6 +24,7 @@ use crate::distribution::{
     Ack, HEARTBEAT_INTERVAL, PodIdentity, STREAM_CONTENT_TYPE, StreamMessage, StreamQuery,
 };
 use crate::policy::ObjectKey;
+use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 
 use super::auth::{AuthError, SidecarAuthenticator, check_claim};
 use super::metrics::OperatorMetrics;
@@ -319,11 +319,17 @@ pub async fn open_stream(
         .into_response()
 }
 
-/// `POST /distribution/v1/ack`.
+/// Largest acknowledgement read: an [`Ack`] is a few fields and one short entry per
+/// revocation of the snapshot (~100 bytes each).
+pub const MAX_ACK_BYTES: usize = 256 * 1024;
+
+/// `POST /distribution/v1/ack`. The body is read only after the token was checked, and at most
+/// [`MAX_ACK_BYTES`] of it.
 pub async fn acknowledge(
     State(ctx): State<Arc<StreamContext>>,
+    timeout: BodyReadTimeout,
     headers: HeaderMap,
-    Json(ack): Json<Ack>,
+    body: Body,
 ) -> Response {
     let Some(token) = bearer(&headers) else {
         return refuse(&ctx, &AuthError::MissingToken);
@@ -331,6 +337,27 @@ pub async fn acknowledge(
     let pod = match ctx.authenticator.authenticate_cached(token).await {
         Ok(pod) => pod,
         Err(error) => return refuse(&ctx, &error),
+    };
+    let ack: Ack = match read_body(body, MAX_ACK_BYTES, timeout).await {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(ack) => ack,
+            Err(error) => {
+                let message = format!("the acknowledgement is not a valid Ack: {error}");
+                return (StatusCode::BAD_REQUEST, message).into_response();
+            }
+        },
+        Err(BodyError::TooLarge) => {
+            let message = format!("the acknowledgement is larger than {MAX_ACK_BYTES} bytes");
+            return (StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+        }
+        Err(BodyError::TimedOut) => {
+            let message = "the acknowledgement did not arrive in time";
+            return (StatusCode::REQUEST_TIMEOUT, message).into_response();
+        }
+        Err(BodyError::Unreadable) => {
+            let message = "the acknowledgement could not be read";
+            return (StatusCode::BAD_REQUEST, message).into_response();
+        }
     };
     match ctx.sessions.acknowledge(&pod, &ack) {
         Ok(()) => {

@@ -1,6 +1,15 @@
 //! HTTPS serving for the control-plane ports (the operator's distribution and security-event
-//! endpoint; the webhook next): rustls, HTTP/2 and HTTP/1.1 on one port (ALPN), and a serving
-//! certificate that follows its files.
+//! endpoint, the webhook's admission endpoints): rustls in front of the hardened HTTP/1.1
+//! server of [`super::http`], and a serving certificate that follows its files.
+//!
+//! # Limits
+//! [`serve_tls`] is [`super::http::serve_tls`]: the connection caps (total and per peer
+//! address), the handshake, header-read and idle timeouts and the bounded head buffers of the
+//! sidecar's client port, one implementation. Only HTTP/1.1 is offered (ALPN `http/1.1`):
+//! hyper's HTTP/2 server has no header-read or idle timeout, and one multiplexed connection
+//! would carry many requests (and bodies) past a per-connection cap. The API server never
+//! calls webhooks over HTTP/2 (kubernetes/kubernetes#82090) and sidecars negotiate HTTP/1.1;
+//! controller-runtime and cert-manager turn HTTP/2 off on their webhooks for the same reasons.
 //!
 //! # Certificate rotation
 //! cert-manager and the kubelet rotate a mounted Secret by swapping a symlink, which kills
@@ -16,21 +25,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+use super::http::{ConnectionMetrics, ServerLimits};
 
 /// How often a handshake may look at the certificate files.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Time a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a certificate pair could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -155,8 +160,8 @@ impl ReloadingCertificate {
         loaded.key.clone()
     }
 
-    /// A rustls server configuration that presents this certificate and offers HTTP/2 and
-    /// HTTP/1.1.
+    /// A rustls server configuration that presents this certificate and offers HTTP/1.1 only
+    /// (see the module documentation).
     pub fn server_config(self: Arc<Self>) -> rustls::ServerConfig {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         // The provider's defaults support the safe protocol versions; this cannot fail for
@@ -170,7 +175,7 @@ impl ReloadingCertificate {
         let mut config = builder
             .with_no_client_auth()
             .with_cert_resolver(self as Arc<dyn ResolvesServerCert>);
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         config
     }
 }
@@ -181,68 +186,20 @@ impl ResolvesServerCert for ReloadingCertificate {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown`, then gives requests in flight
-/// `grace` to finish. Long-lived streams (the policy stream) are expected to end themselves
-/// when `shutdown` fires.
+/// Serves `router` over TLS on `listener` under `limits` until `shutdown`, then gives requests
+/// in flight [`ServerLimits::shutdown_grace`] to finish. Long-lived streams (the policy stream)
+/// are expected to end themselves when `shutdown` fires. Refusals and timeouts are counted in
+/// `metrics`.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
     certificate: Arc<ReloadingCertificate>,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
     shutdown: CancellationToken,
-    grace: Duration,
 ) -> std::io::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(certificate.server_config()));
-    let mut connections = JoinSet::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        let stop = shutdown.clone();
-        connections.spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%peer, %error, "connection ended with an error");
-                    }
-                }
-                _ = stop.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-        });
-    }
-    let drain = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(grace, drain).await.is_err() {
-        connections.abort_all();
-    }
-    Ok(())
+    super::http::serve_tls(listener, router, limits, metrics, shutdown, acceptor).await
 }
 
 #[cfg(test)]

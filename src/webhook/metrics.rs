@@ -24,6 +24,13 @@ pub struct ValidationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BodyRefusalLabels {
+    pub endpoint: &'static str,
+    /// too_large, timed_out, unreadable, busy
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
     pub endpoint: &'static str,
 }
@@ -35,6 +42,12 @@ pub struct WebhookMetrics {
     pub validations: Family<ValidationLabels, Counter>,
     pub warnings: Family<EndpointLabels, Counter>,
     pub duration: Family<EndpointLabels, Histogram>,
+    /// AdmissionReview bodies not read, by endpoint and reason.
+    pub bodies_refused: Family<BodyRefusalLabels, Counter>,
+    /// Bytes of `--review-buffer-bytes` reserved by review bodies being read.
+    pub review_buffer_reserved: prometheus_client::metrics::gauge::Gauge,
+    /// Connections of the `--listen` port: open, refused by a cap, timed out.
+    pub connections: crate::runtime::http::ConnectionMetrics,
 }
 
 impl WebhookMetrics {
@@ -66,8 +79,26 @@ impl WebhookMetrics {
             "Time to answer one AdmissionReview, by endpoint",
             duration.clone(),
         );
+        let bodies_refused = Family::<BodyRefusalLabels, Counter>::default();
+        registry.register(
+            "bodies_refused",
+            "AdmissionReview bodies not read: too_large (over --max-review-bytes), timed_out \
+             (over --body-read-timeout), unreadable, busy (no room in --review-buffer-bytes)",
+            bodies_refused.clone(),
+        );
+        let review_buffer_reserved = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "review_buffer_reserved_bytes",
+            "Bytes of --review-buffer-bytes reserved by AdmissionReview bodies being read",
+            review_buffer_reserved.clone(),
+        );
+        let connections = crate::runtime::http::ConnectionMetrics::default();
+        connections.register(&mut registry);
         Self {
             registry,
+            review_buffer_reserved,
+            bodies_refused,
+            connections,
             injections,
             validations,
             warnings,

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures_util::{FutureExt, StreamExt};
@@ -19,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::McpServerPolicy;
 use crate::exception::approver_keys::ApproverKeys;
 use crate::runtime::admin::{Health, Readiness};
+use crate::runtime::http::{BodyBudget, ServerLimits};
 use crate::runtime::tls::{ReloadingCertificate, serve_tls};
 
 use super::config::{SecretKeyRef, WebhookFileConfig};
@@ -36,10 +36,13 @@ pub struct WebhookConfig {
     pub tls_key: PathBuf,
     pub admin: SocketAddr,
     pub config: PathBuf,
+    /// Limits of the `--listen` port.
+    pub limits: ServerLimits,
+    /// Largest AdmissionReview body read (`--max-review-bytes`).
+    pub max_review_bytes: usize,
+    /// Memory for review bodies being read at once (`--review-buffer-bytes`).
+    pub review_buffer_bytes: usize,
 }
-
-/// Requests in flight get this long to finish at shutdown.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The watch caches behind [`ClusterReader`].
 struct Caches {
@@ -182,18 +185,26 @@ pub async fn run(config: WebhookConfig, shutdown: CancellationToken) -> Result<(
         .with_context(|| format!("binding --listen {}", config.listen))?;
     let local = listener.local_addr()?;
     eprintln!("lifeguard: webhook on https://{local}");
+    let connections = metrics.connections.clone();
+    let review_buffer = BodyBudget::new(
+        config.review_buffer_bytes,
+        metrics.review_buffer_reserved.clone(),
+    );
     let state = Arc::new(WebhookState {
         config: file,
         own_namespace: namespace,
         cluster: caches.clone(),
         metrics,
+        max_review_bytes: config.max_review_bytes,
+        review_buffer,
     });
     let serving = tokio::spawn(serve_tls(
         listener,
         router(state),
         certificate,
+        config.limits.clone(),
+        connections,
         shutdown.clone(),
-        SHUTDOWN_GRACE,
     ));
     health.serving.store(true, Ordering::Release);
 

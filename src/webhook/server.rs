@@ -1,28 +1,41 @@
 //! The HTTPS endpoints: `POST /inject` and `POST /validate`, AdmissionReview v1 both ways.
+//!
+//! A review body is read only within bounds: at most [`WebhookState::max_review_bytes`]
+//! (a larger `Content-Length` is answered 413 before a byte of the body is read), within the
+//! listener's body read timeout, and only once its length fits in the [`BodyBudget`] shared by
+//! every request, so the memory spent on bodies is bounded whatever the number of connections.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{StatusCode, header};
 
 use crate::api::McpServerPolicy;
+use crate::runtime::http::{BodyBudget, BodyError, BodyReadTimeout, Reservation, read_body};
 
 use super::admission::{self, InjectOutcome};
 use super::config::WebhookFileConfig;
 use super::inject::{self, Candidate};
-use super::metrics::{EndpointLabels, InjectionLabels, ValidationLabels, WebhookMetrics};
+use super::metrics::{
+    BodyRefusalLabels, EndpointLabels, InjectionLabels, ValidationLabels, WebhookMetrics,
+};
 use super::validate::ClusterView;
 
-/// The largest AdmissionReview accepted. An object may be up to ~1.5 MiB in etcd and a review
-/// carries the object and the old object; 8 MiB leaves room without letting a caller pin
-/// unbounded memory.
+/// The default largest AdmissionReview read (`--max-review-bytes`). The API server refuses
+/// request bodies over 3 MiB, so an object is at most that, and an UPDATE's review carries the
+/// object and the old object: 8 MiB leaves room for both and the request's metadata.
 pub const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
+/// The default memory for review bodies being read at once (`--review-buffer-bytes`): eight
+/// largest reviews, or thousands of typical ones (a pod's review is a few KiB).
+pub const REVIEW_BUFFER_BYTES: usize = 64 * 1024 * 1024;
+/// `Retry-After` of a 503 when the review buffer is full, in seconds.
+const RETRY_AFTER_SECS: &str = "1";
 
 /// What the webhook reads from the cluster (its watch caches in production; fixed values in
 /// tests): what the validators read, plus namespace labels for injection.
@@ -37,6 +50,10 @@ pub struct WebhookState {
     pub own_namespace: String,
     pub cluster: Arc<dyn ClusterReader>,
     pub metrics: Arc<WebhookMetrics>,
+    /// Largest review body read.
+    pub max_review_bytes: usize,
+    /// Memory for review bodies being read at once.
+    pub review_buffer: BodyBudget,
 }
 
 /// The router of `--listen`.
@@ -44,8 +61,60 @@ pub fn router(state: Arc<WebhookState>) -> Router {
     Router::new()
         .route("/inject", post(inject_handler))
         .route("/validate", post(validate_handler))
-        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state(state)
+}
+
+/// Reads a review body within the bounds of the module documentation; the reservation must be
+/// kept while the bytes are in use.
+async fn read_review(
+    state: &WebhookState,
+    endpoint: &'static str,
+    timeout: BodyReadTimeout,
+    body: Body,
+) -> Result<(Bytes, Reservation), Response> {
+    let limit = state.max_review_bytes;
+    let refuse = |reason: &'static str, response: Response| {
+        state
+            .metrics
+            .bodies_refused
+            .get_or_create(&BodyRefusalLabels { endpoint, reason })
+            .inc();
+        tracing::warn!(endpoint, reason, "AdmissionReview body refused");
+        response
+    };
+    let too_large = || {
+        let message = format!("the AdmissionReview is larger than {limit} bytes");
+        (StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+    };
+    if axum::body::HttpBody::size_hint(&body).lower() > limit as u64 {
+        return Err(refuse("too_large", too_large()));
+    }
+    let Ok(reservation) = state.review_buffer.reserve(&body, limit, timeout).await else {
+        let busy = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, RETRY_AFTER_SECS)],
+            "too many AdmissionReview bodies are being read; retry",
+        );
+        return Err(refuse("busy", busy.into_response()));
+    };
+    match read_body(body, limit, timeout).await {
+        Ok(bytes) => Ok((bytes, reservation)),
+        Err(BodyError::TooLarge) => Err(refuse("too_large", too_large())),
+        Err(BodyError::TimedOut) => {
+            let message = "the AdmissionReview body did not arrive in time";
+            Err(refuse(
+                "timed_out",
+                (StatusCode::REQUEST_TIMEOUT, message).into_response(),
+            ))
+        }
+        Err(BodyError::Unreadable) => {
+            let message = "the AdmissionReview body could not be read";
+            Err(refuse(
+                "unreadable",
+                (StatusCode::BAD_REQUEST, message).into_response(),
+            ))
+        }
+    }
 }
 
 fn json_response(body: Vec<u8>) -> Response {
@@ -57,8 +126,16 @@ fn json_response(body: Vec<u8>) -> Response {
         .into_response()
 }
 
-async fn inject_handler(State(state): State<Arc<WebhookState>>, body: Bytes) -> Response {
+async fn inject_handler(
+    State(state): State<Arc<WebhookState>>,
+    timeout: BodyReadTimeout,
+    body: Body,
+) -> Response {
     let started = Instant::now();
+    let (body, _reservation) = match read_review(&state, "inject", timeout, body).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
+    };
     let (response, outcome) = match admission::parse_review(&body) {
         Err(invalid) => (*invalid, InjectOutcome::Invalid),
         Ok(request) => {
@@ -91,8 +168,16 @@ async fn inject_handler(State(state): State<Arc<WebhookState>>, body: Bytes) -> 
     finish(&state, "inject", started, response)
 }
 
-async fn validate_handler(State(state): State<Arc<WebhookState>>, body: Bytes) -> Response {
+async fn validate_handler(
+    State(state): State<Arc<WebhookState>>,
+    timeout: BodyReadTimeout,
+    body: Body,
+) -> Response {
     let started = Instant::now();
+    let (body, _reservation) = match read_review(&state, "validate", timeout, body).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
+    };
     let response = match admission::parse_review(&body) {
         Err(invalid) => *invalid,
         Ok(request) => {

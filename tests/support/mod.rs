@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod kube;
 pub mod listen;
+pub mod listener;
 pub mod operator;
 pub mod postgres;
 pub mod process;

@@ -81,6 +81,8 @@ pub struct Operator {
     pub output: Arc<Mutex<Vec<String>>>,
     kubeconfig: PathBuf,
     config: Option<PathBuf>,
+    /// Extra command-line flags (kept across restarts).
+    args: Vec<String>,
 }
 
 /// Starts `lifeguard <subcommand>` (`operator` or `webhook`: they take the same flags) with its
@@ -90,8 +92,25 @@ pub fn spawn_component(
     kubeconfig: &std::path::Path,
     namespace: &str,
     listen: SocketAddr,
+    tls: (&std::path::Path, &std::path::Path),
+    config: Option<&std::path::Path>,
+) -> (
+    Child,
+    Arc<Mutex<Vec<String>>>,
+    std::sync::mpsc::Receiver<String>,
+) {
+    spawn_component_with(subcommand, kubeconfig, namespace, listen, tls, config, &[])
+}
+
+/// [`spawn_component`] with extra flags (e.g. the listener's limits).
+pub fn spawn_component_with(
+    subcommand: &str,
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    listen: SocketAddr,
     (cert, key): (&std::path::Path, &std::path::Path),
     config: Option<&std::path::Path>,
+    extra: &[String],
 ) -> (
     Child,
     Arc<Mutex<Vec<String>>>,
@@ -113,6 +132,7 @@ pub fn spawn_component(
     if let Some(path) = config {
         command.arg("--config").arg(path);
     }
+    command.args(extra);
     spawn_collecting(command)
 }
 
@@ -122,6 +142,15 @@ pub const OPERATOR_NAMESPACE: &str = "lifeguard-system";
 impl Operator {
     /// Starts an operator against `emulator` with `config` as its `--config` file (if any).
     pub async fn start(emulator: &KubeEmulator, config: Option<&str>) -> Self {
+        Self::start_with_args(emulator, config, &[]).await
+    }
+
+    /// [`Operator::start`] with extra command-line flags.
+    pub async fn start_with_args(
+        emulator: &KubeEmulator,
+        config: Option<&str>,
+        args: &[&str],
+    ) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let ca = Arc::new(TestCa::new(dir.path()));
         let config = config.map(|text| {
@@ -135,6 +164,7 @@ impl Operator {
             free_port(),
             emulator.kubeconfig_path().to_owned(),
             config,
+            args.iter().map(|a| (*a).to_owned()).collect(),
         )
         .await
     }
@@ -145,14 +175,16 @@ impl Operator {
         listen: SocketAddr,
         kubeconfig: PathBuf,
         config: Option<PathBuf>,
+        args: Vec<String>,
     ) -> Self {
-        let (child, output, rx) = spawn_component(
+        let (child, output, rx) = spawn_component_with(
             "operator",
             &kubeconfig,
             OPERATOR_NAMESPACE,
             listen,
             (&ca.cert_path, &ca.key_path),
             config.as_deref(),
+            &args,
         );
         let admin = wait_for_line(&rx, "admin on ", "operator", &output);
         let operator = Self {
@@ -165,6 +197,7 @@ impl Operator {
             output,
             kubeconfig,
             config,
+            args,
         };
         operator.wait_ready().await;
         operator
@@ -218,7 +251,8 @@ impl Operator {
         self.kill_hard();
         let (dir, ca, listen) = (self.dir.clone(), self.ca.clone(), self.listen);
         let (kubeconfig, config) = (self.kubeconfig.clone(), self.config.clone());
-        *self = Self::launch(dir, ca, listen, kubeconfig, config).await;
+        let args = self.args.clone();
+        *self = Self::launch(dir, ca, listen, kubeconfig, config, args).await;
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use super::kube::KubeEmulator;
-use super::operator::{TestCa, free_port, spawn_component};
+use super::operator::{TestCa, free_port, spawn_component_with};
 use super::process::wait_for_line;
 
 /// Namespace the tests run the webhook in (never mutated).
@@ -39,17 +39,15 @@ pub struct Webhook {
 impl Webhook {
     /// Starts a webhook against `emulator` with `config` as its `--config` file.
     pub async fn start(emulator: &KubeEmulator, config: &str) -> Self {
+        Self::start_with_args(emulator, config, &[]).await
+    }
+
+    /// [`Webhook::start`] with extra command-line flags.
+    pub async fn start_with_args(emulator: &KubeEmulator, config: &str, args: &[&str]) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let ca = Arc::new(TestCa::new(dir.path()));
-        Self::start_with_certificate(
-            emulator,
-            config,
-            dir,
-            ca.clone(),
-            &ca.cert_path,
-            &ca.key_path,
-        )
-        .await
+        let (cert, key) = (ca.cert_path.clone(), ca.key_path.clone());
+        Self::launch(emulator, config, dir, ca, (&cert, &key), args).await
     }
 
     /// Starts a webhook serving the certificate at the given paths.
@@ -61,16 +59,29 @@ impl Webhook {
         cert: &Path,
         key: &Path,
     ) -> Self {
+        Self::launch(emulator, config, dir, ca, (cert, key), &[]).await
+    }
+
+    async fn launch(
+        emulator: &KubeEmulator,
+        config: &str,
+        dir: Arc<TempDir>,
+        ca: Arc<TestCa>,
+        (cert, key): (&Path, &Path),
+        args: &[&str],
+    ) -> Self {
         let config_path = dir.path().join("webhook.yaml");
         std::fs::write(&config_path, config).unwrap();
         let listen: SocketAddr = free_port();
-        let (child, output, rx) = spawn_component(
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (child, output, rx) = spawn_component_with(
             "webhook",
             emulator.kubeconfig_path(),
             WEBHOOK_NAMESPACE,
             listen,
             (cert, key),
             Some(&config_path),
+            &args,
         );
         let admin = wait_for_line(&rx, "admin on ", "webhook", &output);
         let webhook = Self {

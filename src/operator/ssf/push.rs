@@ -1,7 +1,9 @@
 //! `POST /ssf/push`: RFC 8935 push delivery.
 //!
-//! 1. `Content-Type` must be `application/secevent+jwt` (parameters ignored); the body is at
-//!    most [`MAX_PUSH_BODY`] bytes.
+//! 1. `Content-Type` must be `application/secevent+jwt` (parameters ignored). When every push
+//!    transmitter has `pushAuthorization`, the request must carry one of their bearer tokens
+//!    *before a byte of the body is read* (else `authentication_failed`); the body is then
+//!    read, at most [`MAX_PUSH_BODY`] bytes within the listener's body read timeout.
 //! 2. The header is checked (algorithm, `typ`), then the transmitter is found by the SET's
 //!    unverified `iss`; when it has `pushAuthorization`,
 //!    the request must carry that bearer token (compared in constant time), else
@@ -62,6 +64,16 @@ async fn push(
         return refuse(SetError::Malformed(
             "Content-Type must be application/secevent+jwt".into(),
         ));
+    }
+    match authenticate_before_body(&receiver, &headers).await {
+        Ok(()) => {}
+        Err(PushAuth::Refused(reason)) => return refuse(SetError::AuthenticationFailed(reason)),
+        Err(PushAuth::Unavailable) => {
+            receiver
+                .metrics()
+                .count("push", "deferred", "secret_unavailable");
+            return unavailable();
+        }
     }
     let bytes = match read_body(body, MAX_PUSH_BODY, timeout).await {
         Ok(bytes) => bytes,
@@ -135,6 +147,33 @@ fn unavailable() -> Response {
 enum PushAuth {
     Refused(&'static str),
     Unavailable,
+}
+
+/// Authentication before the body: when every push transmitter requires a bearer token, the
+/// request must carry one of theirs. Which transmitter sent the SET is known only from the
+/// body, so the token is checked against the SET's issuer again once the body is read.
+async fn authenticate_before_body(
+    receiver: &SsfReceiver,
+    headers: &HeaderMap,
+) -> Result<(), PushAuth> {
+    let mut secrets = Vec::new();
+    for transmitter in receiver.push_transmitters() {
+        match &transmitter.push_authorization {
+            Some(secret) => secrets.push(secret),
+            // A transmitter without a token may push: nothing to check before the body.
+            None => return Ok(()),
+        }
+    }
+    let mut outcome = Ok(());
+    for secret in secrets {
+        match authenticate(receiver, secret, headers).await {
+            Ok(()) => return Ok(()),
+            Err(PushAuth::Unavailable) => outcome = Err(PushAuth::Unavailable),
+            Err(refused) if outcome.is_ok() => outcome = Err(refused),
+            Err(_) => {}
+        }
+    }
+    outcome
 }
 
 async fn authenticate(

@@ -183,6 +183,14 @@ impl SsfReceiver {
         self.transmitters.get(issuer).map(|t| &t.config)
     }
 
+    /// The transmitters that push, each with its `pushAuthorization` (if any).
+    pub fn push_transmitters(&self) -> impl Iterator<Item = &TransmitterConfig> {
+        self.transmitters
+            .values()
+            .map(|t| &t.config)
+            .filter(|t| t.delivery == Delivery::Push)
+    }
+
     /// The transmitters Lifeguard polls (one poll client each).
     pub fn poll_transmitters(&self) -> Vec<TransmitterConfig> {
         self.transmitters

@@ -24,8 +24,8 @@ pub struct ConnectionMetrics {
     pub open: Gauge,
     /// Connections closed right after accept: `max_connections`, `max_connections_per_peer`.
     pub refused: Family<ConnectionLabels, Counter>,
-    /// Connections closed because a request head or the next request did not come in time:
-    /// `header_read`, `idle`.
+    /// Connections closed because a TLS handshake, a request head or the next request did not
+    /// come in time: `handshake`, `header_read`, `idle`.
     pub timed_out: Family<ConnectionLabels, Counter>,
 }
 
@@ -45,8 +45,8 @@ impl ConnectionMetrics {
         );
         registry.register(
             "connections_timed_out",
-            "Client connections closed because a request head (header_read) or the next \
-             request (idle) did not arrive in time",
+            "Client connections closed because a TLS handshake (handshake), a request head \
+             (header_read) or the next request (idle) did not complete in time",
             self.timed_out.clone(),
         );
     }

@@ -1,6 +1,10 @@
 //! A hardened HTTP/1.1 server for ports that face untrusted clients: an axum [`Router`] served
 //! from our own accept loop, so every connection is admitted, timed and shut down on purpose.
 //!
+//! - **TLS** ([`serve_tls`]): an admitted connection must complete its TLS handshake within
+//!   [`ServerLimits::handshake_timeout`] (a peer that never sends a ClientHello, or stalls in
+//!   the middle, is closed and counted as `connections_timed_out_total{reason="handshake"}`);
+//!   everything below then applies inside the TLS session.
 //! - **Connection caps**: beyond [`ServerLimits::max_connections`] in total or
 //!   [`ServerLimits::max_connections_per_peer`] from one IP address, a new connection is
 //!   closed right after accept and counted (`connections_refused_total{reason}`).
@@ -36,7 +40,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use admission::{ConnectionLabels, ConnectionMetrics, Refusal};
-pub use body::{BodyError, BodyReadTimeout, read_body};
+pub use body::{BodyBudget, BodyError, BodyReadTimeout, BudgetExhausted, Reservation, read_body};
 
 use admission::{Admission, Gate};
 use conn::{ConnClock, HeadTimer, Tracked};
@@ -48,6 +52,9 @@ use super::workers::{Assignment, Workers};
 /// they bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerLimits {
+    /// Time a TLS client has to complete its handshake, from the accept ([`serve_tls`] only;
+    /// default 10 s).
+    pub handshake_timeout: Duration,
     /// Time to receive a complete request head (default 10 s).
     pub header_read_timeout: Duration,
     /// Time a handler gives a request body once it starts reading it (default 30 s).
@@ -68,6 +75,7 @@ pub struct ServerLimits {
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
+            handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
@@ -94,7 +102,29 @@ pub async fn serve(
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    serve_placed(listener, router, limits, metrics, shutdown, None).await
+    let place = Placement {
+        workers: None,
+        tls: None,
+    };
+    serve_placed(listener, router, limits, metrics, shutdown, place).await
+}
+
+/// [`serve`] over TLS: every admitted connection is handed to `acceptor` and must complete its
+/// handshake within [`ServerLimits::handshake_timeout`]; the session then gets every
+/// protection of [`serve`] (HTTP/1.1 only: offer only `http/1.1` in the acceptor's ALPN).
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> io::Result<()> {
+    let place = Placement {
+        workers: None,
+        tls: Some(acceptor),
+    };
+    serve_placed(listener, router, limits, metrics, shutdown, place).await
 }
 
 /// [`serve`], with each accepted connection served on the least loaded of `workers` (the
@@ -107,7 +137,17 @@ pub async fn serve_on(
     shutdown: CancellationToken,
     workers: Workers,
 ) -> io::Result<()> {
-    serve_placed(listener, router, limits, metrics, shutdown, Some(workers)).await
+    let place = Placement {
+        workers: Some(workers),
+        tls: None,
+    };
+    serve_placed(listener, router, limits, metrics, shutdown, place).await
+}
+
+/// Where and how accepted connections are served.
+struct Placement {
+    workers: Option<Workers>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 async fn serve_placed(
@@ -116,8 +156,9 @@ async fn serve_placed(
     limits: ServerLimits,
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
-    workers: Option<Workers>,
+    place: Placement,
 ) -> io::Result<()> {
+    let Placement { workers, tls } = place;
     let gate = Gate::new(
         limits.max_connections,
         limits.max_connections_per_peer,
@@ -140,7 +181,7 @@ async fn serve_placed(
                     Ok(admission) => {
                         let context = ConnectionContext {
                             peer, admission, service: service.clone(), limits: limits.clone(),
-                            metrics: metrics.clone(), shutdown: shutdown.clone(),
+                            metrics: metrics.clone(), shutdown: shutdown.clone(), tls: tls.clone(),
                         };
                         match &workers {
                             None => {
@@ -208,6 +249,7 @@ struct ConnectionContext {
     limits: ServerLimits,
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Serves a connection accepted on another runtime: the socket is registered with the
@@ -228,7 +270,34 @@ async fn serve_moved_connection(
 
 /// Serves one admitted connection until it ends (or is shut down), then gives its slots back.
 /// Everything that arms a timer or registers I/O is made inside, on the runtime serving it.
-async fn serve_connection(stream: TcpStream, context: ConnectionContext) {
+async fn serve_connection(stream: TcpStream, mut context: ConnectionContext) {
+    let peer = context.peer;
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
+    }
+    let Some(acceptor) = context.tls.take() else {
+        return serve_http(stream, context).await;
+    };
+    let handshake = tokio::time::timeout(context.limits.handshake_timeout, acceptor.accept(stream));
+    let tls = tokio::select! {
+        done = handshake => done,
+        _ = context.shutdown.cancelled() => return,
+    };
+    match tls {
+        Ok(Ok(tls)) => serve_http(tls, context).await,
+        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+        Err(_) => {
+            context.metrics.time_out("handshake");
+            tracing::debug!(%peer, reason = "handshake", "connection timed out");
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on one admitted connection (plain or inside TLS).
+async fn serve_http<S>(stream: S, context: ConnectionContext)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let ConnectionContext {
         peer,
         admission,
@@ -236,10 +305,8 @@ async fn serve_connection(stream: TcpStream, context: ConnectionContext) {
         limits,
         metrics,
         shutdown,
+        tls: _,
     } = context;
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
-    }
     let clock = ConnClock::new();
     let buffer = limits.max_head_bytes.max(MIN_BUFFER);
     let mut builder = http1::Builder::new();
