@@ -21,12 +21,17 @@ pub fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
-/// Whether a revocation in force now covers `record` (its owner, and the token that started
-/// it). Once it does, only the cancellation and its confirmation go to the server on the
-/// owner's behalf.
+/// Whether `record`'s owner is revoked: the task carries a revocation's cancel, or a
+/// revocation in force now covers it (its owner, and the token that started it). Once it is,
+/// only the cancellation and its confirmation go to the server on the owner's behalf.
 pub fn owner_revoked(app: &AppState, record: &TaskRecord) -> bool {
-    app.policy()
-        .is_some_and(|p| revocation_over(&p.effective.revocations, record).is_some())
+    record
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.reason == EndReason::Revocation)
+        || app
+            .policy()
+            .is_some_and(|p| revocation_over(&p.effective.revocations, record).is_some())
 }
 
 /// Whether a revocation in force now refuses `identity`'s token (one that was valid when its
