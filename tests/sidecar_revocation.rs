@@ -470,3 +470,56 @@ async fn work_that_finishes_after_a_revocation_keeps_no_result_for_the_revoked_o
         );
     }
 }
+
+/// After a revocation, the sidecar's reconciliation does not poll the revoked task on its
+/// owner's behalf: a fresh token over its quota (the revoked task holds its slot until the
+/// server confirms the cancellation) triggers no `tasks/get` for it but the outbox's.
+#[tokio::test]
+async fn a_revoked_task_is_not_reconciled_on_its_owners_behalf() {
+    let spec = "  tasks:\n    concurrency: {perPrincipal: 1}\n    minPollInterval: 10ms\n";
+    let (server, sidecar, client) = support::start_behind_sidecar(spec).await;
+    let alice = User::new("alice", "tenant-a", "console");
+    let now = jiff::Timestamp::now().as_second();
+    let old_token = with_iat(&alice, now - 60);
+    let created = client
+        .call_tool(
+            &old_token,
+            "write_rows",
+            json!({"count": 2000, "intervalMs": 25, "label": "held", "ignoreCancel": true}),
+        )
+        .await;
+    assert_eq!(created.result()["resultType"], "task", "{created:?}");
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    append(
+        &sidecar,
+        &revocation("alice-held", "alice", "sessionRevoked", revoked_before),
+    );
+    revocation_applied(&sidecar).await;
+
+    // Her fresh token is over quota: the cancelled-but-unconfirmed task holds the slot.
+    let fresh = alice.token();
+    let over = client
+        .call_tool(&fresh, "slow_compute", json!({"seconds": 60}))
+        .await;
+    assert_eq!(over.status, 429, "{over:?}");
+    let reasons: Vec<String> = server
+        .received()
+        .await
+        .iter()
+        .filter(|r| {
+            r.method() == Some("tasks/get")
+                && r.header("lifeguard-initiator").as_deref() == Some("sidecar")
+        })
+        .filter_map(|r| r.header("lifeguard-initiator-reason"))
+        .collect();
+    assert!(
+        reasons.iter().all(|r| r == "cancel_check"),
+        "only the cancellation's confirmation asked about the task: {reasons:?}"
+    );
+    assert!(
+        sidecar
+            .metric("lifeguard_anomalies_total{reason=\"revoked_owner_request_withheld\"}")
+            .await
+            >= 1.0
+    );
+}
