@@ -104,7 +104,10 @@ async fn requests_sent_without_an_id_are_refused_and_never_reach_the_server() {
         .iter()
         .map(|r| r.method().map(str::to_owned))
         .collect();
-    assert!(methods.is_empty(), "nothing reached the server: {methods:?}");
+    assert!(
+        methods.is_empty(),
+        "nothing reached the server: {methods:?}"
+    );
     assert!(server.rows_labelled("ghost").await.is_empty());
     assert_eq!(
         upstream_tasks(&server).await,
@@ -786,7 +789,10 @@ async fn a_listen_stream_is_cancelled_only_by_its_own_listener() {
     // The stream is alive: the next change still arrives.
     emit(&server, json!({"kind": "toolsListChanged"})).await;
     let frame = stream.next(WAIT).await.expect("still listening");
-    assert_eq!(frame["method"], "notifications/tools/list_changed", "{frame}");
+    assert_eq!(
+        frame["method"], "notifications/tools/list_changed",
+        "{frame}"
+    );
 
     send_cancellation(&client, &alice, json!("feed")).await;
     assert_eq!(
@@ -798,7 +804,10 @@ async fn a_listen_stream_is_cancelled_only_by_its_own_listener() {
         (active == Some(0)).then_some(())
     })
     .await;
-    assert!(ended.is_some(), "the listener's own cancellation ends the stream");
+    assert!(
+        ended.is_some(),
+        "the listener's own cancellation ends the stream"
+    );
 }
 
 async fn emit(server: &ExampleServer, body: Value) {

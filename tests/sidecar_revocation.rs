@@ -447,7 +447,8 @@ async fn work_that_finishes_after_a_revocation_keeps_no_result_for_the_revoked_o
         .unwrap()
         .iter()
         .filter(|r| {
-            r["taskId"] == upstream_id.as_str() && r["lifeguard"]["lifeguard-initiator"] == "sidecar"
+            r["taskId"] == upstream_id.as_str()
+                && r["lifeguard"]["lifeguard-initiator"] == "sidecar"
         })
         .map(|r| {
             (
@@ -464,7 +465,8 @@ async fn work_that_finishes_after_a_revocation_keeps_no_result_for_the_revoked_o
         assert!(
             matches!(
                 (method.as_str(), reason.as_str()),
-                ("tasks/cancel", "revocation" | "cancel_unconfirmed") | ("tasks/get", "cancel_check")
+                ("tasks/cancel", "revocation" | "cancel_unconfirmed")
+                    | ("tasks/get", "cancel_check")
             ),
             "{own:?}"
         );

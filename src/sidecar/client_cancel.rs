@@ -33,11 +33,7 @@ pub async fn cancelled(app: Arc<AppState>, ctx: RequestContext) -> Response {
     let event = ctx
         .audit("request.denied", Decision::Deny, reason)
         .detail("method", CANCELLED);
-    app.denials.log(
-        &app.audit,
-        event,
-        Some(&ctx.identity.owner),
-        Instant::now(),
-    );
+    app.denials
+        .log(&app.audit, event, Some(&ctx.identity.owner), Instant::now());
     respond::status(StatusCode::ACCEPTED)
 }
