@@ -370,3 +370,158 @@ async fn a_client_application_revocation_cancels_the_work_started_through_it_onl
     assert_eq!(applied["detail"]["client"], "console");
     client.cancel_task(&via_cli_token, &via_cli).await;
 }
+
+/// Work that finishes at the server after its owner was revoked (the server ignores the
+/// cancellation, and reports `completed` with a result) keeps nothing for the revoked owner:
+/// the task ends cancelled for the revocation, without its result, and only the cancellation
+/// and its confirmation went to the server on her behalf.
+#[tokio::test]
+async fn work_that_finishes_after_a_revocation_keeps_no_result_for_the_revoked_owner() {
+    let (server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
+    let alice = User::new("alice", "tenant-a", "console");
+    let now = jiff::Timestamp::now().as_second();
+    let old_token = with_iat(&alice, now - 60);
+    let created = client
+        .call_tool(
+            &old_token,
+            "write_rows",
+            json!({"count": 120, "intervalMs": 25, "label": "late", "ignoreCancel": true}),
+        )
+        .await;
+    let task = created.result()["taskId"].as_str().unwrap().to_owned();
+
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    append(
+        &sidecar,
+        &revocation("alice-late", "alice", "sessionRevoked", revoked_before),
+    );
+    let refused = support::eventually(Duration::from_secs(10), async || {
+        let r = client.get_task(&old_token, &task).await;
+        (r.status == 401).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "old token still accepted");
+    revocation_applied(&sidecar).await;
+    let upstream = server.debug("/_example/tasks").await[0].clone();
+    assert_eq!(
+        upstream["status"], "working",
+        "precondition: the revocation landed before the work ended: {upstream}"
+    );
+    let upstream_id = upstream["taskId"].as_str().unwrap().to_owned();
+
+    // The server ignores the cancellation and completes the work, result and all.
+    let completed = support::eventually(Duration::from_secs(20), async || {
+        let t = server.debug("/_example/tasks").await[0].clone();
+        (t["status"] == "completed").then_some(())
+    })
+    .await;
+    assert!(completed.is_some(), "the server finished the work");
+
+    // Alice, with a fresh token, reads the task: cancelled for the revocation, no result.
+    let fresh = alice.token();
+    let read = support::eventually(Duration::from_secs(10), async || {
+        let r = client.get_task(&fresh, &task).await;
+        (r.result()["status"] != "working").then_some(r)
+    })
+    .await
+    .expect("the task ends");
+    assert_eq!(read.result()["status"], "cancelled", "{read:?}");
+    let message = read.result()["statusMessage"].as_str().unwrap_or_default();
+    assert!(message.contains("revoked"), "{message}");
+    assert!(read.result().get("result").is_none(), "{read:?}");
+    let ended = sidecar
+        .audit_event(|e| {
+            e["event"].as_str().is_some_and(|n| n.starts_with("task."))
+                && e["detail"]["endReason"].is_string()
+        })
+        .await
+        .expect("the end is audited");
+    assert_eq!(ended["detail"]["endReason"], "revocation", "{ended}");
+    assert!(ended["detail"].get("result").is_none(), "{ended}");
+
+    // What the sidecar itself sent about the task: the cancellation and its confirmation only.
+    let own: Vec<(String, String)> = server
+        .debug("/_example/requests")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["taskId"] == upstream_id.as_str()
+                && r["lifeguard"]["lifeguard-initiator"] == "sidecar"
+        })
+        .map(|r| {
+            (
+                r["mcpMethod"].as_str().unwrap_or_default().to_owned(),
+                r["lifeguard"]["lifeguard-initiator-reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert!(!own.is_empty(), "the sidecar asked the server to stop");
+    for (method, reason) in &own {
+        assert!(
+            matches!(
+                (method.as_str(), reason.as_str()),
+                ("tasks/cancel", "revocation" | "cancel_unconfirmed")
+                    | ("tasks/get", "cancel_check")
+            ),
+            "{own:?}"
+        );
+    }
+}
+
+/// After a revocation, the sidecar's reconciliation does not poll the revoked task on its
+/// owner's behalf: a fresh token over its quota (the revoked task holds its slot until the
+/// server confirms the cancellation) triggers no `tasks/get` for it but the outbox's.
+#[tokio::test]
+async fn a_revoked_task_is_not_reconciled_on_its_owners_behalf() {
+    let spec = "  tasks:\n    concurrency: {perPrincipal: 1}\n    minPollInterval: 10ms\n";
+    let (server, sidecar, client) = support::start_behind_sidecar(spec).await;
+    let alice = User::new("alice", "tenant-a", "console");
+    let now = jiff::Timestamp::now().as_second();
+    let old_token = with_iat(&alice, now - 60);
+    let created = client
+        .call_tool(
+            &old_token,
+            "write_rows",
+            json!({"count": 2000, "intervalMs": 25, "label": "held", "ignoreCancel": true}),
+        )
+        .await;
+    assert_eq!(created.result()["resultType"], "task", "{created:?}");
+    let revoked_before = jiff::Timestamp::from_second(now - 10).unwrap();
+    append(
+        &sidecar,
+        &revocation("alice-held", "alice", "sessionRevoked", revoked_before),
+    );
+    revocation_applied(&sidecar).await;
+
+    // Her fresh token is over quota: the cancelled-but-unconfirmed task holds the slot.
+    let fresh = alice.token();
+    let over = client
+        .call_tool(&fresh, "slow_compute", json!({"seconds": 60}))
+        .await;
+    assert_eq!(over.status, 429, "{over:?}");
+    let reasons: Vec<String> = server
+        .received()
+        .await
+        .iter()
+        .filter(|r| {
+            r.method() == Some("tasks/get")
+                && r.header("lifeguard-initiator").as_deref() == Some("sidecar")
+        })
+        .filter_map(|r| r.header("lifeguard-initiator-reason"))
+        .collect();
+    assert!(
+        reasons.iter().all(|r| r == "cancel_check"),
+        "only the cancellation's confirmation asked about the task: {reasons:?}"
+    );
+    assert!(
+        sidecar
+            .metric("lifeguard_anomalies_total{reason=\"revoked_owner_request_withheld\"}")
+            .await
+            >= 1.0
+    );
+}

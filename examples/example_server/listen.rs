@@ -125,6 +125,8 @@ struct Listener {
     shutdown: watch::Receiver<bool>,
     pending: VecDeque<Value>,
     done: bool,
+    /// Ends the stream when a `notifications/cancelled` names the listen request.
+    cancelled: crate::cancels::Registered,
     _guard: ListenerGuard,
 }
 
@@ -198,7 +200,12 @@ impl Listener {
                     None => std::future::pending().await,
                 }
             };
+            let cancelled = self.cancelled.token.clone();
             tokio::select! {
+                () = cancelled.cancelled() => {
+                    self.done = true;
+                    return None;
+                }
                 received = self.rx.recv() => match received {
                     Ok(event) => {
                         if let Some(frame) = self.frame_for(event) {
@@ -251,6 +258,7 @@ pub fn listen(
         shutdown: state.shutdown.clone(),
         pending: VecDeque::new(),
         done: false,
+        cancelled: state.cancels.register(id),
         _guard: ListenerGuard::new(state.listeners.clone()),
     };
     let ack = listener

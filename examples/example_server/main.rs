@@ -11,6 +11,7 @@
 //!
 //! Run: `cargo run --example example_server -- --listen 127.0.0.1:3000`
 
+mod cancels;
 mod debug;
 mod inputs;
 mod jobs;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// The log level set with `logging/setLevel` (none: the server sends no log messages).
     pub log_level: Arc<std::sync::Mutex<Option<String>>>,
+    /// Requests `notifications/cancelled` can stop, by id.
+    pub cancels: Arc<cancels::Cancels>,
 }
 
 #[tokio::main]
@@ -83,6 +86,7 @@ async fn main() {
         listeners: Arc::new(AtomicUsize::new(0)),
         shutdown: shutdown_rx,
         log_level: Arc::default(),
+        cancels: Arc::default(),
     };
     let app = router(state);
 
@@ -152,6 +156,7 @@ fn router(state: AppState) -> Router {
         .route("/_example/tasks", get(debug::tasks))
         .route("/_example/listeners", get(debug::listeners))
         .route("/_example/emit", post(debug::emit))
+        .route("/_example/cancellations", get(cancels::cancellations))
         .route("/_example/rogue/requests", get(rogue::requests))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

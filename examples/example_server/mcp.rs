@@ -127,8 +127,11 @@ pub async fn post_mcp(
         );
     };
     let Some(id) = id else {
-        // A notification: nothing to answer. (This server has no use for any client
-        // notification in 2026-07-28.)
+        // A notification: nothing to answer. The one client notification of 2026-07-28 stops
+        // the requests in flight under the id it names.
+        if method == "notifications/cancelled" {
+            state.cancels.cancel(obj.get("params"), &headers);
+        }
         return StatusCode::ACCEPTED.into_response();
     };
     let params = obj.get("params");
@@ -348,7 +351,15 @@ async fn tools_call(
         task: None,
         progress: None,
     };
-    match jobs::run(&call, &job).await {
+    // A synchronous run stops when a `notifications/cancelled` names its id.
+    let registered = state.cancels.register(id);
+    let outcome = tokio::select! {
+        outcome = jobs::run(&call, &job) => outcome,
+        () = registered.token.cancelled() => {
+            return Err(RpcError::new(crate::cancels::REQUEST_CANCELLED, "Request cancelled"));
+        }
+    };
+    match outcome {
         Outcome::Done(result) => Ok(Reply::Result(result)),
         Outcome::Failed(error) => Err(rpc_error_from(&error)),
         Outcome::Cancelled => Err(RpcError::new(rpc::INTERNAL_ERROR, "Cancelled")),

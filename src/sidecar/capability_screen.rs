@@ -130,7 +130,7 @@ pub async fn screen_task_state(
         }
     }
     if !answers.is_empty() {
-        send_input_responses(&app.upstream, record, recipient.correlation_id, answers);
+        send_input_responses(app, record, recipient.correlation_id, answers);
     }
     Screening::Deliver
 }
@@ -226,6 +226,9 @@ pub async fn screen_request_inputs(
             .params()
             .and_then(|p| p.get("name"))
             .and_then(Value::as_str);
+        if super::task_state::identity_revoked(app, &ctx.identity) {
+            break; // revoked meanwhile: nothing more goes out on the caller's behalf
+        }
         super::delegate::attach(app, ctx, &mut headers, None, tool);
         message = match app.upstream.call(headers, &retry).await {
             Ok((_, answer)) => answer,

@@ -16,7 +16,7 @@ use crate::model::TaskId;
 
 use super::context::RequestContext;
 use super::state::AppState;
-use super::task_state::now_ms;
+use super::task_state::{identity_revoked, now_ms};
 
 /// The task a request is about, as an assertion names it.
 #[derive(Clone, Copy)]
@@ -59,6 +59,12 @@ pub fn attach(
     tool: Option<&str>,
 ) -> Option<i64> {
     if !delegates(ctx) {
+        return None;
+    }
+    if identity_revoked(app, &ctx.identity) {
+        // Revoked after this request was authenticated: no assertion is signed for it, and
+        // the server refuses the request as it would one without a token.
+        app.metrics.anomaly("revoked_owner_request_withheld");
         return None;
     }
     let sidecar = sidecar_name(ctx);
@@ -116,7 +122,7 @@ pub fn sidecar_name(ctx: &RequestContext) -> String {
 /// lease forward (at most ten writes per lease period) and, under delegation, extends the
 /// delegation to what this token allows, audited as `task.identity_refreshed`.
 pub async fn renew(app: &AppState, ctx: &RequestContext, record: &TaskRecord) {
-    if record.status.is_terminal() {
+    if record.status.is_terminal() || identity_revoked(app, &ctx.identity) {
         return;
     }
     let now = now_ms();

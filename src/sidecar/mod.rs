@@ -34,19 +34,20 @@
 //! | layer | modules |
 //! |---|---|
 //! | entry | `mod.rs` (`run`), `hop_server`, `pipeline` |
-//! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`) |
+//! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`), `client_cancel` |
 //! | background | `sweeper`, `revocation` |
 //! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state`, `delegate` (delegation assertions, identity lease), `logging_gate` (the deprecated logging surface) |
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
 //! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `minimize` (`tasks.results` applied to every server-supplied text), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;
 mod cancellation;
 mod capability;
 mod capability_screen;
+mod client_cancel;
 mod context;
 mod control_plane;
 mod decisions;
@@ -57,6 +58,7 @@ mod forward;
 mod home_memory;
 mod hop;
 mod hop_server;
+mod in_flight;
 mod listen;
 mod logging_gate;
 mod minimize;
@@ -428,6 +430,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
         reconciles: state::ReconcileClock::default(),
         denials: denials::DenialAudit::default(),
         streams: Arc::new(stream_registry::StreamRegistry::default()),
+        in_flight: Arc::default(),
         replica,
         shutdown: shutdown.clone(),
         upstream_timeout: config.upstream_timeout,

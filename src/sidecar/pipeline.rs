@@ -22,7 +22,7 @@ use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
 use super::revocation::revocation_of;
 use super::state::AppState;
-use super::{listen, logging_gate, relay, respond, tasks};
+use super::{client_cancel, in_flight, listen, logging_gate, relay, respond, tasks};
 
 fn method_label(method: &str) -> &'static str {
     use crate::mcp::methods::*;
@@ -178,6 +178,8 @@ pub async fn serve(
         body,
         arrival,
     };
+    // In flight until answered: only its caller may cancel it at the server.
+    let in_flight = app.in_flight.enter(&ctx.identity.owner, &ctx.id());
     let response = match ctx.facts.kind.clone() {
         RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
         RequestKind::TaskGet { task_id } => tasks::get(&app, &ctx, &task_id).await,
@@ -190,6 +192,9 @@ pub async fn serve(
                 Err(reason) => logging_gate::refuse_set_level(&app, &ctx, reason),
             }
         }
+        RequestKind::Other if ctx.request.method == client_cancel::CANCELLED => {
+            client_cancel::cancelled(app.clone(), ctx).await
+        }
         RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
     };
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
@@ -198,7 +203,7 @@ pub async fn serve(
         "deny"
     };
     app.metrics.request(method, decision);
-    response
+    in_flight::hold_until_answered(response, in_flight)
 }
 
 fn deny_metric(app: &AppState, reason: &'static str) {

@@ -11,34 +11,17 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{AuditEvent, Decision};
 use crate::identity::Identity;
 use crate::ledger::{PrincipalFilter, TaskRecord};
-use crate::model::Owner;
 use crate::policy::RevocationRule;
 
 use super::active_policy::ActivePolicy;
 use super::cancellation::{self, Requested};
 use super::context::new_correlation_id;
-use super::decisions::revocation;
+use super::decisions::{revocation, revokes_task, revokes_token};
 use super::policy_source::{RevocationCounts, RevocationProgress};
 use super::server_tasks::cancel_at_server;
 use super::state::{AppState, PolicyWatch};
 use super::stream_registry::CloseReason;
 use super::task_state::now_ms;
-
-fn issued(seconds: Option<i64>) -> Option<jiff::Timestamp> {
-    seconds.and_then(|s| jiff::Timestamp::from_second(s).ok())
-}
-
-/// Whether a revocation covers a principal's token issued at `issued_at` (Unix seconds).
-pub fn revokes_token(rule: &RevocationRule, owner: &Owner, issued_at: Option<i64>) -> bool {
-    rule.covers(&owner.issuer, &owner.subject, &owner.tenant, &owner.client)
-        && rule.refuses_token_issued_at(issued(issued_at))
-}
-
-/// Whether a task falls under a revocation: same principal (and tenant/client when the
-/// revocation names them), started by a token the revocation refuses.
-pub fn revokes_task(rule: &RevocationRule, record: &TaskRecord) -> bool {
-    revokes_token(rule, &record.owner, record.token_issued_at)
-}
 
 /// The revocation in force that refuses `identity`'s token, if any.
 pub fn revocation_of<'a>(
@@ -212,47 +195,5 @@ pub async fn cancel_if_revoked(app: &AppState, correlation: &str, record: &TaskR
             .find(|r| revokes_task(r, record))
     {
         cancel_for_revocation(app, &current, correlation, record, rule).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::RevocationReason;
-
-    fn owner(subject: &str) -> Owner {
-        Owner {
-            issuer: "https://idp".into(),
-            subject: subject.into(),
-            tenant: "t1".into(),
-            client: "c".into(),
-        }
-    }
-
-    fn rule(reason: RevocationReason) -> RevocationRule {
-        RevocationRule {
-            name: "r".into(),
-            issuer: "https://idp".into(),
-            subject: Some("alice".into()),
-            tenant: None,
-            client: None,
-            revoked_before: jiff::Timestamp::from_second(1_000).unwrap(),
-            reason,
-        }
-    }
-
-    #[test]
-    fn session_revocations_refuse_older_tokens_of_that_principal_only() {
-        let r = rule(RevocationReason::SessionRevoked);
-        assert!(revokes_token(&r, &owner("alice"), Some(999)));
-        assert!(!revokes_token(&r, &owner("alice"), Some(1_001)));
-        assert!(!revokes_token(&r, &owner("bob"), Some(999)));
-    }
-
-    #[test]
-    fn account_revocations_refuse_every_token() {
-        let r = rule(RevocationReason::AccountDisabled);
-        assert!(revokes_token(&r, &owner("alice"), Some(5_000)));
-        assert!(revokes_token(&r, &owner("alice"), None));
     }
 }

@@ -14,7 +14,9 @@ use super::context::sidecar_request_id;
 use super::decisions::{Report, TaskReply, interpret_task_reply};
 use super::forward::{set_mcp_headers, sidecar_request_headers};
 use super::state::AppState;
-use super::task_state::{end_for_server_report, observe_if_changed, settle_terminal};
+use super::task_state::{
+    end_for_server_report, observe_if_changed, owner_revoked, settle_terminal,
+};
 use super::upstream::Upstream;
 
 /// The owner of a task as an identity for requests the sidecar makes about it.
@@ -66,7 +68,9 @@ pub async fn ask_state(
 
 /// Asks the server for the task's state and records what it learns: a terminal state ends the
 /// task in the ledger (confirming a pending cancellation), a forgotten task ends. Returns the
-/// record as it stands afterwards, or `None` when the server could not be asked.
+/// record as it stands afterwards, or `None` when the server could not be asked. A task whose
+/// owner is revoked is not asked about: only its cancellation and the cancellation's
+/// confirmation (the outbox's) go out on the owner's behalf.
 pub async fn refresh_from_upstream(
     app: &AppState,
     policy: &ActivePolicy,
@@ -74,6 +78,10 @@ pub async fn refresh_from_upstream(
     record: &TaskRecord,
     reason: &str,
 ) -> Option<TaskRecord> {
+    if owner_revoked(app, record) {
+        app.metrics.anomaly("revoked_owner_request_withheld");
+        return None;
+    }
     let reply = ask_state(app, correlation_id, record, reason).await?;
     let state = match interpret_task_reply(&reply) {
         TaskReply::Lost => {
@@ -144,13 +152,18 @@ pub fn cancel_orphan(
 }
 
 /// Sends the server, in the background, `responses` to input requests of `record` (the
-/// declines of refused capability requests), so the task moves on instead of waiting.
+/// declines of refused capability requests), so the task moves on instead of waiting. Nothing
+/// is sent for a task whose owner is revoked: it is being cancelled.
 pub fn send_input_responses(
-    upstream: &Upstream,
+    app: &AppState,
     record: &TaskRecord,
     correlation_id: &str,
     responses: Map<String, Value>,
 ) {
+    if owner_revoked(app, record) {
+        app.metrics.anomaly("revoked_owner_request_withheld");
+        return;
+    }
     let (headers, mut message) = task_request(
         methods::TASKS_UPDATE,
         &owner_identity(record),
@@ -159,7 +172,7 @@ pub fn send_input_responses(
         "capability_declined",
     );
     set_input_responses(&mut message, responses, None);
-    let upstream = upstream.clone();
+    let upstream = app.upstream.clone();
     tokio::spawn(async move {
         if let Err(e) = upstream.call(headers, &message).await {
             tracing::warn!(error = %e, "sending a capability decline to the server failed");

@@ -47,6 +47,8 @@ pub struct AppState {
     pub denials: super::denials::DenialAudit,
     /// Open listen streams.
     pub streams: Arc<StreamRegistry>,
+    /// Client requests in flight to this replica's server (who may cancel which).
+    pub in_flight: Arc<super::in_flight::InFlight>,
     /// This sidecar as a replica of its server (home of its tasks, internal hop, sweep lease).
     pub replica: super::replica::Replica,
     /// Fires when the sidecar shuts down (listen streams end gracefully).

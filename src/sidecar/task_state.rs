@@ -11,13 +11,38 @@ use crate::telemetry::metrics::TerminalLabels;
 
 use super::active_policy::ActivePolicy;
 use super::decisions::{
-    Minimized, Report, end_for_report, lifecycle_event, may_confirm_unseen_intent,
+    Minimized, Report, end_after_revocation, end_for_report, lifecycle_event,
+    may_confirm_unseen_intent, revocation_over, revokes_token,
 };
 use super::state::AppState;
 
 /// The sidecar's clock: Unix milliseconds.
 pub fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
+}
+
+/// Whether `record`'s owner is revoked: the task carries a revocation's cancel, or a
+/// revocation in force now covers it (its owner, and the token that started it). Once it is,
+/// only the cancellation and its confirmation go to the server on the owner's behalf.
+pub fn owner_revoked(app: &AppState, record: &TaskRecord) -> bool {
+    record
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.reason == EndReason::Revocation)
+        || app
+            .policy()
+            .is_some_and(|p| revocation_over(&p.effective.revocations, record).is_some())
+}
+
+/// Whether a revocation in force now refuses `identity`'s token (one that was valid when its
+/// request was authenticated, and revoked while the request was under way).
+pub fn identity_revoked(app: &AppState, identity: &crate::identity::Identity) -> bool {
+    app.policy().is_some_and(|p| {
+        p.effective
+            .revocations
+            .iter()
+            .any(|r| revokes_token(r, &identity.owner, identity.issued_at))
+    })
 }
 
 /// A terminal transition as recorded.
@@ -90,6 +115,20 @@ pub async fn settle_terminal_as(
     finish: Finish,
     event: &'static str,
 ) -> Option<Settled> {
+    // A server's report that lands after the owner was revoked keeps nothing for the owner
+    // (the policy in force now, not the one the caller started with, decides).
+    let current = app.policy();
+    let covering = current
+        .as_deref()
+        .and_then(|p| revocation_over(&p.effective.revocations, record));
+    let reported = finish.ending.reason;
+    let finish = end_after_revocation(record, covering, finish, now_ms());
+    let event = if finish.ending.reason == reported {
+        event
+    } else {
+        // The server's report became the revocation's end: audited as that end.
+        lifecycle_event(finish.status, finish.ending.reason)
+    };
     let (finish, minimized) = minimize_result(policy, finish);
     let status = finish.status;
     let reason = finish.ending.reason;

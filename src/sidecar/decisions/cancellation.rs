@@ -31,7 +31,7 @@ pub fn intent_for(end: &Finish, requested_at: i64, give_up_at: i64) -> CancelInt
 }
 
 /// The end the intent asked for.
-fn intended_end(intent: &CancelIntent, now_ms: i64, suffix: &str) -> Finish {
+pub(super) fn intended_end(intent: &CancelIntent, now_ms: i64, suffix: &str) -> Finish {
     let message = intent
         .pending_message
         .strip_suffix(AWAITING_CONFIRMATION)

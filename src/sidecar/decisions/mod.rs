@@ -9,6 +9,7 @@ mod endings;
 mod reads;
 mod replies;
 mod results;
+mod revoked;
 
 pub use access::{Access, Operation, authorize, holds_scopes, missing_scopes};
 pub use cancellation::{
@@ -25,6 +26,7 @@ pub use replies::{
     interpret_task_reply, judge_json_answer,
 };
 pub use results::{Minimized, ResultMinimizer};
+pub use revoked::{end_after_revocation, revocation_over, revokes_task, revokes_token};
 
 /// A working task of `owner` for unit tests (created at 0, 60 s retention, 30 s deadline);
 /// tests change the fields they are about with struct update syntax.

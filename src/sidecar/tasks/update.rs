@@ -18,6 +18,7 @@ use super::super::error::Error;
 use super::super::forward::set_mcp_headers;
 use super::super::respond;
 use super::super::state::AppState;
+use super::super::task_state::{identity_revoked, owner_revoked};
 use super::{authorized_task, forwarded_task_message};
 
 /// `tasks/update`.
@@ -26,9 +27,15 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         Ok(r) => r,
         Err(response) => return response,
     };
-    if record.status.is_terminal() {
+    if record.status.is_terminal() || owner_revoked(app, &record) {
+        // A task being cancelled for a revocation takes no more input on its owner's behalf.
+        let why = if record.status.is_terminal() {
+            "terminal_ignored"
+        } else {
+            "revoked_ignored"
+        };
         app.audit.log(
-            ctx.audit("task.updated", Decision::Allow, "terminal_ignored")
+            ctx.audit("task.updated", Decision::Allow, why)
                 .tool(&record.tool)
                 .for_task(&app.hasher, &record.id, &record.correlation_id),
         );
@@ -70,6 +77,13 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
     );
     if kept.is_empty() {
         return respond::rpc_result(&ctx.id(), empty_ack());
+    }
+    if identity_revoked(app, &ctx.identity) {
+        // Revoked while the server was asked what is outstanding: nothing more goes out.
+        return respond::unauthorized(
+            &ctx.policy.resource_metadata_url,
+            &crate::identity::AuthError::Revoked,
+        );
     }
     let (headers, mut message) = forwarded_task_message(app, ctx, &record);
     set_input_responses(&mut message, kept, None);
