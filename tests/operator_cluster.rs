@@ -677,7 +677,7 @@ async fn a_set_reusing_a_jti_for_another_subject_is_refused_not_silently_dropped
 
     let check_refused = async |cluster: &Cluster| {
         let reused = push_set(
-            &cluster,
+            cluster,
             event_set(TRANSMITTER, "jti-reused", "bob", SESSION_REVOKED),
         )
         .await;
