@@ -714,18 +714,21 @@ async fn a_transmitter_is_rate_limited_and_bounded_in_the_revocations_it_creates
     assert_eq!(push_set(&cluster, enable).await.status(), 202);
 
     // The second transmitter may keep two revocations; the third waits until one is deleted.
-    let bounded = |i: usize| {
-        event_set(
-            SECOND_TRANSMITTER,
-            &format!("max-{i}"),
-            &format!("max-{i}"),
-            ACCOUNT_DISABLED,
-        )
-    };
-    for i in 0..2 {
-        assert_eq!(push_set(&cluster, bounded(i)).await.status(), 202);
+    // Signed once each: a redelivery is the same SET.
+    let bounded: Vec<String> = (0..3)
+        .map(|i| {
+            event_set(
+                SECOND_TRANSMITTER,
+                &format!("max-{i}"),
+                &format!("max-{i}"),
+                ACCOUNT_DISABLED,
+            )
+        })
+        .collect();
+    for set in &bounded[..2] {
+        assert_eq!(push_set(&cluster, set.clone()).await.status(), 202);
     }
-    let over = push_set(&cluster, bounded(2)).await;
+    let over = push_set(&cluster, bounded[2].clone()).await;
     assert_eq!(over.status(), 429, "{}", cluster.operator.logs());
     assert!(over.headers().contains_key("retry-after"));
     let answer: Value = over.json().await.unwrap();
@@ -744,7 +747,7 @@ async fn a_transmitter_is_rate_limited_and_bounded_in_the_revocations_it_creates
     assert_eq!(counted, Some(1.0));
     assert!(cluster.operator.logs().contains("maxRevocations"));
     // A redelivery of an accepted SET is still answered 202 at the limit.
-    assert_eq!(push_set(&cluster, bounded(0)).await.status(), 202);
+    assert_eq!(push_set(&cluster, bounded[0].clone()).await.status(), 202);
 
     // A person deletes one of them: the waiting SET is recorded on redelivery.
     let list = cluster
@@ -771,7 +774,7 @@ async fn a_transmitter_is_rate_limited_and_bounded_in_the_revocations_it_creates
         .await;
     assert_eq!(deleted.status, 200, "{:?}", deleted.body);
     assert_eq!(
-        push_set(&cluster, bounded(2)).await.status(),
+        push_set(&cluster, bounded[2].clone()).await.status(),
         202,
         "{}",
         cluster.operator.logs()
