@@ -12,10 +12,12 @@ use serde_json::{Value, json};
 use support::User;
 use support::cluster::{APP, Cluster, NS, SetSigner, policy};
 use support::eventually;
+use support::ssf::{
+    ACCOUNT_DISABLED, ACCOUNT_ENABLED, AUDIENCE, SECOND_TRANSMITTER, TRANSMITTER, event_set,
+    push_set, revocation_names, two_push_transmitters,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
-const TRANSMITTER: &str = "https://ssf.idp.test";
-const AUDIENCE: &str = "https://lifeguard.test/ssf";
 const SESSION_REVOKED: &str = "https://schemas.openid.net/secevent/caep/event-type/session-revoked";
 
 fn alice() -> User {
@@ -506,4 +508,276 @@ async fn sidecars_keep_enforcing_while_the_operator_is_killed_and_resync_when_it
                 && o["status"]["observedGeneration"] == o["metadata"]["generation"]
         })
         .await;
+}
+
+/// Waits until `user`'s fresh token gets `status` from the first sidecar.
+async fn fresh_token_answers(cluster: &Cluster, user: &User, status: u16) {
+    let member = &cluster.members[0];
+    let seen = eventually(WAIT, async || {
+        let r = member
+            .client
+            .call_tool(&user.token(), "write_rows", json!({"count": 1}))
+            .await;
+        (r.status == status).then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "{}'s fresh token never got {status}:\n{}",
+        user.subject,
+        member.sidecar.logs()
+    );
+}
+
+/// Issue 28, item 1: a revocation is lifted only by the transmitter whose event created it
+/// (and only when that transmitter has `liftRevocations`), never by a second transmitter and
+/// never by any event when a person wrote it, even with a forged security-event source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_transmitter_that_disabled_an_account_can_enable_it_and_no_event_lifts_a_persons_block()
+ {
+    let config = two_push_transmitters(&["liftRevocations: true"], &["liftRevocations: true"]);
+    let cluster = Cluster::start(1, Some(&config)).await;
+    cluster
+        .emulator
+        .apply_yaml(&policy(&cluster.jwks.url, "write_rows"))
+        .await;
+    cluster.all_ready_with("ready: policy").await;
+
+    // The first transmitter disables alice: every token of hers is refused.
+    let disabled = push_set(
+        &cluster,
+        event_set(TRANSMITTER, "d-1", "alice", ACCOUNT_DISABLED),
+    )
+    .await;
+    assert_eq!(disabled.status(), 202, "{}", cluster.operator.logs());
+    let names = revocation_names(&cluster).await;
+    assert_eq!(names.len(), 1, "{names:?}");
+    fresh_token_answers(&cluster, &alice(), 401).await;
+
+    // The second transmitter (trusted, signing correctly) enables her: nothing is lifted.
+    // 202 is answered only after the sink ran, so the object's presence now is the outcome.
+    let enabled = push_set(
+        &cluster,
+        event_set(SECOND_TRANSMITTER, "e-1", "alice", ACCOUNT_ENABLED),
+    )
+    .await;
+    assert_eq!(enabled.status(), 202, "{}", cluster.operator.logs());
+    assert_eq!(
+        revocation_names(&cluster).await,
+        names,
+        "another transmitter lifted the block"
+    );
+    fresh_token_answers(&cluster, &alice(), 401).await;
+
+    // A person's block of bob, written with a forged security-event source and label naming
+    // the first transmitter: that transmitter's account-enabled does not lift it.
+    cluster
+        .emulator
+        .apply_yaml(&format!(
+            "apiVersion: lifeguard.dev/v1alpha1\nkind: PrincipalRevocation\nmetadata:\n  name: bob-blocked\n  labels: {{lifeguard.dev/source: security-event}}\nspec:\n  issuer: {}\n  subject: bob\n  revokedBefore: \"2026-01-01T00:00:00Z\"\n  reason: accountDisabled\n  source: {{kind: securityEvent, issuer: \"{TRANSMITTER}\", jti: d-1, eventType: \"{ACCOUNT_DISABLED}\"}}\n",
+            support::ISSUER
+        ))
+        .await;
+    let bob_enabled = push_set(
+        &cluster,
+        event_set(TRANSMITTER, "e-2", "bob", ACCOUNT_ENABLED),
+    )
+    .await;
+    assert_eq!(bob_enabled.status(), 202, "{}", cluster.operator.logs());
+    assert!(
+        revocation_names(&cluster)
+            .await
+            .contains(&"bob-blocked".to_owned()),
+        "an event lifted a person's block"
+    );
+
+    // The transmitter that disabled alice enables her: the block is lifted, tokens work again.
+    let lifted = push_set(
+        &cluster,
+        event_set(TRANSMITTER, "e-3", "alice", ACCOUNT_ENABLED),
+    )
+    .await;
+    assert_eq!(lifted.status(), 202, "{}", cluster.operator.logs());
+    assert_eq!(
+        revocation_names(&cluster).await,
+        vec!["bob-blocked".to_owned()]
+    );
+    fresh_token_answers(&cluster, &alice(), 200).await;
+}
+
+/// Issue 28, item 9: a SET reusing an accepted SET's `jti` for another subject is refused with
+/// `invalid_request` (it used to get 202 and do nothing), also after an operator restart
+/// forgot the accepted ids; the first event's revocation stays and a redelivery still gets 202.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_reusing_a_jti_for_another_subject_is_refused_not_silently_dropped() {
+    let mut cluster = Cluster::start(1, Some(&two_push_transmitters(&[], &[]))).await;
+    let first = event_set(TRANSMITTER, "jti-reused", "alice", SESSION_REVOKED);
+    assert_eq!(push_set(&cluster, first.clone()).await.status(), 202);
+    let names = revocation_names(&cluster).await;
+    assert_eq!(names.len(), 1);
+
+    let check_refused = async |cluster: &Cluster| {
+        let reused = push_set(
+            cluster,
+            event_set(TRANSMITTER, "jti-reused", "bob", SESSION_REVOKED),
+        )
+        .await;
+        assert_eq!(reused.status(), 400, "{}", cluster.operator.logs());
+        let answer: Value = reused.json().await.unwrap();
+        assert_eq!(answer["err"], "invalid_request", "{answer}");
+        assert!(
+            answer["description"].as_str().unwrap().contains("jti"),
+            "{answer}"
+        );
+    };
+    check_refused(&cluster).await;
+    // The same jti at another transmitter is another SET.
+    let elsewhere = event_set(SECOND_TRANSMITTER, "jti-reused", "bob", SESSION_REVOKED);
+    assert_eq!(push_set(&cluster, elsewhere).await.status(), 202);
+    assert_eq!(revocation_names(&cluster).await.len(), 2);
+
+    // A restarted operator remembers nothing; the stored object proves the reuse.
+    cluster.operator.restart().await;
+    check_refused(&cluster).await;
+    assert_eq!(
+        push_set(&cluster, first).await.status(),
+        202,
+        "a redelivery"
+    );
+    let after = cluster
+        .get("/apis/lifeguard.dev/v1alpha1/principalrevocations")
+        .await
+        .unwrap();
+    let subjects: Vec<&str> = after["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["spec"]["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects.len(), 2, "{after}");
+    assert_eq!(
+        after["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["metadata"]["name"] == names[0].as_str())
+            .unwrap()["spec"]["subject"],
+        "alice"
+    );
+}
+
+/// Issue 28, item 14: a transmitter creating revocations in a burst is throttled (429 with
+/// Retry-After, nothing recorded, so it delivers again), and the revocations its events may
+/// keep are bounded by `maxRevocations` (429, a metric, a log) until some are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transmitter_is_rate_limited_and_bounded_in_the_revocations_it_creates() {
+    let config = two_push_transmitters(
+        &["revocationBurst: 3", "revocationsPerMinute: 1"],
+        &["maxRevocations: 2"],
+    );
+    let cluster = Cluster::start(1, Some(&config)).await;
+
+    // The burst passes, the next revocation waits.
+    for i in 0..3 {
+        let set = event_set(
+            TRANSMITTER,
+            &format!("burst-{i}"),
+            &format!("user-{i}"),
+            SESSION_REVOKED,
+        );
+        assert_eq!(
+            push_set(&cluster, set).await.status(),
+            202,
+            "{}",
+            cluster.operator.logs()
+        );
+    }
+    let throttled = push_set(
+        &cluster,
+        event_set(TRANSMITTER, "burst-3", "user-3", SESSION_REVOKED),
+    )
+    .await;
+    assert_eq!(throttled.status(), 429, "{}", cluster.operator.logs());
+    let retry_after: u64 = throttled.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    assert_eq!(
+        revocation_names(&cluster).await.len(),
+        3,
+        "a throttled SET records nothing"
+    );
+    // A non-revoking SET is not throttled.
+    let enable = event_set(TRANSMITTER, "enable-1", "user-0", ACCOUNT_ENABLED);
+    assert_eq!(push_set(&cluster, enable).await.status(), 202);
+
+    // The second transmitter may keep two revocations; the third waits until one is deleted.
+    // Signed once each: a redelivery is the same SET.
+    let bounded: Vec<String> = (0..3)
+        .map(|i| {
+            event_set(
+                SECOND_TRANSMITTER,
+                &format!("max-{i}"),
+                &format!("max-{i}"),
+                ACCOUNT_DISABLED,
+            )
+        })
+        .collect();
+    for set in &bounded[..2] {
+        assert_eq!(push_set(&cluster, set.clone()).await.status(), 202);
+    }
+    let over = push_set(&cluster, bounded[2].clone()).await;
+    assert_eq!(over.status(), 429, "{}", cluster.operator.logs());
+    assert!(over.headers().contains_key("retry-after"));
+    let answer: Value = over.json().await.unwrap();
+    assert!(
+        answer["description"]
+            .as_str()
+            .unwrap()
+            .contains("maxRevocations"),
+        "{answer}"
+    );
+    assert_eq!(revocation_names(&cluster).await.len(), 5);
+    let counted = cluster
+        .operator
+        .metric("lifeguard_operator_ssf_sets_received_total{delivery=\"push\",result=\"deferred\",err=\"revocation_limit\"}")
+        .await;
+    assert_eq!(counted, Some(1.0));
+    assert!(cluster.operator.logs().contains("maxRevocations"));
+    // A redelivery of an accepted SET is still answered 202 at the limit.
+    assert_eq!(push_set(&cluster, bounded[0].clone()).await.status(), 202);
+
+    // A person deletes one of them: the waiting SET is recorded on redelivery.
+    let list = cluster
+        .get("/apis/lifeguard.dev/v1alpha1/principalrevocations")
+        .await
+        .unwrap();
+    let victim = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["spec"]["source"]["issuer"] == SECOND_TRANSMITTER)
+        .unwrap()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deleted = cluster
+        .emulator
+        .send(
+            http::Method::DELETE,
+            &revocation_path(&victim),
+            "application/json",
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.body);
+    assert_eq!(
+        push_set(&cluster, bounded[2].clone()).await.status(),
+        202,
+        "{}",
+        cluster.operator.logs()
+    );
+    assert_eq!(revocation_names(&cluster).await.len(), 5);
 }

@@ -2,6 +2,8 @@
 //! (and lifted) through the API server, and transmitter credentials are read from Secrets in
 //! the operator's namespace.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -9,7 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::{PrincipalRevocation, RevocationReason};
 
-use super::ssf::events::{SOURCE_LABEL, SOURCE_LABEL_VALUE};
+use super::ssf::events::{SOURCE_LABEL, SOURCE_LABEL_VALUE, created_by, same_event};
 use super::ssf::{
     RevocationAction, RevocationSink, SecretError, SecretKeyRef, SecretReader, SinkError,
     VerifiedSet,
@@ -31,34 +33,26 @@ impl RevocationSink for KubeRevocationSink {
         let api: Api<PrincipalRevocation> = Api::all(self.client.clone());
         for action in actions {
             match action {
-                RevocationAction::Create(revocation) => {
-                    match api.create(&PostParams::default(), revocation).await {
-                        Ok(_) => tracing::info!(
-                            revocation = revocation.metadata.name.as_deref().unwrap_or(""),
-                            issuer = %set.issuer,
-                            "security event recorded as a PrincipalRevocation"
-                        ),
-                        // The name is derived from (iss, jti): an earlier delivery did it.
-                        Err(kube::Error::Api(e)) if e.code == 409 => {}
-                        Err(e) => return Err(SinkError(e.to_string())),
-                    }
-                }
+                RevocationAction::Create(revocation) => create(&api, set, revocation).await?,
                 RevocationAction::RemoveAccountDisabled {
                     issuer,
                     subject,
                     enabled_at,
+                    transmitter,
                 } => {
                     // Label selectors are not relied on (some API servers in tests lack them):
-                    // list and filter here.
+                    // list and filter here. Only this transmitter's own revocations, proven by
+                    // their names (`created_by`), never a person's or another transmitter's.
                     let all = api
                         .list(&ListParams::default())
                         .await
-                        .map_err(|e| SinkError(e.to_string()))?;
+                        .map_err(unavailable)?;
                     for r in all.items.iter().filter(|r| {
                         r.spec.reason == RevocationReason::AccountDisabled
                             && r.spec.issuer == *issuer
                             && r.spec.subject.as_ref() == Some(subject)
                             && r.spec.revoked_before.0 <= enabled_at.0
+                            && created_by(r) == Some(transmitter.as_str())
                             && r.metadata
                                 .labels
                                 .as_ref()
@@ -68,16 +62,64 @@ impl RevocationSink for KubeRevocationSink {
                         let name = r.metadata.name.clone().unwrap_or_default();
                         match api.delete(&name, &DeleteParams::default()).await {
                             Ok(_) => {
-                                tracing::info!(revocation = %name, "account enabled: revocation lifted")
+                                tracing::info!(revocation = %name, %transmitter, "account enabled: revocation lifted")
                             }
                             Err(kube::Error::Api(e)) if e.code == 404 => {}
-                            Err(e) => return Err(SinkError(e.to_string())),
+                            Err(e) => return Err(unavailable(e)),
                         }
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    async fn created_by(&self, transmitter: &str) -> Result<HashSet<String>, SinkError> {
+        let api: Api<PrincipalRevocation> = Api::all(self.client.clone());
+        let all = api
+            .list(&ListParams::default())
+            .await
+            .map_err(unavailable)?;
+        Ok(all
+            .items
+            .iter()
+            .filter(|r| created_by(r) == Some(transmitter))
+            .filter_map(|r| r.metadata.name.clone())
+            .collect())
+    }
+}
+
+fn unavailable(error: kube::Error) -> SinkError {
+    SinkError::Unavailable(error.to_string())
+}
+
+/// Creates one revocation. An object of the same name that records the same event means an
+/// earlier delivery did it; one that records another event means the `jti` was reused.
+async fn create(
+    api: &Api<PrincipalRevocation>,
+    set: &VerifiedSet,
+    revocation: &PrincipalRevocation,
+) -> Result<(), SinkError> {
+    let name = revocation.metadata.name.as_deref().unwrap_or("");
+    match api.create(&PostParams::default(), revocation).await {
+        Ok(_) => {
+            tracing::info!(revocation = name, issuer = %set.issuer, "security event recorded as a PrincipalRevocation");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            // Deleted meanwhile: nothing to compare; the earlier delivery did its work.
+            let Some(existing) = api.get_opt(name).await.map_err(unavailable)? else {
+                return Ok(());
+            };
+            if same_event(&existing, revocation) {
+                Ok(())
+            } else {
+                Err(SinkError::Conflict(format!(
+                    "PrincipalRevocation {name} exists and records a different event"
+                )))
+            }
+        }
+        Err(e) => Err(unavailable(e)),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod process;
 pub mod python;
 pub mod replicas;
 pub mod rogue;
+pub mod ssf;
 pub mod test_webhook;
 pub mod webhook;
 

@@ -35,6 +35,15 @@ pub const MIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest `pollInterval` accepted: revocations must not wait longer than this to arrive.
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// Default of `revocationBurst`: revocations a transmitter may create at once.
+pub const DEFAULT_REVOCATION_BURST: u32 = 50;
+/// Default of `revocationsPerMinute`: the sustained rate after a burst.
+pub const DEFAULT_REVOCATIONS_PER_MINUTE: u32 = 300;
+/// Default of `maxRevocations`: event-created revocations of one transmitter that may exist.
+pub const DEFAULT_MAX_REVOCATIONS: u32 = 1000;
+/// Largest `maxRevocations` accepted: every revocation is in every sidecar's snapshot.
+pub const MAX_MAX_REVOCATIONS: u32 = 100_000;
+
 /// `securityEvents`: the SSF/CAEP/RISC receiver of the operator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -87,9 +96,46 @@ pub struct TransmitterConfig {
     /// Bearer token Lifeguard presents when polling (poll only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_authorization: Option<SecretKeyRef>,
+    /// Whether this transmitter's RISC `account-enabled` events lift the `accountDisabled`
+    /// revocations this same transmitter's events created. Default `false`: only people lift a
+    /// revocation (by deleting it); the event is accepted, logged and does nothing. Never
+    /// lifts another transmitter's or a person's revocation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lift_revocations: bool,
+    /// Revocations this transmitter may create at once (default 50); see
+    /// `revocationsPerMinute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_burst: Option<u32>,
+    /// Revocations this transmitter may create per minute after a burst (default 300). A SET
+    /// over the limit is not recorded now: a push is answered `429` with `Retry-After`, a
+    /// polled SET stays unacknowledged and is fetched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocations_per_minute: Option<u32>,
+    /// Event-created revocations of this transmitter that may exist at once (default 1000),
+    /// which bounds what its events add to every sidecar's snapshot. A SET that would exceed it
+    /// is deferred (`429`, or left unacknowledged) and logged until revocations expire or are
+    /// deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_revocations: Option<u32>,
 }
 
 impl TransmitterConfig {
+    /// `revocationBurst`, or its default.
+    pub fn revocation_burst(&self) -> u32 {
+        self.revocation_burst.unwrap_or(DEFAULT_REVOCATION_BURST)
+    }
+
+    /// `revocationsPerMinute`, or its default.
+    pub fn revocations_per_minute(&self) -> u32 {
+        self.revocations_per_minute
+            .unwrap_or(DEFAULT_REVOCATIONS_PER_MINUTE)
+    }
+
+    /// `maxRevocations`, or its default.
+    pub fn max_revocations(&self) -> u32 {
+        self.max_revocations.unwrap_or(DEFAULT_MAX_REVOCATIONS)
+    }
+
     /// `pollInterval`, or its default.
     pub fn poll_interval(&self) -> Duration {
         self.poll_interval
@@ -160,6 +206,7 @@ impl SecurityEventsConfig {
             }
             transmitter.validate_keys(&at)?;
             transmitter.validate_delivery(&at)?;
+            transmitter.validate_limits(&at)?;
         }
         Ok(())
     }
@@ -226,6 +273,24 @@ impl TransmitterConfig {
     }
 }
 
+impl TransmitterConfig {
+    fn validate_limits(&self, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let limits = [
+            ("revocationBurst", self.revocation_burst, 10_000),
+            ("revocationsPerMinute", self.revocations_per_minute, 60_000),
+            ("maxRevocations", self.max_revocations, MAX_MAX_REVOCATIONS),
+        ];
+        for (key, value, most) in limits {
+            if let Some(value) = value
+                && !(1..=most).contains(&value)
+            {
+                return Err(invalid(at(key), format!("must be between 1 and {most}")));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn check_secret_ref(secret: &SecretKeyRef) -> Result<(), String> {
     if secret.secret_name.is_empty() || secret.secret_name.len() > 253 {
         return Err("secretName must have 1 to 253 characters".into());
@@ -285,6 +350,11 @@ transmitters:
         assert_eq!(config.revocation_ttl.get(), DEFAULT_REVOCATION_TTL);
         let t = &config.transmitters[0];
         assert_eq!(t.delivery, Delivery::Push);
+        // Safe defaults: events never lift revocations; creation is rate-limited and bounded.
+        assert!(!t.lift_revocations);
+        assert_eq!(t.revocation_burst(), DEFAULT_REVOCATION_BURST);
+        assert_eq!(t.revocations_per_minute(), DEFAULT_REVOCATIONS_PER_MINUTE);
+        assert_eq!(t.max_revocations(), DEFAULT_MAX_REVOCATIONS);
         assert_eq!(
             t.push_authorization,
             Some(SecretKeyRef {
@@ -371,6 +441,17 @@ transmitters:
             (
                 PUSH.replace("    jwksUri: https://idp.example.com/jwks\n", ""),
                 "transmitters[0].jwksUri: one of jwksUri or jwks is required",
+            ),
+            (
+                PUSH.replace("delivery: push", "delivery: push\n    revocationBurst: 0"),
+                "transmitters[0].revocationBurst: must be between 1 and 10000",
+            ),
+            (
+                PUSH.replace(
+                    "delivery: push",
+                    "delivery: push\n    maxRevocations: 100001",
+                ),
+                "transmitters[0].maxRevocations: must be between 1 and 100000",
             ),
             (
                 PUSH.replace(

@@ -34,7 +34,20 @@
 //!   events), so a redelivered SET maps to the same object and creates nothing new.
 //! - **`account-enabled`** removes only revocations older than the enabling event
 //!   ([`RevocationAction::RemoveAccountDisabled::enabled_at`]), so an enable delivered late
-//!   cannot lift a newer disable.
+//!   cannot lift a newer disable, and only those the same transmitter's events created
+//!   ([`created_by`]): one transmitter never undoes another's event, and no event undoes a
+//!   person's revocation. Whether a transmitter may lift at all is its `liftRevocations`
+//!   setting (default: no, only people lift); the receiver drops the action otherwise.
+//!
+//! # Which transmitter created a revocation
+//!
+//! Anyone allowed to write PrincipalRevocations can set `spec.source` and the
+//! [`SOURCE_LABEL`] label to anything, so neither alone proves who created an object. The
+//! operator believes `spec.source.issuer` only when the object's **name** is the one this
+//! module derives from that issuer and `spec.source.jti` ([`object_name`]). Names are
+//! immutable, so the mark cannot be moved onto someone else's revocation: editing the source of
+//! a transmitter's or a person's revocation makes it match no transmitter. Whoever can create
+//! revocations can create one under such a name, but lifting it only undoes their own write.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,7 +61,7 @@ use crate::api::{
     RevocationSourceKind,
 };
 
-use super::set::{SetError, VerifiedSet, numeric_date};
+use super::set::{MAX_EVENTS_PER_SET, SetError, VerifiedSet, numeric_date};
 use super::subject::{Principal, SubjectId};
 
 /// Label put on every revocation the receiver creates.
@@ -80,13 +93,15 @@ pub enum RevocationAction {
     /// delivery already did (treat AlreadyExists as success).
     Create(Box<PrincipalRevocation>),
     /// Delete the `accountDisabled` PrincipalRevocations of this principal (whatever tenant
-    /// they are narrowed to) that the receiver created (label [`SOURCE_LABEL`]) with
+    /// they are narrowed to) that events of `transmitter` created ([`created_by`]) with
     /// `revokedBefore` at or before `enabled_at`. Revocations people wrote stay: an IdP
     /// re-enabling an account does not overrule a block an administrator put in Lifeguard.
     RemoveAccountDisabled {
         issuer: String,
         subject: String,
         enabled_at: Time,
+        /// The SET's `iss`: only revocations [`created_by`] this transmitter are removed.
+        transmitter: String,
     },
 }
 
@@ -168,6 +183,7 @@ pub fn actions_for(
                 issuer: issuer.clone(),
                 subject: principal.subject.clone(),
                 enabled_at: at,
+                transmitter: set.issuer.clone(),
             }),
             Meaning::Revoke(reason) => {
                 let name = object_name(&set.issuer, &set.jti, (revoking > 1).then_some(index));
@@ -230,6 +246,40 @@ fn plus(at: &Time, ttl: Duration) -> Result<Time, SetError> {
     at.0.checked_add(span)
         .map(Time)
         .map_err(|_| SetError::InvalidEvent("revocation expiry out of range".into()))
+}
+
+/// The transmitter whose event created `revocation`, when its name proves it (see the module
+/// documentation): `spec.source` names a security event's issuer and `jti`, and the object's
+/// name is the one derived from them. `None` for people's revocations and for any object whose
+/// source was edited.
+pub fn created_by(revocation: &PrincipalRevocation) -> Option<&str> {
+    let source = &revocation.spec.source;
+    if source.kind != RevocationSourceKind::SecurityEvent {
+        return None;
+    }
+    let (issuer, jti) = (source.issuer.as_deref()?, source.jti.as_deref()?);
+    let name = revocation.metadata.name.as_deref()?;
+    let derived = std::iter::once(None)
+        .chain((0..MAX_EVENTS_PER_SET).map(Some))
+        .any(|index| object_name(issuer, jti, index) == name);
+    derived.then_some(issuer)
+}
+
+/// Whether `existing` (found under the name `wanted` was to be created with) records the same
+/// event: same principal, reason and source event. `revokedBefore` and `expiresAt` are not
+/// compared, because a transmitter that signs a retry anew may change `iat`, from which they
+/// derive. Otherwise the name's `jti` was used for a different event.
+pub fn same_event(existing: &PrincipalRevocation, wanted: &PrincipalRevocation) -> bool {
+    let (a, b) = (&existing.spec, &wanted.spec);
+    a.issuer == b.issuer
+        && a.subject == b.subject
+        && a.tenant == b.tenant
+        && a.client == b.client
+        && a.reason == b.reason
+        && a.source.kind == b.source.kind
+        && a.source.event_type == b.source.event_type
+        && a.source.issuer == b.source.issuer
+        && a.source.jti == b.source.jti
 }
 
 /// `ssf-` + 20 hex digits of SHA-256(issuer ‖ 0 ‖ jti [‖ 0 ‖ index]).

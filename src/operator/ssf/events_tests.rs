@@ -186,8 +186,46 @@ fn account_enabled_removes_older_disables() {
             issuer: "https://idp.users".into(),
             subject: "alice".into(),
             enabled_at: at(NOW - 5),
+            transmitter: ISS.into(),
         }]
     );
+}
+
+#[test]
+fn created_by_believes_the_source_only_under_the_name_derived_from_it() {
+    let uri = "https://schemas.openid.net/secevent/risc/event-type/account-disabled";
+    let mine = created(&one(uri, json!({})))[0].clone();
+    assert_eq!(created_by(&mine), Some(ISS));
+    // A second revoking event of one SET gets an indexed name: still proven.
+    let mut indexed = mine.clone();
+    indexed.metadata.name = Some(object_name(ISS, "jti-1", Some(3)));
+    assert_eq!(created_by(&indexed), Some(ISS));
+    // The source moved onto another transmitter: the name no longer matches it.
+    let mut moved = mine.clone();
+    moved.spec.source.issuer = Some("https://other.transmitter".into());
+    assert_eq!(created_by(&moved), None);
+    // A person's revocation dressed up as an event's, under its own name.
+    let mut dressed = mine.clone();
+    dressed.metadata.name = Some("block-alice".into());
+    assert_eq!(created_by(&dressed), None);
+    let mut manual = mine;
+    manual.spec.source.kind = RevocationSourceKind::Manual;
+    assert_eq!(created_by(&manual), None);
+}
+
+#[test]
+fn same_event_compares_principal_reason_and_source_but_not_times() {
+    let uri = "https://schemas.openid.net/secevent/risc/event-type/account-disabled";
+    let first = created(&one(uri, json!({})))[0].clone();
+    let mut resigned = first.clone();
+    resigned.spec.revoked_before = at(NOW - 100);
+    assert!(same_event(&first, &resigned));
+    let mut other = first.clone();
+    other.spec.subject = Some("bob".into());
+    assert!(!same_event(&first, &other));
+    let mut other = first.clone();
+    other.spec.reason = RevocationReason::SessionRevoked;
+    assert!(!same_event(&first, &other));
 }
 
 #[test]

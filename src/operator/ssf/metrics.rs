@@ -14,7 +14,7 @@ pub struct SetLabels {
     /// (not processed now, the transmitter will deliver again).
     pub result: &'static str,
     /// The RFC 8935 error code of a refusal, why a SET was deferred (`keys_unavailable`,
-    /// `secret_unavailable`, `sink_failed`), or `none`.
+    /// `secret_unavailable`, `sink_failed`, `rate_limited`, `revocation_limit`), or `none`.
     pub err: &'static str,
 }
 

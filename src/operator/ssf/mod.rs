@@ -20,6 +20,7 @@ pub mod events;
 pub mod metrics;
 pub mod poll;
 pub mod push;
+pub mod rate;
 pub mod receiver;
 pub mod secrets;
 pub mod set;
@@ -34,7 +35,7 @@ pub use config::{Delivery, SecretKeyRef, SecurityEventsConfig, TransmitterConfig
 pub use events::RevocationAction;
 pub use poll::{PollClient, PollSettings, spawn_poll_clients};
 pub use push::{PUSH_PATH, router};
-pub use receiver::{Outcome, RevocationSink, SinkError, SsfReceiver, Via};
+pub use receiver::{Deferral, Outcome, RevocationSink, SinkError, SsfReceiver, Via};
 pub use secrets::{SecretError, SecretReader};
 pub use set::{SetError, VerifiedSet};
 pub use subject::SubjectId;

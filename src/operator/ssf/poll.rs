@@ -15,7 +15,9 @@
 //!
 //! After a batch with SETs, or `moreAvailable`, the next request starts at once, which
 //! delivers the acknowledgements promptly. When the sink failed, the acknowledgements that
-//! are due are sent at once in a request for no events, then the client backs off. Transport
+//! are due are sent at once in a request for no events, then the client backs off (at least as
+//! long as the transmitter's revocation rate limit asks: over-limit SETs simply wait at the
+//! transmitter, unacknowledged). Transport
 //! errors back off exponentially with jitter. The client stops when its cancellation token
 //! fires; acknowledgements not yet sent then are lost, which only causes a redelivery that
 //! the hash-named objects make harmless.
@@ -31,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::identity::store::key_fetch_client;
 
 use super::config::{ConfigError, SecretKeyRef, TransmitterConfig};
-use super::receiver::{Outcome, SsfReceiver, Via};
+use super::receiver::{Deferral, Outcome, SsfReceiver, Via};
 
 /// Events asked for per request.
 pub const MAX_EVENTS: u32 = 100;
@@ -127,6 +129,8 @@ struct Batch {
     received: usize,
     deferred: usize,
     more_available: bool,
+    /// The longest wait a rate-limited SET of the batch asked for.
+    wait: Duration,
 }
 
 /// Polls one transmitter until cancelled.
@@ -205,7 +209,7 @@ impl PollClient {
                             tracing::debug!(issuer = %self.issuer, %error, "sending acknowledgements failed");
                         }
                     }
-                    self.settings.backoff(sink_failures)
+                    self.settings.backoff(sink_failures).max(batch.wait)
                 }
                 Ok(batch) => {
                     transport_failures = 0;
@@ -295,6 +299,7 @@ impl PollClient {
             received: answer.sets.len(),
             deferred: 0,
             more_available: answer.more_available,
+            wait: Duration::ZERO,
         };
         for (jti, compact) in answer.sets {
             match self
@@ -315,7 +320,12 @@ impl PollClient {
                     };
                     self.errors.insert(jti, refusal);
                 }
-                Outcome::Deferred(_) => batch.deferred += 1,
+                Outcome::Deferred(deferral) => {
+                    batch.deferred += 1;
+                    if let Deferral::RateLimited(wait) = deferral {
+                        batch.wait = batch.wait.max(wait);
+                    }
+                }
             }
         }
         batch

@@ -16,6 +16,11 @@
 //! (the cluster API, the transmitter's keys or the push secret is unavailable). RFC 8935
 //! defines no code for "try again later", and a 4xx would make the transmitter drop a
 //! revocation Lifeguard never recorded, so a plain 503 asks for redelivery instead.
+//!
+//! A transmitter over its own limits (`revocationsPerMinute`, `maxRevocations`) gets `429 Too
+//! Many Requests` with `Retry-After` and a JSON `{"description"}` saying which limit; like a
+//! 503 it asks for redelivery later (RFC 6585), and nothing was recorded. A SET that reuses
+//! an earlier SET's `jti` for a different event is refused with `400 invalid_request`.
 
 use std::sync::Arc;
 
@@ -30,7 +35,7 @@ use sha2::{Digest, Sha256};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 
 use super::config::SecretKeyRef;
-use super::receiver::{Outcome, SsfReceiver, Via};
+use super::receiver::{Deferral, Outcome, SsfReceiver, Via};
 use super::set::{MAX_SET_BYTES, SetError, excerpt, parse_header, unverified_issuer};
 
 /// Path of the push endpoint.
@@ -39,6 +44,8 @@ pub const PUSH_PATH: &str = "/ssf/push";
 pub const MAX_PUSH_BODY: usize = MAX_SET_BYTES;
 /// `Retry-After` of a 503, in seconds.
 const RETRY_AFTER_SECS: &str = "10";
+/// `Retry-After` of a 429 for `maxRevocations`: revocations expire or are deleted slowly.
+const LIMIT_RETRY_AFTER_SECS: u64 = 60;
 
 /// The push endpoint, to be served by the operator (behind its TLS ingress).
 pub fn router(receiver: Arc<SsfReceiver>) -> Router {
@@ -116,8 +123,24 @@ async fn push(
             StatusCode::ACCEPTED.into_response()
         }
         Outcome::Refused(error) => refusal(&error),
+        Outcome::Deferred(deferral @ Deferral::RateLimited(wait)) => {
+            too_many(&deferral, wait.as_secs().max(1))
+        }
+        Outcome::Deferred(deferral @ Deferral::LimitReached { .. }) => {
+            too_many(&deferral, LIMIT_RETRY_AFTER_SECS)
+        }
         Outcome::Deferred(_) => unavailable(),
     }
+}
+
+fn too_many(deferral: &Deferral, retry_after_secs: u64) -> Response {
+    let body = serde_json::json!({"description": deferral.to_string()});
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, retry_after_secs.to_string())],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 fn is_set_media_type(headers: &HeaderMap) -> bool {

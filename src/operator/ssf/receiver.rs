@@ -1,9 +1,15 @@
 //! The receiver both delivery methods share: verify a SET against its transmitter's keys, map
 //! it to revocation actions, hand them to the [`RevocationSink`], remember what was accepted.
+//!
+//! Between mapping and the sink, a transmitter's own limits apply: a `jti` reused for another
+//! event is refused; `account-enabled` lifts only with `liftRevocations`; creating revocations
+//! costs tokens of the transmitter's bucket ([`super::rate`]) and may not take the number of
+//! its revocations beyond `maxRevocations`. Over a limit the SET is deferred, never dropped:
+//! the transmitter delivers it again later.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
@@ -11,10 +17,11 @@ use tokio_util::sync::CancellationToken;
 use crate::identity::KeySet;
 use crate::identity::store::{KeyStore, REFRESH_INTERVAL, ResolvedSource, key_fetch_client};
 
-use super::accepted::{AcceptedIds, DEFAULT_CAPACITY};
+use super::accepted::{AcceptedIds, DEFAULT_CAPACITY, Seen, fingerprint};
 use super::config::{ConfigError, Delivery, SecurityEventsConfig, TransmitterConfig};
 use super::events::{RevocationAction, actions_for};
 use super::metrics::SsfMetrics;
+use super::rate::TokenBucket;
 use super::secrets::{SecretCache, SecretReader};
 use super::set::{
     SetError, SetRules, VerifiedSet, excerpt, parse_header, unverified_issuer, verify_set,
@@ -22,8 +29,15 @@ use super::set::{
 
 /// Why the cluster could not record a SET's actions.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SinkError(pub String);
+pub enum SinkError {
+    /// Not now (the API server failed or refused): the SET is delivered again.
+    #[error("{0}")]
+    Unavailable(String),
+    /// An object the SET maps to exists with another principal, reason or event: the SET's
+    /// `jti` was used before for a different event. The SET is refused.
+    #[error("{0}")]
+    Conflict(String),
+}
 
 /// Where the receiver's actions go. The operator implements it with kube: create each
 /// PrincipalRevocation (AlreadyExists counts as success, the name encodes the SET), delete the
@@ -37,6 +51,14 @@ pub struct SinkError(pub String);
 pub trait RevocationSink: Send + Sync {
     async fn apply(&self, set: &VerifiedSet, actions: &[RevocationAction])
     -> Result<(), SinkError>;
+
+    /// The names of the revocations that exist and that events of `transmitter` created
+    /// ([`super::events::created_by`]), to hold it to `maxRevocations`. The default knows
+    /// none (a sink with no store to ask).
+    async fn created_by(&self, transmitter: &str) -> Result<HashSet<String>, SinkError> {
+        let _ = transmitter;
+        Ok(HashSet::new())
+    }
 }
 
 /// What became of one SET.
@@ -59,6 +81,18 @@ pub enum Deferral {
     KeysUnavailable,
     #[error("the revocation could not be recorded: {0}")]
     Sink(SinkError),
+    /// The transmitter created revocations faster than `revocationsPerMinute` allows.
+    #[error("the transmitter is creating revocations too fast; retry in {}s", .0.as_secs().max(1))]
+    RateLimited(Duration),
+    /// The transmitter's revocations would exceed `maxRevocations`.
+    #[error(
+        "the transmitter already has {existing} revocations and this SET would create {new} more; its limit (maxRevocations) is {limit}"
+    )]
+    LimitReached {
+        existing: usize,
+        new: usize,
+        limit: u32,
+    },
 }
 
 impl Outcome {
@@ -70,6 +104,8 @@ impl Outcome {
             Self::Refused(error) => ("refused", error.err_code()),
             Self::Deferred(Deferral::KeysUnavailable) => ("deferred", "keys_unavailable"),
             Self::Deferred(Deferral::Sink(_)) => ("deferred", "sink_failed"),
+            Self::Deferred(Deferral::RateLimited(_)) => ("deferred", "rate_limited"),
+            Self::Deferred(Deferral::LimitReached { .. }) => ("deferred", "revocation_limit"),
         }
     }
 }
@@ -91,6 +127,10 @@ enum TransmitterKeys {
 struct Transmitter {
     config: TransmitterConfig,
     keys: TransmitterKeys,
+    bucket: TokenBucket,
+    /// Held from counting the transmitter's revocations until its new ones are created, so
+    /// concurrent SETs cannot together exceed `maxRevocations`.
+    creating: tokio::sync::Mutex<()>,
 }
 
 /// Unix seconds now; replaceable for tests.
@@ -148,6 +188,12 @@ impl SsfReceiver {
                 Transmitter {
                     config: transmitter.clone(),
                     keys,
+                    bucket: TokenBucket::new(
+                        transmitter.revocation_burst(),
+                        transmitter.revocations_per_minute(),
+                        Instant::now(),
+                    ),
+                    creating: tokio::sync::Mutex::new(()),
                 },
             );
         }
@@ -265,13 +311,27 @@ impl SsfReceiver {
             Ok(actions) => actions,
             Err(error) => return Outcome::Refused(error),
         };
-        if self.accepted.contains(&set.issuer, &set.jti) {
-            return Outcome::Duplicate { jti: set.jti };
+        let content = fingerprint(&set);
+        match self.accepted.seen(&set.issuer, &set.jti, &content) {
+            Seen::New => {}
+            Seen::Same => return Outcome::Duplicate { jti: set.jti },
+            Seen::Different => return Outcome::Refused(SetError::JtiReused(excerpt(&set.jti))),
         }
-        if let Err(error) = self.sink.apply(&set, &actions).await {
-            return Outcome::Deferred(Deferral::Sink(error));
+        let actions = permitted(&transmitter.config, &set, actions);
+        let creating = match self.admit_creations(transmitter, &actions).await {
+            Ok(guard) => guard,
+            Err(deferral) => return Outcome::Deferred(deferral),
+        };
+        match self.sink.apply(&set, &actions).await {
+            Ok(()) => {}
+            Err(SinkError::Conflict(reason)) => {
+                tracing::warn!(issuer = %set.issuer, jti = %excerpt(&set.jti), %reason, "a SET reuses the jti of a different event; refused");
+                return Outcome::Refused(SetError::JtiReused(excerpt(&set.jti)));
+            }
+            Err(error) => return Outcome::Deferred(Deferral::Sink(error)),
         }
-        self.accepted.insert(&set.issuer, &set.jti);
+        drop(creating);
+        self.accepted.insert(&set.issuer, &set.jti, content);
         tracing::info!(
             issuer = %set.issuer,
             jti = %set.jti,
@@ -280,6 +340,53 @@ impl SsfReceiver {
             "security event accepted"
         );
         Outcome::Accepted { jti: set.jti }
+    }
+
+    /// Holds a SET that creates revocations to its transmitter's rate and `maxRevocations`.
+    /// Returns the guard to keep until the revocations are created.
+    async fn admit_creations<'t>(
+        &self,
+        transmitter: &'t Transmitter,
+        actions: &[RevocationAction],
+    ) -> Result<Option<tokio::sync::MutexGuard<'t, ()>>, Deferral> {
+        let names: Vec<&str> = actions
+            .iter()
+            .filter_map(|action| match action {
+                RevocationAction::Create(r) => r.metadata.name.as_deref(),
+                RevocationAction::RemoveAccountDisabled { .. } => None,
+            })
+            .collect();
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let cost = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        transmitter
+            .bucket
+            .take(cost, Instant::now())
+            .map_err(Deferral::RateLimited)?;
+        let guard = transmitter.creating.lock().await;
+        let existing = self
+            .sink
+            .created_by(&transmitter.config.issuer)
+            .await
+            .map_err(Deferral::Sink)?;
+        let new = names.iter().filter(|n| !existing.contains(**n)).count();
+        let limit = transmitter.config.max_revocations();
+        if new > 0 && existing.len() + new > limit as usize {
+            tracing::error!(
+                issuer = %transmitter.config.issuer,
+                existing = existing.len(),
+                new,
+                limit,
+                "the transmitter reached maxRevocations: its revocation-creating SETs wait until revocations expire or are deleted"
+            );
+            return Err(Deferral::LimitReached {
+                existing: existing.len(),
+                new,
+                limit,
+            });
+        }
+        Ok(Some(guard))
     }
 
     /// The transmitter a SET claims to come from, checked against how it arrived.
@@ -336,6 +443,31 @@ impl SsfReceiver {
             other => other.map_err(Outcome::Refused),
         }
     }
+}
+
+/// `actions` without the lifts a transmitter may not make: without `liftRevocations` an
+/// `account-enabled` event is accepted for the record and lifts nothing.
+fn permitted(
+    transmitter: &TransmitterConfig,
+    set: &VerifiedSet,
+    actions: Vec<RevocationAction>,
+) -> Vec<RevocationAction> {
+    if transmitter.lift_revocations {
+        return actions;
+    }
+    let before = actions.len();
+    let kept: Vec<_> = actions
+        .into_iter()
+        .filter(|a| !matches!(a, RevocationAction::RemoveAccountDisabled { .. }))
+        .collect();
+    if kept.len() < before {
+        tracing::info!(
+            issuer = %set.issuer,
+            jti = %excerpt(&set.jti),
+            "account-enabled accepted without lifting anything: the transmitter does not have liftRevocations; a person lifts the revocation by deleting it"
+        );
+    }
+    kept
 }
 
 #[cfg(test)]

@@ -175,3 +175,92 @@ async fn unreachable_keys_defer_instead_of_refusing() {
     let outcome = receiver.receive(&sign(&claims()), Via::Push).await;
     assert_eq!(outcome, Outcome::Deferred(Deferral::KeysUnavailable));
 }
+
+#[tokio::test]
+async fn a_jti_reused_for_another_subject_is_refused_and_the_first_event_stays() {
+    let (receiver, sink, _) = receiver(&config("push", ""));
+    assert!(matches!(
+        receiver.receive(&sign(&claims()), Via::Push).await,
+        Outcome::Accepted { .. }
+    ));
+    let bob = json!({"format": "iss_sub", "iss": ISS, "sub": "bob"});
+    let outcome = receiver
+        .receive(&sign(&with(claims(), "sub_id", bob)), Via::Push)
+        .await;
+    assert_eq!(
+        outcome,
+        Outcome::Refused(SetError::JtiReused("jti-1".into()))
+    );
+    assert_eq!(outcome.labels(), ("refused", "invalid_request"));
+    assert_eq!(sink.jtis(), ["jti-1"]);
+    // Signed anew (another iat), the same event is still a redelivery.
+    let resigned = with(claims(), "iat", json!(NOW - 5));
+    assert!(matches!(
+        receiver.receive(&sign(&resigned), Via::Push).await,
+        Outcome::Duplicate { .. }
+    ));
+}
+
+#[tokio::test]
+async fn account_enabled_lifts_only_with_lift_revocations() {
+    let enabled = with(
+        claims(),
+        "events",
+        json!({"https://schemas.openid.net/secevent/risc/event-type/account-enabled": {}}),
+    );
+    let (receiver, sink, _) = receiver(&config("push", ""));
+    assert!(matches!(
+        receiver.receive(&sign(&enabled), Via::Push).await,
+        Outcome::Accepted { .. }
+    ));
+    assert!(
+        sink.calls.lock().unwrap()[0].1.is_empty(),
+        "no lift by default"
+    );
+
+    let mut lifting = config("push", "");
+    lifting.transmitters[0].lift_revocations = true;
+    let (receiver, sink, _) = super::super::test_receiver::receiver(&lifting);
+    receiver.receive(&sign(&enabled), Via::Push).await;
+    let (_, actions) = sink.calls.lock().unwrap()[0].clone();
+    assert!(matches!(
+        &actions[..],
+        [RevocationAction::RemoveAccountDisabled { transmitter, .. }] if transmitter == ISS
+    ));
+}
+
+#[tokio::test]
+async fn creating_revocations_beyond_the_burst_is_deferred_not_dropped() {
+    let mut limited = config("push", "");
+    limited.transmitters[0].revocation_burst = Some(2);
+    limited.transmitters[0].revocations_per_minute = Some(1);
+    let (receiver, sink, _) = receiver(&limited);
+    let set = |jti: &str| sign(&with(claims(), "jti", json!(jti)));
+    for jti in ["a", "b"] {
+        assert!(matches!(
+            receiver.receive(&set(jti), Via::Push).await,
+            Outcome::Accepted { .. }
+        ));
+    }
+    let third = receiver.receive(&set("c"), Via::Push).await;
+    assert!(
+        matches!(third, Outcome::Deferred(Deferral::RateLimited(_))),
+        "{third:?}"
+    );
+    assert_eq!(third.labels(), ("deferred", "rate_limited"));
+    // A redelivery of an accepted SET and a SET that creates nothing cost no token.
+    assert!(matches!(
+        receiver.receive(&set("a"), Via::Push).await,
+        Outcome::Duplicate { .. }
+    ));
+    let verification = with(
+        with(claims(), "jti", json!("v")),
+        "events",
+        json!({"https://schemas.openid.net/secevent/ssf/event-type/verification": {}}),
+    );
+    assert!(matches!(
+        receiver.receive(&sign(&verification), Via::Push).await,
+        Outcome::Accepted { .. }
+    ));
+    assert_eq!(sink.jtis(), ["a", "b", "v"]);
+}

@@ -11,7 +11,8 @@
 //!    [`SetError::UnknownKey`], so the caller may refetch the keys once and retry);
 //! 4. claims: `aud` contains the receiver's audience; `iat` lies within
 //!    [now − maxEventAge, now + [`MAX_FUTURE_SKEW`]]; `jti` present; `sub` and `exp` absent;
-//!    `sub_id` a valid subject identifier; `events` an object of at least one event object.
+//!    `sub_id` a valid subject identifier; `events` an object of one to [`MAX_EVENTS_PER_SET`]
+//!    event objects (SSF streams send one; the bound keeps what one SET can create small).
 
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ use super::subject::SubjectId;
 pub const MAX_FUTURE_SKEW: Duration = Duration::from_secs(300);
 /// Largest compact SET accepted, by push or poll.
 pub const MAX_SET_BYTES: usize = 64 * 1024;
+/// Most events one SET may carry (SSF 1.0 SETs carry exactly one).
+pub const MAX_EVENTS_PER_SET: usize = 8;
 /// Longest `jti` accepted.
 const MAX_JTI_LEN: usize = 1024;
 /// Longest `iss` accepted (the PrincipalRevocation limit).
@@ -92,6 +95,13 @@ pub enum SetError {
     UnsupportedEvent(String),
     #[error("{0}")]
     AuthenticationFailed(&'static str),
+    /// The transmitter used this `jti` before for a different event (another subject or other
+    /// events). A `jti` names one SET (RFC 8417 §2.2), and Lifeguard names its objects after
+    /// it, so the SET is refused rather than mistaken for a redelivery.
+    #[error(
+        "jti {0:?} was already used by this transmitter for a different event; send the event with a new jti"
+    )]
+    JtiReused(String),
 }
 
 impl SetError {
@@ -114,7 +124,8 @@ impl SetError {
             | Self::FromTheFuture
             | Self::InvalidSubject(_)
             | Self::InvalidEvent(_)
-            | Self::UnsupportedEvent(_) => "invalid_request",
+            | Self::UnsupportedEvent(_)
+            | Self::JtiReused(_) => "invalid_request",
         }
     }
 
@@ -318,6 +329,12 @@ fn check_claims(
             ));
         }
     };
+    if events.len() > MAX_EVENTS_PER_SET {
+        return Err(SetError::InvalidEvent(format!(
+            "{} events; at most {MAX_EVENTS_PER_SET} per SET",
+            events.len()
+        )));
+    }
     if let Some((uri, _)) = events.iter().find(|(_, event)| !event.is_object()) {
         return Err(SetError::InvalidEvent(format!(
             "{uri} is not a JSON object"

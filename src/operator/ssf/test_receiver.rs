@@ -42,7 +42,9 @@ impl RevocationSink for RecordingSink {
         actions: &[RevocationAction],
     ) -> Result<(), SinkError> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(SinkError("the API server is unavailable".into()));
+            return Err(SinkError::Unavailable(
+                "the API server is unavailable".into(),
+            ));
         }
         self.calls
             .lock()
