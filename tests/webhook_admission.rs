@@ -630,6 +630,9 @@ async fn pods_sharing_a_process_namespace_get_no_sidecar() {
     );
 }
 
+/// One change to a pod.
+type PodEdit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+
 /// Issue 28, item 11: the port the sidecar takes over must be the MCP server's. An annotation
 /// naming a decoy container's port, a second container declaring `mcp`, or a hostPort on the
 /// MCP port would leave the real port exposed: refused by a required policy, reported otherwise.
@@ -641,7 +644,7 @@ async fn the_port_taken_over_must_be_the_mcp_servers() {
         "ports": [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]});
     let second_mcp = json!({"name": "decoy", "image": "registry.example.com/pause:1",
         "ports": [{"name": "mcp", "containerPort": 9000, "protocol": "TCP"}]});
-    let shapes: [(&str, Box<dyn Fn(&mut Value)>); 3] = [
+    let shapes: [(&str, PodEdit<'_>); 3] = [
         (
             "lifeguard.dev/port names a decoy's port",
             Box::new(|p| {

@@ -332,6 +332,9 @@ fn golden_shared_ledger_comes_from_the_secret_and_the_hop_is_advertised() {
     );
 }
 
+/// One change to a pod.
+type Edit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+
 /// Every change to an injected pod that the webhook would not have made turns "already
 /// injected" into "not injected": the status annotation and the names prove nothing.
 #[test]
@@ -361,7 +364,7 @@ fn golden_a_pod_that_only_looks_injected_is_not_injected() {
             .position(|c| c["name"] == "lifeguard-sidecar")
             .unwrap();
         let sidecar = format!("/spec/{list}/{sidecar_index}");
-        let edits: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+        let edits: Vec<(&str, Edit<'_>)> = vec![
             (
                 "image",
                 Box::new(|p| {
