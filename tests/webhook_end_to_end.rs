@@ -399,4 +399,21 @@ async fn a_copied_injected_pod_is_admitted_and_a_doctored_copy_is_refused() {
         refused.contains("denied the request") && refused.contains("SharedProcessNamespace"),
         "{refused}"
     );
+
+    // Lifeguard's own label is a claim too: the chart does not let it skip the webhook, and the
+    // required policy refuses the pod.
+    let mut labels = labels;
+    labels["app.kubernetes.io/part-of"] = json!("lifeguard");
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &mcp_pod("billing-component", labels),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("denied the request") && refused.contains("LifeguardComponent"),
+        "{refused}"
+    );
 }

@@ -254,6 +254,11 @@ fn golden_required_policies_deny_with_the_reason() {
             SkipReason::ForeignSidecar,
             "billing",
         ),
+        (
+            "deny-required-lifeguard-component",
+            SkipReason::LifeguardComponent,
+            "billing",
+        ),
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
         let (response, outcome) = admit(&case, &case["pod"], false);

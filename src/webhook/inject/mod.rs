@@ -99,39 +99,45 @@ pub fn decide(c: &Candidate<'_>) -> Result<Decision, String> {
             .and_then(|l| l.get(key))
             .map(String::as_str)
     };
-    if label(PART_OF_LABEL) == Some(PART_OF_VALUE) {
-        return Ok(Decision::Skip(SkipReason::LifeguardComponent));
-    }
     let governing = selection::governing(
         c.policies.iter().copied(),
         c.namespace,
         meta.labels.as_ref(),
     );
-    let outcome = opt_in(
-        meta.labels.as_ref(),
-        meta.annotations.as_ref(),
-        c.namespace_labels,
-    )
-    .and_then(|_| {
-        let spec = pod.spec.as_ref();
-        if spec.and_then(|s| s.host_network) == Some(true) {
-            return Err(SkipReason::HostNetwork);
-        }
-        if spec.and_then(|s| s.share_process_namespace) == Some(true)
-            || spec.and_then(|s| s.host_pid) == Some(true)
-        {
-            return Err(SkipReason::SharedProcessNamespace);
-        }
-        let policy = governing.ok_or(SkipReason::NoPolicy)?;
-        if verify::carries_marks(&pod) {
-            // Proven by re-deriving the sidecar, never by the status annotation.
-            return match verify::proof(c, &pod, policy) {
-                Ok(()) => Ok(Decision::Skip(SkipReason::AlreadyInjected)),
-                Err(_) => Err(SkipReason::ForeignSidecar),
-            };
-        }
-        injected(c, &pod, policy)
-    });
+    // The label is the pod's own claim: it spares the pod no more than a required policy allows.
+    let component = if label(PART_OF_LABEL) == Some(PART_OF_VALUE) {
+        Err(SkipReason::LifeguardComponent)
+    } else {
+        Ok(())
+    };
+    let outcome = component
+        .and_then(|()| {
+            opt_in(
+                meta.labels.as_ref(),
+                meta.annotations.as_ref(),
+                c.namespace_labels,
+            )
+        })
+        .and_then(|_| {
+            let spec = pod.spec.as_ref();
+            if spec.and_then(|s| s.host_network) == Some(true) {
+                return Err(SkipReason::HostNetwork);
+            }
+            if spec.and_then(|s| s.share_process_namespace) == Some(true)
+                || spec.and_then(|s| s.host_pid) == Some(true)
+            {
+                return Err(SkipReason::SharedProcessNamespace);
+            }
+            let policy = governing.ok_or(SkipReason::NoPolicy)?;
+            if verify::carries_marks(&pod) {
+                // Proven by re-deriving the sidecar, never by the status annotation.
+                return match verify::proof(c, &pod, policy) {
+                    Ok(()) => Ok(Decision::Skip(SkipReason::AlreadyInjected)),
+                    Err(_) => Err(SkipReason::ForeignSidecar),
+                };
+            }
+            injected(c, &pod, policy)
+        });
     match outcome {
         Ok(decision) => Ok(decision),
         Err(reason) => Ok(match governing {
