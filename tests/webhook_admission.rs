@@ -473,6 +473,15 @@ async fn lifeguards_own_marks_do_not_dodge_a_required_policy() {
             marked(&|p| p["spec"]["volumes"] = json!([{"name": "lifeguard-data", "emptyDir": {}}])),
         ),
         (
+            "another container told the upstream port",
+            marked(&|p| {
+                p["spec"]["containers"].as_array_mut().unwrap().push(json!({
+                    "name": "decoy", "image": "registry.example.com/pause:1",
+                    "env": [{"name": "LIFEGUARD_UPSTREAM_PORT", "value": "15080"}],
+                }))
+            }),
+        ),
+        (
             "a mount of the sidecar's token volume",
             marked(&|p| {
                 p["spec"]["containers"][0]["volumeMounts"] =

@@ -28,7 +28,8 @@ pub enum SkipReason {
     /// compared, never taken from `lifeguard.dev/status`); a second pass is a no-op.
     AlreadyInjected,
     /// The pod carries Lifeguard's marks (a `lifeguard-sidecar` container, a `lifeguard-*`
-    /// volume, volume mount or port) that are not the sidecar this webhook would inject.
+    /// volume, volume mount or port) that are not the sidecar this webhook would inject, or
+    /// a container other than the MCP server's already carries `LIFEGUARD_UPSTREAM_PORT`.
     ForeignSidecar,
     /// kube-system, kube-public, kube-node-lease or the webhook's own namespace.
     SystemNamespace,
@@ -104,7 +105,7 @@ impl SkipReason {
             }
             Self::AlreadyInjected => "the pod already carries the Lifeguard sidecar",
             Self::ForeignSidecar => {
-                "the pod carries Lifeguard's sidecar names (container, volume, volume mount or port) but not the sidecar this webhook injects"
+                "the pod carries Lifeguard's sidecar names (container, volume, volume mount, port, or LIFEGUARD_UPSTREAM_PORT outside the MCP container) but not the sidecar this webhook injects"
             }
             Self::SystemNamespace => "the namespace is a system namespace or Lifeguard's own",
             Self::LifeguardComponent => "the pod is part of Lifeguard",

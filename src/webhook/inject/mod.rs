@@ -246,6 +246,19 @@ fn injected(
         number: port_number,
         container: index,
     } = mcp_port(spec, port_name(annotations))?;
+    // Only the MCP container is told the upstream port: another container carrying it would
+    // make this injection's own output unprovable (verify.rs) and mislead whoever reads the pod.
+    let told_elsewhere = spec
+        .containers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != index)
+        .map(|(_, c)| c)
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| c.env.iter().flatten().any(|e| e.name == UPSTREAM_PORT_ENV));
+    if told_elsewhere {
+        return Err(SkipReason::ForeignSidecar);
+    }
     let used: Vec<i64> = spec
         .containers
         .iter()
