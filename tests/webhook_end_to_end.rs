@@ -317,3 +317,103 @@ spec:
     let message = response.body["message"].as_str().unwrap_or_default();
     assert!(message.contains("`reports`"), "{message}");
 }
+
+/// Issue 28, items 2 and 3, through the API server path: a pod copied from a running injected
+/// pod (`kubectl get pod -o yaml | kubectl apply`) keeps its one sidecar; the same copy with
+/// the sidecar's image swapped, or a pod that only claims the sidecar with the status
+/// annotation and shares its process namespace, is refused by the required policy.
+#[tokio::test]
+async fn a_copied_injected_pod_is_admitted_and_a_doctored_copy_is_refused() {
+    let Installed { emulator, webhook } = install().await;
+    let client = emulator.client().await;
+    let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
+    let labels = json!({"app": "billing", "lifeguard.dev/inject": "enabled"});
+    // The webhook's caches see the policy a moment after it is written.
+    support::eventually(std::time::Duration::from_secs(20), async || {
+        let _ = pods.delete("billing-0", &Default::default()).await;
+        let pod = pods
+            .create(
+                &PostParams::default(),
+                &mcp_pod("billing-0", labels.clone()),
+            )
+            .await
+            .ok()?;
+        sidecar_of(&pod).is_some().then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("billing-0 never got the sidecar:\n{}", webhook.logs()));
+
+    let stored = serde_json::to_value(pods.get("billing-0").await.unwrap()).unwrap();
+    let copy_of = |name: &str| {
+        let mut copy = stored.clone();
+        let meta = copy["metadata"].as_object_mut().unwrap();
+        meta.retain(|k, _| ["labels", "annotations", "namespace"].contains(&k.as_str()));
+        meta.insert("name".into(), json!(name));
+        copy.as_object_mut().unwrap().remove("status");
+        copy
+    };
+    let copied: Pod = serde_json::from_value(copy_of("billing-copy")).unwrap();
+    let created = pods
+        .create(&PostParams::default(), &copied)
+        .await
+        .unwrap_or_else(|e| panic!("the genuine copy is admitted: {e}\n{}", webhook.logs()));
+    let sidecars = created
+        .spec
+        .as_ref()
+        .unwrap()
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name == "lifeguard-sidecar")
+        .count();
+    assert_eq!(sidecars, 1, "the copy keeps exactly one sidecar");
+
+    let mut doctored = copy_of("billing-doctored");
+    doctored["spec"]["initContainers"][0]["image"] = json!("registry.example.com/pause:1");
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(doctored).unwrap(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("denied the request") && refused.contains("ForeignSidecar"),
+        "{refused}"
+    );
+    assert!(pods.get_opt("billing-doctored").await.unwrap().is_none());
+
+    let mut claimed = serde_json::to_value(mcp_pod("billing-claimed", labels.clone())).unwrap();
+    claimed["metadata"]["annotations"] = stored["metadata"]["annotations"].clone();
+    claimed["spec"]["shareProcessNamespace"] = json!(true);
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(claimed).unwrap(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("denied the request") && refused.contains("SharedProcessNamespace"),
+        "{refused}"
+    );
+
+    // Lifeguard's own label is a claim too: the chart does not let it skip the webhook, and the
+    // required policy refuses the pod.
+    let mut labels = labels;
+    labels["app.kubernetes.io/part-of"] = json!("lifeguard");
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &mcp_pod("billing-component", labels),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("denied the request") && refused.contains("LifeguardComponent"),
+        "{refused}"
+    );
+}

@@ -155,6 +155,8 @@ fn golden_injection_is_idempotent_and_dry_run_identical() {
         "injected-shared-ledger",
         "injected-shared-ledger-port-collision",
         "injected-task-state-shared",
+        "injected-upstream-http2",
+        "injected-status-annotation-only",
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
         let pod = &case["pod"];
@@ -193,6 +195,13 @@ fn golden_skip_reasons_are_reported_as_annotation_and_warning() {
         ("skip-system-namespace", SkipReason::SystemNamespace),
         ("skip-lifeguard-component", SkipReason::LifeguardComponent),
         ("skip-already-injected", SkipReason::AlreadyInjected),
+        (
+            "skip-shared-process-namespace",
+            SkipReason::SharedProcessNamespace,
+        ),
+        ("skip-ambiguous-port", SkipReason::AmbiguousPort),
+        ("skip-foreign-sidecar", SkipReason::ForeignSidecar),
+        ("skip-foreign-volume-mount", SkipReason::ForeignSidecar),
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
         let (response, outcome) = admit(&case, &case["pod"], false);
@@ -205,6 +214,12 @@ fn golden_skip_reasons_are_reported_as_annotation_and_warning() {
                 patched["metadata"]["annotations"]["lifeguard.dev/injection-skipped"],
                 json!(reason.as_str()),
                 "{name}"
+            );
+            assert!(
+                patched["metadata"]["annotations"]
+                    .get("lifeguard.dev/status")
+                    .is_none(),
+                "{name}: a skipped pod never claims a sidecar"
             );
             let warnings = response["warnings"].as_array().unwrap();
             assert_eq!(warnings.len(), 1, "{name}");
@@ -224,6 +239,26 @@ fn golden_required_policies_deny_with_the_reason() {
     for (name, reason, policy) in [
         ("deny-required-opted-out", SkipReason::OptedOut, "billing"),
         ("deny-default-required", SkipReason::NoNamedPort, "reports"),
+        (
+            "deny-required-shared-process-namespace",
+            SkipReason::SharedProcessNamespace,
+            "billing",
+        ),
+        (
+            "deny-required-ambiguous-port",
+            SkipReason::AmbiguousPort,
+            "billing",
+        ),
+        (
+            "deny-required-foreign-sidecar",
+            SkipReason::ForeignSidecar,
+            "billing",
+        ),
+        (
+            "deny-required-lifeguard-component",
+            SkipReason::LifeguardComponent,
+            "billing",
+        ),
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
         let (response, outcome) = admit(&case, &case["pod"], false);
@@ -300,4 +335,177 @@ fn golden_shared_ledger_comes_from_the_secret_and_the_hop_is_advertised() {
             .unwrap()
             .contains(&json!({"name": "lifeguard-hop", "containerPort": 15021, "protocol": "TCP"}))
     );
+}
+
+/// One change to a pod.
+type Edit<'a> = Box<dyn Fn(&mut Value) + 'a>;
+
+/// Every change to an injected pod that the webhook would not have made turns "already
+/// injected" into "not injected": the status annotation and the names prove nothing.
+#[test]
+fn golden_a_pod_that_only_looks_injected_is_not_injected() {
+    for name in [
+        "injected-native",
+        "injected-regular-container",
+        "injected-shared-ledger",
+        "injected-port-collision",
+    ] {
+        let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));
+        let pod = &case["pod"];
+        let (real, _) = admit(&case, pod, false);
+        let injected = apply(pod, &decoded_patch(&real));
+        let list = if injected["spec"]["initContainers"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|c| c["name"] == "lifeguard-sidecar"))
+        {
+            "initContainers"
+        } else {
+            "containers"
+        };
+        let sidecar_index = injected["spec"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c["name"] == "lifeguard-sidecar")
+            .unwrap();
+        let sidecar = format!("/spec/{list}/{sidecar_index}");
+        let edits: Vec<(&str, Edit<'_>)> = vec![
+            (
+                "image",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/image"))
+                        .map(|v| *v = json!("evil/pause:1"))
+                        .unwrap()
+                }),
+            ),
+            (
+                "command",
+                Box::new(|p| {
+                    p.pointer_mut(&sidecar).unwrap()["command"] = json!(["sleep", "inf"]);
+                }),
+            ),
+            (
+                "an arg",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/args/2"))
+                        .map(|v| *v = json!("https://evil.example.com"))
+                        .unwrap();
+                }),
+            ),
+            (
+                "an env var",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/env"))
+                        .unwrap()
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "RUST_LOG", "value": "off"}));
+                }),
+            ),
+            (
+                "the security context",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/securityContext/runAsUser"))
+                        .map(|v| *v = json!(0))
+                        .unwrap();
+                }),
+            ),
+            (
+                "the listen port",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/ports/0/containerPort"))
+                        .map(|v| *v = json!(9999))
+                        .unwrap();
+                }),
+            ),
+            (
+                "a hostPort",
+                Box::new(|p| {
+                    p.pointer_mut(&format!("{sidecar}/ports/0")).unwrap()["hostPort"] =
+                        json!(30080);
+                }),
+            ),
+            (
+                "the token volume",
+                Box::new(|p| {
+                    let v = p["spec"]["volumes"].as_array_mut().unwrap();
+                    let t = v
+                        .iter_mut()
+                        .find(|v| v["name"] == "lifeguard-token")
+                        .unwrap();
+                    *t = json!({"name": "lifeguard-token", "secret": {"secretName": "stolen"}});
+                }),
+            ),
+            (
+                "a volume removed",
+                Box::new(|p| {
+                    p["spec"]["volumes"]
+                        .as_array_mut()
+                        .unwrap()
+                        .retain(|v| v["name"] != "lifeguard-ca");
+                }),
+            ),
+            (
+                "the status annotation",
+                Box::new(|p| {
+                    p["metadata"]["annotations"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("lifeguard.dev/status");
+                }),
+            ),
+            (
+                "the upstream env of the MCP container",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["env"]
+                        .as_array_mut()
+                        .unwrap()
+                        .retain(|e| e["name"] != "LIFEGUARD_UPSTREAM_PORT");
+                }),
+            ),
+            (
+                "the MCP port still declared",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["ports"] =
+                        json!([{"name": "mcp", "containerPort": 7000}]);
+                }),
+            ),
+            (
+                "a second sidecar",
+                Box::new(|p| {
+                    let c = p.pointer(&sidecar).unwrap().clone();
+                    p["spec"]["containers"].as_array_mut().unwrap().push(c);
+                }),
+            ),
+            (
+                "a mount of the token",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["volumeMounts"] =
+                        json!([{"name": "lifeguard-token", "mountPath": "/t"}]);
+                }),
+            ),
+            (
+                "shareProcessNamespace",
+                Box::new(|p| {
+                    p["spec"]["shareProcessNamespace"] = json!(true);
+                }),
+            ),
+        ];
+        for (what, edit) in edits {
+            let mut forged = injected.clone();
+            edit(&mut forged);
+            let (response, outcome) = admit(&case, &forged, false);
+            assert!(
+                matches!(
+                    outcome,
+                    InjectOutcome::Skipped(r) if r != SkipReason::AlreadyInjected
+                ) || matches!(outcome, InjectOutcome::Denied(_)),
+                "{name}, {what}: {outcome:?} {response}"
+            );
+            assert!(
+                response.get("warnings").is_some(),
+                "{name}, {what}: reported"
+            );
+        }
+    }
 }

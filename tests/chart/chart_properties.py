@@ -317,7 +317,12 @@ def check_webhook_configurations(docs, namespace, services_by_name, excluded=(),
         ("opted-out pod of an opted-in namespace", opted_in_ns,
          {"app": "reports", "lifeguard.dev/inject": "disabled"}, 1),
         ("pod that did not opt in", plain_ns, {"app": "reports"}, 1 if scope == "all" else 0),
-    ] + [("Lifeguard's own pod", opted_in_ns, labels, 0) for labels in lifeguard_pods]
+    ] + [("Lifeguard's own pod", {"kubernetes.io/metadata.name": namespace}, labels, 0)
+         for labels in lifeguard_pods] + [
+        # The part-of label is the pod's claim, not a pass: a workload wearing it is still sent.
+        ("workload labelled part-of=lifeguard", opted_in_ns,
+         {"app": "reports", PART_OF: "lifeguard"}, 1),
+    ]
     for what, ns_labels, labels, expected in cases:
         reached = [h["name"] for h in mutating["webhooks"]
                    if selector_matches(h.get("namespaceSelector") or {}, ns_labels)

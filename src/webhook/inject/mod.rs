@@ -4,8 +4,10 @@
 //! not know survive untouched), the namespace's labels and policies from the watch caches, and
 //! the configuration. The patch is the JSON diff of the pod before and after.
 
+pub mod port;
 pub mod probes;
 pub mod sidecar;
+pub mod verify;
 
 use std::collections::BTreeMap;
 
@@ -19,6 +21,7 @@ use crate::webhook::config::WebhookFileConfig;
 use crate::webhook::opt_in::opt_in;
 use crate::webhook::reasons::SkipReason;
 
+use port::{McpPort, mcp_port, port_name};
 use probes::MovedPort;
 use sidecar::{SharedLedgerPlan, SidecarPlan, UPSTREAM_PORT_ENV};
 
@@ -96,35 +99,45 @@ pub fn decide(c: &Candidate<'_>) -> Result<Decision, String> {
             .and_then(|l| l.get(key))
             .map(String::as_str)
     };
-    let annotation = |key: &str| {
-        meta.annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .map(String::as_str)
-    };
-    if label(PART_OF_LABEL) == Some(PART_OF_VALUE) {
-        return Ok(Decision::Skip(SkipReason::LifeguardComponent));
-    }
-    if annotation(STATUS_ANNOTATION).is_some() || carries_sidecar(&pod) {
-        return Ok(Decision::Skip(SkipReason::AlreadyInjected));
-    }
     let governing = selection::governing(
         c.policies.iter().copied(),
         c.namespace,
         meta.labels.as_ref(),
     );
-    let outcome = opt_in(
-        meta.labels.as_ref(),
-        meta.annotations.as_ref(),
-        c.namespace_labels,
-    )
-    .and_then(|_| {
-        if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
-            return Err(SkipReason::HostNetwork);
-        }
-        let policy = governing.ok_or(SkipReason::NoPolicy)?;
-        injected(c, &pod, policy)
-    });
+    // The label is the pod's own claim: it spares the pod no more than a required policy allows.
+    let component = if label(PART_OF_LABEL) == Some(PART_OF_VALUE) {
+        Err(SkipReason::LifeguardComponent)
+    } else {
+        Ok(())
+    };
+    let outcome = component
+        .and_then(|()| {
+            opt_in(
+                meta.labels.as_ref(),
+                meta.annotations.as_ref(),
+                c.namespace_labels,
+            )
+        })
+        .and_then(|_| {
+            let spec = pod.spec.as_ref();
+            if spec.and_then(|s| s.host_network) == Some(true) {
+                return Err(SkipReason::HostNetwork);
+            }
+            if spec.and_then(|s| s.share_process_namespace) == Some(true)
+                || spec.and_then(|s| s.host_pid) == Some(true)
+            {
+                return Err(SkipReason::SharedProcessNamespace);
+            }
+            let policy = governing.ok_or(SkipReason::NoPolicy)?;
+            if verify::carries_marks(&pod) {
+                // Proven by re-deriving the sidecar, never by the status annotation.
+                return match verify::proof(c, &pod, policy) {
+                    Ok(()) => Ok(Decision::Skip(SkipReason::AlreadyInjected)),
+                    Err(_) => Err(SkipReason::ForeignSidecar),
+                };
+            }
+            injected(c, &pod, policy)
+        });
     match outcome {
         Ok(decision) => Ok(decision),
         Err(reason) => Ok(match governing {
@@ -147,58 +160,45 @@ fn required(policy: &McpServerPolicy, config: &WebhookFileConfig) -> bool {
         .unwrap_or(config.defaults.injection_required)
 }
 
-fn carries_sidecar(pod: &Pod) -> bool {
-    pod.spec.as_ref().is_some_and(|spec| {
-        spec.containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .any(|c| c.name == sidecar::SIDECAR_NAME)
-            || spec.volumes.iter().flatten().any(|v| {
-                [
-                    sidecar::TOKEN_VOLUME,
-                    sidecar::CA_VOLUME,
-                    sidecar::DATA_VOLUME,
-                ]
-                .contains(&v.name.as_str())
-            })
-    })
+/// Whether the sidecar is a native one: annotation `lifeguard.dev/native-sidecar`, else
+/// `sidecar.native`.
+fn native(annotations: Option<&BTreeMap<String, String>>, config: &WebhookFileConfig) -> bool {
+    match annotations
+        .and_then(|a| a.get(NATIVE_ANNOTATION))
+        .map(String::as_str)
+    {
+        Some("true") => true,
+        Some("false") => false,
+        _ => config.sidecar.native,
+    }
 }
 
-/// The pod with the sidecar, or why it cannot have one.
-fn injected(
+/// The value of `lifeguard.dev/status`.
+fn status_json(policy: &str, native: bool, port: &str) -> String {
+    serde_json::to_string(&InjectionStatus {
+        version: SIDECAR_VERSION,
+        policy,
+        native,
+        port,
+    })
+    .expect("the status serializes")
+}
+
+/// The sidecar's plan for a pod whose MCP port is `port_name`/`port_number` and whose
+/// containers (the sidecar aside, the MCP port included) declare the ports `used`; the probe
+/// table is left empty.
+fn plan(
     c: &Candidate<'_>,
-    pod: &Pod,
+    annotations: Option<&BTreeMap<String, String>>,
     policy: &McpServerPolicy,
-) -> Result<Decision, SkipReason> {
-    let annotations = pod.metadata.annotations.as_ref();
+    port_name: &str,
+    port_number: i32,
+    used: &[i64],
+    native: bool,
+) -> SidecarPlan {
     let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-    let port_name = annotation(PORT_ANNOTATION).unwrap_or(DEFAULT_PORT_NAME);
-    let spec = pod.spec.as_ref().ok_or(SkipReason::NoNamedPort)?;
-    let (index, port) = spec
-        .containers
-        .iter()
-        .enumerate()
-        .find_map(|(i, container)| {
-            container
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| {
-                    p.name.as_deref() == Some(port_name)
-                        && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
-                })
-                .map(|p| (i, p))
-        })
-        .ok_or(SkipReason::NoNamedPort)?;
-    let used: Vec<i64> = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .flat_map(|c| c.ports.iter().flatten())
-        .map(|p| i64::from(p.container_port))
-        .collect();
-    let admin_port = first_free(c.config.sidecar.admin_port, &used, &[]);
-    let upstream_port = first_free(c.config.sidecar.upstream_port, &used, &[admin_port]);
+    let admin_port = first_free(c.config.sidecar.admin_port, used, &[]);
+    let upstream_port = first_free(c.config.sidecar.upstream_port, used, &[admin_port]);
     let shared_ledger = policy.spec.ledger.as_ref().map(|ledger| SharedLedgerPlan {
         secret_name: ledger.connection_secret_ref.name.clone(),
         secret_key: ledger.connection_secret_ref.key.clone(),
@@ -209,18 +209,76 @@ fn injected(
         ),
         internal_port: first_free(
             c.config.sidecar.internal_port,
-            &used,
+            used,
             &[admin_port, upstream_port],
         ),
     });
-    let native = match annotation(NATIVE_ANNOTATION) {
-        Some("true") => true,
-        Some("false") => false,
-        _ => c.config.sidecar.native,
-    };
+    SidecarPlan {
+        port_name: port_name.to_owned(),
+        port_number,
+        upstream_port,
+        admin_port,
+        upstream_path: annotation(UPSTREAM_PATH_ANNOTATION)
+            .filter(|p| p.starts_with('/'))
+            .unwrap_or(DEFAULT_UPSTREAM_PATH)
+            .to_owned(),
+        app_probes: BTreeMap::new(),
+        native,
+        shared_ledger,
+        upstream_http2: match annotation(UPSTREAM_HTTP2_ANNOTATION) {
+            Some("listen") => Some("listen"),
+            Some("always") => Some("always"),
+            _ => None,
+        },
+    }
+}
+
+/// The pod with the sidecar, or why it cannot have one.
+fn injected(
+    c: &Candidate<'_>,
+    pod: &Pod,
+    policy: &McpServerPolicy,
+) -> Result<Decision, SkipReason> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let spec = pod.spec.as_ref().ok_or(SkipReason::NoNamedPort)?;
+    let McpPort {
+        name: port_name,
+        number: port_number,
+        container: index,
+    } = mcp_port(spec, port_name(annotations))?;
+    // Only the MCP container is told the upstream port: another container carrying it would
+    // make this injection's own output unprovable (verify.rs) and mislead whoever reads the pod.
+    let told_elsewhere = spec
+        .containers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != index)
+        .map(|(_, c)| c)
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| c.env.iter().flatten().any(|e| e.name == UPSTREAM_PORT_ENV));
+    if told_elsewhere {
+        return Err(SkipReason::ForeignSidecar);
+    }
+    let used: Vec<i64> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .map(|p| i64::from(p.container_port))
+        .collect();
+    let native = native(annotations, c.config);
+    let mut plan = plan(
+        c,
+        annotations,
+        policy,
+        &port_name,
+        port_number,
+        &used,
+        native,
+    );
     let moved = MovedPort {
-        name: port_name.to_owned(),
-        number: i64::from(port.container_port),
+        name: port_name.clone(),
+        number: i64::from(port_number),
     };
 
     let mut after = c.pod.clone();
@@ -229,28 +287,10 @@ fn injected(
         .and_then(Value::as_array_mut)
         .ok_or(SkipReason::NoNamedPort)?;
     let mcp = &mut containers[index];
-    let app_probes = probes::rewrite(mcp, &moved, upstream_port, admin_port)?;
-    move_port_out(mcp, port_name);
-    set_env(mcp, UPSTREAM_PORT_ENV, &upstream_port.to_string());
+    plan.app_probes = probes::rewrite(mcp, &moved, plan.upstream_port, plan.admin_port)?;
+    move_port_out(mcp, &port_name);
+    set_env(mcp, UPSTREAM_PORT_ENV, &plan.upstream_port.to_string());
 
-    let plan = SidecarPlan {
-        port_name: port_name.to_owned(),
-        port_number: port.container_port,
-        upstream_port,
-        admin_port,
-        upstream_path: annotation(UPSTREAM_PATH_ANNOTATION)
-            .filter(|p| p.starts_with('/'))
-            .unwrap_or(DEFAULT_UPSTREAM_PATH)
-            .to_owned(),
-        app_probes,
-        native,
-        shared_ledger,
-        upstream_http2: match annotation(UPSTREAM_HTTP2_ANNOTATION) {
-            Some("listen") => Some("listen"),
-            Some("always") => Some("always"),
-            _ => None,
-        },
-    };
     let container =
         serde_json::to_value(sidecar::container(c.config, &plan)).expect("a Container serializes");
     let list = if native {
@@ -267,17 +307,11 @@ fn injected(
         );
     }
     let policy_name = policy.metadata.name.clone().unwrap_or_default();
-    let status = InjectionStatus {
-        version: SIDECAR_VERSION,
-        policy: &policy_name,
-        native,
-        port: port_name,
-    };
     let annotations = object_at(&mut after, &["metadata", "annotations"]);
     annotations.remove(SKIPPED_ANNOTATION);
     annotations.insert(
         STATUS_ANNOTATION.into(),
-        Value::String(serde_json::to_string(&status).expect("the status serializes")),
+        Value::String(status_json(&policy_name, native, &port_name)),
     );
     Ok(Decision::Inject {
         pod: after,
@@ -285,11 +319,14 @@ fn injected(
     })
 }
 
-/// The pod with the skip annotation (reported reasons only).
+/// The pod with the skip annotation (reported reasons only), and without a status
+/// annotation: a pod left without a (proven) sidecar never claims to have one.
 pub fn annotated_skip(pod: &Value, reason: SkipReason) -> Value {
     let mut after = pod.clone();
     if reason.is_reported() {
-        object_at(&mut after, &["metadata", "annotations"]).insert(
+        let annotations = object_at(&mut after, &["metadata", "annotations"]);
+        annotations.remove(STATUS_ANNOTATION);
+        annotations.insert(
             SKIPPED_ANNOTATION.into(),
             Value::String(reason.as_str().into()),
         );
