@@ -259,3 +259,91 @@ async fn iterations_bound_multi_round_trip_exchanges_across_retries() {
         "{third:?}"
     );
 }
+
+#[tokio::test]
+async fn a_cloned_exception_shares_the_budget_of_its_signed_grant() {
+    // The same signed grant applied under a second name: the name is not signed, so the copy
+    // verifies. Budgets are the grant's: two requests per minute in all, not two per object.
+    let original = Grant {
+        per_minute: 2,
+        ..Grant::sampling("original", "console")
+    };
+    let clone = Grant {
+        per_minute: 2,
+        ..Grant::sampling("clone", "console")
+    };
+    let s = setup(
+        "{sampling: exception}",
+        &[original.signed(), clone.signed()],
+    )
+    .await;
+    let tokens: Vec<String> = (0..4)
+        .map(|i| User::new(&format!("cloner-{i}"), "tenant-a", "console").token())
+        .collect();
+    let mut states = Vec::new();
+    for token in &tokens {
+        let task = summarize(&s.client, token, json!({"maxTokens": 10})).await;
+        states.push(next_state(&s.client, token, &task).await);
+    }
+    let shown = states
+        .iter()
+        .filter(|s| s["status"] == "input_required")
+        .count();
+    assert_eq!(shown, 2, "{states:?}");
+    for state in states.iter().filter(|s| s["status"] != "input_required") {
+        assert_refused(state, "rate");
+    }
+    assert_eq!(rejections_when(&s.sidecar, 2).await, ["rate"; 2]);
+    let allowed = s
+        .sidecar
+        .audit_events_when(2, |e| e["event"] == "capability.allowed")
+        .await;
+    assert_eq!(allowed.len(), 2, "{allowed:?}");
+    assert_eq!(allowed[1]["detail"]["budgetLeft"]["perMinute"], 0);
+}
+
+#[tokio::test]
+async fn the_cost_budget_is_spent_by_the_max_tokens_of_allowed_requests() {
+    // maxCostUnits 250: a sampling request costs the maxTokens it asks for, reserved when it
+    // is allowed. 100 + 100 fit, a third 100 does not; a smaller request still fits.
+    let grant = Grant::sampling("costed", "console");
+    let signed = grant.signed_edited(|yaml| {
+        yaml.replace(
+            "maxRequestsPerMinute: 100}",
+            "maxRequestsPerMinute: 100, maxCostUnits: 250}",
+        )
+    });
+    assert!(signed.contains("maxCostUnits: 250"), "{signed}");
+    let s = setup("{sampling: exception}", &[signed]).await;
+    let mut outcomes = Vec::new();
+    for (i, max_tokens) in [100, 100, 100, 50].into_iter().enumerate() {
+        let token = User::new(&format!("spender-{i}"), "tenant-a", "console").token();
+        let task = summarize(&s.client, &token, json!({"maxTokens": max_tokens})).await;
+        outcomes.push(next_state(&s.client, &token, &task).await);
+    }
+    let statuses: Vec<&str> = outcomes
+        .iter()
+        .map(|o| o["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "input_required",
+            "input_required",
+            "failed",
+            "input_required"
+        ],
+        "{outcomes:?}"
+    );
+    assert_refused(&outcomes[2], "cost_budget");
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["cost_budget"]);
+    let allowed = s
+        .sidecar
+        .audit_events_when(3, |e| e["event"] == "capability.allowed")
+        .await;
+    let left: Vec<&Value> = allowed
+        .iter()
+        .map(|e| &e["detail"]["budgetLeft"]["costUnits"])
+        .collect();
+    assert_eq!(left, [&json!(150), &json!(50), &json!(0)], "{allowed:?}");
+}
