@@ -329,6 +329,18 @@ fn cases() -> Vec<Case> {
         ),
         case("valid exception", exception(json!({})), None, None),
         case(
+            "sampling exception without a model route",
+            exception(json!({"modelRoute": null})),
+            None,
+            Some(rules::SAMPLING_NEEDS_MODEL_ROUTE),
+        ),
+        case(
+            "roots exception without a model route",
+            exception(json!({"modelRoute": null, "capability": "roots"})),
+            None,
+            None,
+        ),
+        case(
             "exception expires before it starts",
             exception(json!({"expiresAt": "2026-11-01T00:00:00Z"})),
             None,
