@@ -45,7 +45,6 @@ mod active_policy;
 mod app_probes;
 mod cancellation;
 mod capability;
-mod capability_events;
 mod capability_screen;
 mod context;
 mod control_plane;
