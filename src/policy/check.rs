@@ -273,12 +273,16 @@ fn duplicate_grants<'a>(
     findings: &mut Vec<Finding>,
     locate: &impl Fn(&ObjectRef) -> Option<Location<'a>>,
 ) {
-    let mut first: HashMap<(String, String, &str), ObjectRef> = HashMap::new();
+    // One grant: the same spec (signature included) in the same namespace — exactly what the
+    // approver signed, since the name is not signed.
+    let mut first: HashMap<(String, String), ObjectRef> = HashMap::new();
     for exception in exceptions {
         let object = ObjectRef::exception(exception);
         let namespace = object.namespace.clone().unwrap_or_default();
-        let grant = crate::exception::grant_key(&exception.spec, &namespace);
-        let key = (namespace, grant, exception.spec.signature.as_str());
+        let Ok(spec) = serde_json::to_string(&exception.spec) else {
+            continue;
+        };
+        let key = (namespace, spec);
         match first.get(&key) {
             Some(original) => {
                 let mut p = Problems::new();

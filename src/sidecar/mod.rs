@@ -45,6 +45,7 @@ mod active_policy;
 mod app_probes;
 mod cancellation;
 mod capability;
+mod capability_refusal;
 mod capability_screen;
 mod context;
 mod control_plane;
