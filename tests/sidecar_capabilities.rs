@@ -544,3 +544,86 @@ async fn roots_follow_the_same_gate_in_tasks_and_in_multi_round_trip_requests() 
     let raw = std::fs::read_to_string(&s.sidecar.audit_path).unwrap();
     assert!(!raw.contains("/srv/"), "root paths in the audit trail");
 }
+
+#[tokio::test]
+async fn an_allowed_sampling_request_never_answered_is_audited_when_its_task_ends() {
+    let s = setup(
+        "{sampling: exception}",
+        &[Grant::sampling("lapsing", "console").signed()],
+    )
+    .await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    let task = summarize(&s.client, &token, json!({})).await;
+    let state = next_state(&s.client, &token, &task).await;
+    assert!(state["inputRequests"].get("sample-1").is_some(), "{state}");
+    // The owner cancels instead of answering: the allowance lapses with the task.
+    let ack = s.client.cancel_task(&token, &task).await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    assert_eq!(
+        finish(&s.client, &token, &task).await["status"],
+        "cancelled"
+    );
+    let lapsed = s
+        .sidecar
+        .audit_events_when(1, |e| e["event"] == "capability.lapsed")
+        .await;
+    assert_eq!(lapsed.len(), 1, "{:?}", s.sidecar.audit());
+    let detail = &lapsed[0]["detail"];
+    assert_eq!(detail["inputKey"], "sample-1");
+    assert_eq!(detail["exception"], "tests/lapsing");
+    assert_eq!(detail["approvalId"], "CHG-1");
+    assert_eq!(detail["modelRoute"], "test/route");
+    assert_eq!(detail["endReason"], "owner_cancel");
+    assert_eq!(lapsed[0]["reason"], "unanswered");
+
+    // An answered request does not lapse.
+    let answered = summarize(&s.client, &token, json!({})).await;
+    next_state(&s.client, &token, &answered).await;
+    answer(&s.client, &token, &answered, "sample-1", sample("done")).await;
+    assert_eq!(
+        finish(&s.client, &token, &answered).await["status"],
+        "completed"
+    );
+    s.sidecar
+        .audit_events_when(2, |e| e["event"] == "task.completed")
+        .await;
+    let lapses = s
+        .sidecar
+        .audit()
+        .iter()
+        .filter(|e| e["event"] == "capability.lapsed")
+        .count();
+    assert_eq!(lapses, 1);
+}
+
+#[tokio::test]
+async fn an_answer_is_not_forwarded_while_a_cancel_of_its_task_is_pending() {
+    let s = setup(
+        "{sampling: exception}",
+        &[Grant::sampling("cancelled", "console").signed()],
+    )
+    .await;
+    let token = User::new("alice", "tenant-a", "console").token();
+    // The server ignores tasks/cancel, so the cancellation stays pending.
+    let task = summarize(&s.client, &token, json!({"ignoreCancel": true})).await;
+    let state = next_state(&s.client, &token, &task).await;
+    assert!(state["inputRequests"].get("sample-1").is_some(), "{state}");
+    let ack = s.client.cancel_task(&token, &task).await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    answer(&s.client, &token, &task, "sample-1", sample("model output")).await;
+    let updated = s
+        .sidecar
+        .audit_events_when(1, |e| e["event"] == "task.updated")
+        .await;
+    assert_eq!(updated[0]["reason"], "cancel_pending", "{updated:?}");
+    assert_eq!(updated[0]["detail"]["inputsDropped"], 1);
+    assert_eq!(upstream_requests(&s.server, "tasks/update").await, 0);
+    assert!(
+        s.sidecar
+            .audit()
+            .iter()
+            .all(|e| e["event"] != "capability.answered"),
+        "{:?}",
+        s.sidecar.audit()
+    );
+}

@@ -259,3 +259,90 @@ async fn iterations_bound_multi_round_trip_exchanges_across_retries() {
         "{third:?}"
     );
 }
+
+#[tokio::test]
+async fn a_cloned_exception_shares_the_budget_of_its_signed_grant() {
+    // The same signed grant applied under a second name: the name is not signed, so the copy
+    // verifies. Budgets are the grant's: two requests per minute in all, not two per object.
+    // (One policy file carrying both is refused outright, like `lifeguard policy check` does;
+    // the copy replaces the original here, as a re-apply under a new name would.)
+    let original = Grant {
+        per_minute: 2,
+        ..Grant::sampling("original", "console")
+    };
+    let s = setup("{sampling: exception}", &[original.signed()]).await;
+    let ask = async |i: usize| {
+        let token = User::new(&format!("cloner-{i}"), "tenant-a", "console").token();
+        let task = summarize(&s.client, &token, json!({"maxTokens": 10})).await;
+        next_state(&s.client, &token, &task).await
+    };
+    for i in 0..2 {
+        assert_eq!(ask(i).await["status"], "input_required");
+    }
+    let policy = std::fs::read_to_string(s.sidecar.policy_file()).unwrap();
+    assert!(policy.contains("name: original"), "{policy}");
+    std::fs::write(
+        s.sidecar.policy_file(),
+        policy.replace("name: original", "name: clone"),
+    )
+    .unwrap();
+    support::eventually(Duration::from_secs(10), async || {
+        s.sidecar
+            .logs()
+            .lines()
+            .any(|l| l.contains("tests/clone") && l.contains("capability exception active"))
+            .then_some(())
+    })
+    .await
+    .expect("the copy is loaded");
+    for i in 2..4 {
+        assert_refused(&ask(i).await, "rate");
+    }
+    assert_eq!(rejections_when(&s.sidecar, 2).await, ["rate"; 2]);
+}
+
+#[tokio::test]
+async fn the_cost_budget_is_spent_by_the_max_tokens_of_allowed_requests() {
+    // maxCostUnits 250: a sampling request costs the maxTokens it asks for, reserved when it
+    // is allowed. 100 + 100 fit, a third 100 does not; a smaller request still fits.
+    let grant = Grant::sampling("costed", "console");
+    let signed = grant.signed_edited(|yaml| {
+        yaml.replace(
+            "maxRequestsPerMinute: 100}",
+            "maxRequestsPerMinute: 100, maxCostUnits: 250}",
+        )
+    });
+    assert!(signed.contains("maxCostUnits: 250"), "{signed}");
+    let s = setup("{sampling: exception}", &[signed]).await;
+    let mut outcomes = Vec::new();
+    for (i, max_tokens) in [100, 100, 100, 50].into_iter().enumerate() {
+        let token = User::new(&format!("spender-{i}"), "tenant-a", "console").token();
+        let task = summarize(&s.client, &token, json!({"maxTokens": max_tokens})).await;
+        outcomes.push(next_state(&s.client, &token, &task).await);
+    }
+    let statuses: Vec<&str> = outcomes
+        .iter()
+        .map(|o| o["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "input_required",
+            "input_required",
+            "failed",
+            "input_required"
+        ],
+        "{outcomes:?}"
+    );
+    assert_refused(&outcomes[2], "cost_budget");
+    assert_eq!(rejections_when(&s.sidecar, 1).await, ["cost_budget"]);
+    let allowed = s
+        .sidecar
+        .audit_events_when(3, |e| e["event"] == "capability.allowed")
+        .await;
+    let left: Vec<&Value> = allowed
+        .iter()
+        .map(|e| &e["detail"]["budgetLeft"]["costUnits"])
+        .collect();
+    assert_eq!(left, [&json!(150), &json!(50), &json!(0)], "{allowed:?}");
+}

@@ -417,6 +417,53 @@ async fn rotated_certificates_reach_new_connections_and_a_bad_pair_keeps_the_old
     assert!(handshake_ok(&second, &webhook.url).await);
 }
 
+#[tokio::test]
+async fn a_sampling_exception_without_a_model_route_is_refused_at_admission() {
+    let emulator = cluster().await;
+    let webhook = Webhook::start(&emulator, &config_yaml("")).await;
+    let routeless = json!({
+        "apiVersion": "lifeguard.dev/v1alpha1", "kind": "CapabilityException",
+        "metadata": {"name": "routeless", "namespace": "team-a"},
+        "spec": {
+            "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["c"],
+            "purpose": "summaries", "limits": {"maxTokens": 1, "maxIterationsPerTask": 1, "maxRequestsPerMinute": 1},
+            "notBefore": "2026-12-01T00:00:00Z", "expiresAt": "2026-12-15T00:00:00Z",
+            "approvalId": "CHG-1", "signature": "e30..c2ln",
+        },
+    });
+    let review = admission_review(
+        "m-1",
+        &EXCEPTION,
+        Some("team-a"),
+        "CREATE",
+        &routeless,
+        None,
+    );
+    let response = webhook.review("/validate", &review).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.modelRoute: modelRoute is required for a sampling exception"),
+        "{message}"
+    );
+    // An object stored before the rule, updated without touching its spec (a label): the
+    // refusal is a warning, so the object can still be labelled or deleted.
+    let mut labelled = routeless.clone();
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    let review = admission_review(
+        "m-2",
+        &EXCEPTION,
+        Some("team-a"),
+        "UPDATE",
+        &labelled,
+        Some(&routeless),
+    );
+    let response = webhook.review("/validate", &review).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = response["warnings"].to_string();
+    assert!(warnings.contains("modelRoute is required"), "{warnings}");
+}
+
 trait TapCreate {
     fn tap_create(self) -> Self;
 }

@@ -272,6 +272,7 @@ spec:
   capability: sampling
   clients: [c]
   purpose: summaries
+  modelRoute: gateway/summaries
   limits: {maxTokens: 1, maxIterationsPerTask: 1, maxRequestsPerMinute: 1}
   notBefore: '2026-12-01T00:00:00Z'
   expiresAt: '2026-12-15T00:00:00Z'

@@ -346,6 +346,7 @@ pub async fn run(call: &ToolCall, ctx: &JobCtx) -> Outcome {
             tools,
             delay_ms,
             extra,
+            ..
         } => {
             if !ctx.sleep(*delay_ms).await {
                 return Outcome::Cancelled;

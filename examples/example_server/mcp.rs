@@ -343,6 +343,13 @@ async fn tools_call(
                 state.store.slow_polls(&task_id);
             }
         }
+        if let ToolCall::Summarize {
+            ignore_cancel: true,
+            ..
+        } = &call
+        {
+            state.store.ignore_cancel(&task_id);
+        }
         jobs::spawn_task(state.store.clone(), task_id, wake, call);
         return Ok(Reply::Result(created));
     }

@@ -48,6 +48,8 @@ pub enum ToolCall {
         /// More `sampling/createMessage` params (`includeContext`, `systemPrompt`, …), as
         /// given: to exercise an intermediary's isolation checks.
         extra: Map<String, Value>,
+        /// The task ignores `tasks/cancel` (test switch, as for `write_rows`).
+        ignore_cancel: bool,
     },
     ListRoots,
     Unstable {
@@ -152,7 +154,8 @@ pub fn list() -> Value {
                     "rounds": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1},
                     "tools": {"type": "array", "items": {"type": "string"}},
                     "delayMs": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0},
-                    "samplingParams": {"type": "object"}
+                    "samplingParams": {"type": "object"},
+                    "ignoreCancel": {"type": "boolean", "default": false}
                 }),
                 &["text"]
             )
@@ -274,6 +277,7 @@ pub fn parse(params: &Value) -> Result<ToolCall, RpcError> {
         },
         "multi_input" => ToolCall::MultiInput,
         "summarize_with_sampling" => ToolCall::Summarize {
+            ignore_cancel: a.flag("ignoreCancel")?,
             extra: match args.get("samplingParams") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(extra)) => extra.clone(),

@@ -41,7 +41,7 @@ fn policy(spec_extra: Value) -> Value {
 fn exception(spec_extra: Value) -> Value {
     let mut spec = json!({
         "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["c"],
-        "purpose": "summaries", "limits": {"maxTokens": 1, "maxIterationsPerTask": 1,
+        "purpose": "summaries", "modelRoute": "gateway/summaries", "limits": {"maxTokens": 1, "maxIterationsPerTask": 1,
         "maxRequestsPerMinute": 1}, "notBefore": "2026-12-01T00:00:00Z",
         "expiresAt": "2026-12-15T00:00:00Z", "approvalId": "CHG-1", "signature": "h..s",
     });
@@ -328,6 +328,18 @@ fn cases() -> Vec<Case> {
             None,
         ),
         case("valid exception", exception(json!({})), None, None),
+        case(
+            "sampling exception without a model route",
+            exception(json!({"modelRoute": null})),
+            None,
+            Some(rules::SAMPLING_NEEDS_MODEL_ROUTE),
+        ),
+        case(
+            "roots exception without a model route",
+            exception(json!({"modelRoute": null, "capability": "roots"})),
+            None,
+            None,
+        ),
         case(
             "exception expires before it starts",
             exception(json!({"expiresAt": "2026-11-01T00:00:00Z"})),

@@ -10,6 +10,9 @@ pub const COMPILED: &str = "Compiled";
 pub const SIDECARS_IN_SYNC: &str = "SidecarsInSync";
 /// CapabilityException: the signature verified against a trusted approver key.
 pub const SIGNATURE_VERIFIED: &str = "SignatureVerified";
+/// CapabilityException ("abnormal-true"): another object in the namespace carries the same
+/// signed grant (a copy under another name). They share one budget; the copies are flagged.
+pub const DUPLICATE_GRANT: &str = "DuplicateGrant";
 /// PrincipalRevocation: every targeted sidecar applied the revocation.
 pub const PROPAGATED: &str = "Propagated";
 /// McpServerPolicy: another, older policy selects some of the same pods (and wins them).
@@ -45,6 +48,13 @@ pub mod reasons {
     pub const WRONG_SERVER: &str = "WrongServer";
     /// CapabilityException: the approval id is on the revoked-approvals list.
     pub const APPROVAL_REVOKED: &str = "ApprovalRevoked";
+    /// CapabilityException: the spec breaks a rule the CRD's CEL rules and the compiler
+    /// enforce (e.g. a sampling exception without `modelRoute`); it grants nothing.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// CapabilityException: another object carries the same signed grant.
+    pub const DUPLICATE_GRANT: &str = "DuplicateGrant";
+    /// CapabilityException: no other object carries its signed grant.
+    pub const UNIQUE_GRANT: &str = "UniqueGrant";
     /// CapabilityException: verified and inside its validity window.
     pub const ACTIVE: &str = "Active";
     /// McpServerPolicy: the spec does not compile.

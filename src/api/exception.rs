@@ -43,7 +43,10 @@ use super::rules;
 #[x_kube(
     validation = Rule::new("self.expiresAt > self.notBefore")
         .message(rules::EXCEPTION_EXPIRES_AFTER_NOT_BEFORE)
-        .field_path(".expiresAt")
+        .field_path(".expiresAt"),
+    validation = Rule::new("self.capability != 'sampling' || has(self.modelRoute)")
+        .message(rules::SAMPLING_NEEDS_MODEL_ROUTE)
+        .field_path(".modelRoute")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CapabilityExceptionSpec {
@@ -73,7 +76,8 @@ pub struct CapabilityExceptionSpec {
     pub purpose: String,
 
     /// The model route approved for sampling requests under this exception (recorded with every
-    /// use; e.g. the gateway route or model family the client should use).
+    /// use and shown to the client; e.g. the gateway route or model family the client should
+    /// use). Required for `sampling`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub model_route: Option<String>,
@@ -179,9 +183,10 @@ pub struct ExceptionLimits {
     /// Most requests per minute under this exception, across all tasks and clients.
     #[schemars(range(min = 1, max = 1_000_000))]
     pub max_requests_per_minute: u32,
-    /// Reserved: a cost budget in units of the model route. Not enforced yet (sampling answers
-    /// carry no usage the sidecar could settle), so validation refuses exceptions that set it
-    /// rather than grant a budget nobody keeps.
+    /// Sampling: the most cost units all requests under this grant may spend over its
+    /// validity, across tasks and clients. A request costs the `maxTokens` it asks for
+    /// (reserved when it is allowed); one that would go past the budget is refused
+    /// (`cost_budget`). Absent: no cost budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_cost_units: Option<u64>,

@@ -16,7 +16,7 @@ pub const IMMUTABLE_POLICY_REF: &str = "policyRef is immutable; create a new exc
 pub const IMMUTABLE_CAPABILITY: &str = "capability is immutable; create a new exception instead";
 pub const IMMUTABLE_REVOKED_IDENTITY: &str =
     "issuer, subject, tenant and client are immutable; create a new revocation instead";
-pub const COST_UNITS_NOT_ENFORCED: &str = "is not enforced yet (sampling answers carry no usage to settle a cost against): remove it, and bound use with maxTokens, maxIterationsPerTask and maxRequestsPerMinute";
+pub const SAMPLING_NEEDS_MODEL_ROUTE: &str = "modelRoute is required for a sampling exception: name the model route (gateway route or model family) the approver approved for it";
 pub const REDACT_DROP_POINTER: &str =
     "every drop entry must be a JSON pointer starting with '/', e.g. /structuredContent/ssn";
 pub const REVOCATION_NAMES_SOMEONE: &str =

@@ -34,7 +34,7 @@ fn exception(name: &str, expires_at: &str, status: Value) -> CapabilityException
         "metadata": {"name": name, "namespace": "team-a", "generation": 1},
         "spec": {
             "policyRef": {"name": "reports"}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries", "limits": {"maxTokens": 10, "maxIterationsPerTask": 1, "maxRequestsPerMinute": 1},
+            "purpose": "summaries", "modelRoute": "gateway/summaries", "limits": {"maxTokens": 10, "maxIterationsPerTask": 1, "maxRequestsPerMinute": 1},
             "notBefore": "2026-11-30T00:00:00Z", "expiresAt": expires_at,
             "approvalId": "CHG-1", "signature": "x..y",
         },

@@ -56,6 +56,8 @@ pub enum Rejection {
     ToolNotAllowed,
     IterationBudget,
     Rate,
+    /// The grant's cost budget (`maxCostUnits`) would be exceeded by this request.
+    CostBudget,
     /// `includeContext` beyond what the exception grants.
     ContextNotIsolated,
     /// A `systemPrompt` or `messages` beyond the exception's bounds.
@@ -84,6 +86,7 @@ impl Rejection {
             Self::ToolNotAllowed => "tool_not_allowed",
             Self::IterationBudget => "iteration_budget",
             Self::Rate => "rate",
+            Self::CostBudget => "cost_budget",
             Self::ContextNotIsolated => "context_not_isolated",
             Self::ContextTooLarge => "context_too_large",
             Self::SecretInContext => "secret_in_context",

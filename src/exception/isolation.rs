@@ -133,6 +133,7 @@ policyRef: {name: p}
 capability: sampling
 clients: [console]
 purpose: test
+modelRoute: gateway/test
 limits: {maxTokens: 100, maxIterationsPerTask: 1, maxRequestsPerMinute: 1, maxSystemPromptBytes: 10, maxMessageBytes: 200}
 notBefore: 2026-01-01T00:00:00Z
 expiresAt: 2026-02-01T00:00:00Z

@@ -44,6 +44,21 @@ pub fn signing_payload(spec: &CapabilityExceptionSpec, namespace: &str) -> Resul
     bound_payload(spec, namespace, &spec.policy_ref.name)
 }
 
+/// The identity of the signed grant: `sha256:` and the base64url SHA-256 of exactly the bytes
+/// an approver signs ([`signing_payload`]). Every object carrying the same approved grant (a
+/// copy under another name) has the same key, and any change to the grant, which needs a new
+/// signature, gives a new one. Budgets are counted by it.
+pub fn grant_key(spec: &CapabilityExceptionSpec, namespace: &str) -> String {
+    use sha2::{Digest, Sha256};
+    // The payload of a deserialized spec always serializes; an empty payload cannot collide
+    // with a real grant's.
+    let payload = signing_payload(spec, namespace).unwrap_or_default();
+    format!(
+        "sha256:{}",
+        URL_SAFE_NO_PAD.encode(Sha256::digest(&payload))
+    )
+}
+
 /// The payload of `spec` as if it were bound to `namespace`/`policy` (`policyRef.name` included).
 fn bound_payload(
     spec: &CapabilityExceptionSpec,

@@ -310,3 +310,31 @@ fn the_gate_checks_client_tenant_declaration_tokens_and_tools() {
         Err(Rejection::Expired)
     );
 }
+
+#[test]
+fn a_grant_key_is_the_same_for_copies_and_changes_with_the_grant() {
+    let original = signed(APPROVER_KEY, "approver-1", "team-a");
+    let mut copy = original.clone();
+    copy.metadata.name = Some("a-copy".into());
+    let key = grant_key(&original.spec, "team-a");
+    assert!(key.starts_with("sha256:"), "{key}");
+    assert_eq!(
+        grant_key(&copy.spec, "team-a"),
+        key,
+        "the name is not signed"
+    );
+    let resigned = signed(OTHER_KEY, "approver-2", "team-a");
+    assert_eq!(
+        grant_key(&resigned.spec, "team-a"),
+        key,
+        "the grant is what was signed, not who signed it"
+    );
+    let mut edited = original.clone();
+    edited.spec.limits.max_requests_per_minute += 1;
+    assert_ne!(grant_key(&edited.spec, "team-a"), key);
+    assert_ne!(
+        grant_key(&original.spec, "team-b"),
+        key,
+        "bound to its namespace"
+    );
+}

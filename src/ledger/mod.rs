@@ -402,8 +402,14 @@ pub const BUDGET_USE_HORIZON_MS: i64 = 3_600_000;
 /// One use of a CapabilityException's budgets ([`TaskLedger::spend_budget`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BudgetSpend {
-    /// The exception (`namespace/name`).
+    /// The exception (`namespace/name`) the use is recorded under (for people reading the
+    /// ledger; budgets are not counted by it).
     pub exception: String,
+    /// The signed grant the budgets belong to ([`crate::exception::grant_key`]): every object
+    /// carrying the same signed grant draws on one budget, so copying an approved exception
+    /// under another name does not multiply what the approver signed. Uses recorded before
+    /// grants were tracked (an empty grant) count under their exception's name.
+    pub grant: String,
     /// What `max_iterations` counts over: one task, or one principal's exchanges with a tool.
     pub scope: String,
     /// The decision this use is for (task or request scope + input request key). Spending again
@@ -415,8 +421,15 @@ pub struct BudgetSpend {
     /// Only uses younger than this count against `max_iterations` (exchanges); `None`: all.
     /// At most [`BUDGET_USE_HORIZON_MS`].
     pub iteration_window_ms: Option<i64>,
-    /// Uses of the exception (any scope) allowed in the 60 s before `now`.
+    /// Uses of the grant (any scope) allowed in the 60 s before `now`.
     pub max_per_minute: u32,
+    /// Cost units this use costs (sampling: the request's `maxTokens`).
+    pub cost: u64,
+    /// The grant's cost budget (`maxCostUnits`) over its whole validity; `None`: no cost
+    /// budget (nothing is recorded for it).
+    pub max_cost: Option<u64>,
+    /// Until when the grant's spent cost must be kept (its `expiresAt`, Unix ms): purged after.
+    pub cost_until: i64,
     pub now: i64,
 }
 
@@ -427,13 +440,17 @@ pub enum BudgetOutcome {
     Spent {
         iterations_left: u32,
         per_minute_left: u32,
+        /// Cost units left after this use, when the grant has a cost budget.
+        cost_left: Option<u64>,
     },
     /// The decision was spent before (by this or another replica); nothing more was spent.
     Repeated,
     /// `max_iterations` uses of the scope exist already; nothing was recorded.
     IterationBudget,
-    /// `max_per_minute` uses of the exception in the last minute; nothing was recorded.
+    /// `max_per_minute` uses of the grant in the last minute; nothing was recorded.
     Rate,
+    /// This use's cost would take the grant's spent cost past `max_cost`; nothing was recorded.
+    CostBudget,
 }
 
 /// Storage of task ownership and lifecycle. Every method is atomic; implementations must be

@@ -77,6 +77,9 @@ pub struct ExceptionPlan {
     /// The capability it opens and the end of its window (for the expiry gauge).
     pub capability: ExceptionCapability,
     pub expires_at: Timestamp,
+    /// The other objects of the namespace whose verified signature carries the same signed
+    /// grant ([`crate::exception::grant_key`]): copies, which share one budget. Sorted.
+    pub duplicates: Vec<String>,
 }
 
 /// The whole plan.
@@ -157,6 +160,7 @@ fn exception_plan(
         signature_verified: false,
         capability: exception.spec.capability,
         expires_at: exception.spec.expires_at.0,
+        duplicates: Vec::new(),
     };
     if !policy_exists {
         return invalid(
@@ -166,6 +170,18 @@ fn exception_plan(
                 namespace_of(&exception.metadata),
                 exception.spec.policy_ref.name
             ),
+        );
+    }
+    // What the CRD's CEL rules refuse at admission (objects stored before a rule existed
+    // reach us anyway) grants nothing: the compiler leaves such an exception out.
+    let mut problems = crate::policy::problem::Problems::new();
+    crate::policy::validate::validate_exception(exception, &mut problems);
+    if let Some(error) = problems.into_vec().into_iter().find(|p| {
+        p.severity == crate::policy::problem::Severity::Error && p.path != "spec.signature"
+    }) {
+        return invalid(
+            reasons::INVALID_SPEC,
+            format!("{}: {}", error.path, error.message),
         );
     }
     let trust = match keys {
@@ -215,6 +231,38 @@ fn exception_plan(
         message,
         capability: exception.spec.capability,
         expires_at: exception.spec.expires_at.0,
+        duplicates: Vec::new(),
+    }
+}
+
+/// Marks every verified exception that shares its signed grant with another object of its
+/// namespace (a copy under another name: budgets are the grant's, so the copy gains nothing,
+/// but it is flagged for the people who review grants).
+fn flag_duplicate_grants(
+    exceptions: &[Arc<CapabilityException>],
+    plans: &mut BTreeMap<ObjectKey, ExceptionPlan>,
+) {
+    let mut by_grant: BTreeMap<(String, String), Vec<ObjectKey>> = BTreeMap::new();
+    for exception in exceptions {
+        let key = key_of(&exception.metadata);
+        if plans.get(&key).is_some_and(|p| p.signature_verified) {
+            let grant = crate::exception::grant_key(&exception.spec, &key.namespace);
+            by_grant
+                .entry((key.namespace.clone(), grant))
+                .or_default()
+                .push(key);
+        }
+    }
+    for keys in by_grant.values().filter(|keys| keys.len() > 1) {
+        for key in keys {
+            if let Some(plan) = plans.get_mut(key) {
+                plan.duplicates = keys
+                    .iter()
+                    .filter(|k| *k != key)
+                    .map(|k| k.name.clone())
+                    .collect();
+            }
+        }
     }
 }
 
@@ -266,6 +314,7 @@ pub fn plan(world: World<'_>) -> Plan {
         }
         out.exceptions.insert(key_of(&exception.metadata), e);
     }
+    flag_duplicate_grants(world.exceptions, &mut out.exceptions);
 
     let revocations: Vec<PrincipalRevocation> = world
         .revocations

@@ -69,7 +69,7 @@ fn exception(policy: &str, not_before: &str, expires: &str) -> Arc<CapabilityExc
         "metadata": {"name": "ex", "namespace": "team-a", "generation": 1},
         "spec": {
             "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries",
+            "purpose": "summaries", "modelRoute": "gateway/summaries",
             "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
             "notBefore": not_before, "expiresAt": expires, "approvalId": "CHG-1",
             "signature": "placeholder"

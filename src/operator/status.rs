@@ -232,13 +232,30 @@ pub fn exception_status(
         plan.state == ExceptionState::NotYetValid,
         &ready,
     );
+    let duplicate = Want {
+        type_: conditions::DUPLICATE_GRANT,
+        ok: !plan.duplicates.is_empty(),
+        reason: if plan.duplicates.is_empty() {
+            reasons::UNIQUE_GRANT
+        } else {
+            reasons::DUPLICATE_GRANT
+        },
+        message: if plan.duplicates.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "CapabilityException {} carries the same signed grant: copies share one budget and grant nothing more; delete the copies",
+                plan.duplicates.join(", ")
+            )
+        },
+    };
     CapabilityExceptionStatus {
         observed_generation: plan.generation,
         state: Some(plan.state),
         approver: plan.approver.clone(),
         conditions: merge_conditions(
             &previous.conditions,
-            &[ready, signature, reconciling, stalled],
+            &[ready, signature, duplicate, reconciling, stalled],
             plan.generation,
             now,
         ),

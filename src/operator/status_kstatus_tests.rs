@@ -126,6 +126,7 @@ fn exception_object(state: ExceptionState, reason: &'static str) -> Value {
         signature_verified: !matches!(state, ExceptionState::Invalid),
         capability: crate::api::ExceptionCapability::Sampling,
         expires_at: now(),
+        duplicates: Vec::new(),
     };
     let status = exception_status(&plan, &Default::default(), now());
     object("CapabilityException", 1, status)

@@ -2,7 +2,7 @@
 //! that target nothing, and a full compile of every McpServerPolicy found. Shared by
 //! `lifeguard policy check` and the sidecar's standalone policy loader.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use jiff::Timestamp;
@@ -244,6 +244,7 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
     }
 
     let locate = |object: &ObjectRef| located.get(object).copied();
+    duplicate_grants(&exceptions, &mut findings, &locate);
     let mut compiled = Vec::new();
     for policy in &policies {
         let compilation = compile(CompileInput {
@@ -291,6 +292,42 @@ pub fn check_files(files: &[ManifestFile], mode: CompileMode, now: Timestamp) ->
     CheckReport {
         findings: dedupe(findings),
         policies: compiled,
+    }
+}
+
+/// Two objects carrying one signed grant (a copy under another name) are an error: budgets
+/// belong to the grant, so the copy grants nothing more, and in a repository it is a mistake
+/// or an attempt to multiply what the approver signed.
+fn duplicate_grants<'a>(
+    exceptions: &[crate::api::CapabilityException],
+    findings: &mut Vec<Finding>,
+    locate: &impl Fn(&ObjectRef) -> Option<Location<'a>>,
+) {
+    // One grant: the same spec (signature included) in the same namespace — exactly what the
+    // approver signed, since the name is not signed.
+    let mut first: HashMap<(String, String), ObjectRef> = HashMap::new();
+    for exception in exceptions {
+        let object = ObjectRef::exception(exception);
+        let namespace = object.namespace.clone().unwrap_or_default();
+        let Ok(spec) = serde_json::to_string(&exception.spec) else {
+            continue;
+        };
+        let key = (namespace, spec);
+        match first.get(&key) {
+            Some(original) => {
+                let mut p = Problems::new();
+                p.error(
+                    "spec.signature",
+                    format!(
+                        "carries the same signed grant as {original}: a copy under another name shares its budgets and grants nothing more; keep one"
+                    ),
+                );
+                push_object_problems(findings, &object, p, locate);
+            }
+            None => {
+                first.insert(key, object);
+            }
+        }
     }
 }
 

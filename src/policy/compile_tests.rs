@@ -45,6 +45,7 @@ spec:
   capability: sampling
   clients: [console]
   purpose: summaries
+  modelRoute: gateway/summaries
   limits: {{maxTokens: 100, maxIterationsPerTask: 2, maxRequestsPerMinute: 10}}
   notBefore: "2026-11-29T00:00:00Z"
   expiresAt: "2026-12-05T00:00:00Z"

@@ -676,8 +676,16 @@ pub fn validate_exception(exception: &CapabilityException, p: &mut Problems) {
             spec.limits.max_message_bytes.map_or(1, u64::from),
         ),
     ];
-    if spec.limits.max_cost_units.is_some() {
-        p.error("spec.limits.maxCostUnits", rules::COST_UNITS_NOT_ENFORCED);
+    if spec.limits.max_cost_units == Some(0) {
+        p.error("spec.limits.maxCostUnits", "must be at least 1");
+    }
+    if spec.capability == ExceptionCapability::Sampling
+        && spec
+            .model_route
+            .as_deref()
+            .is_none_or(|r| r.trim().is_empty())
+    {
+        p.error("spec.modelRoute", rules::SAMPLING_NEEDS_MODEL_ROUTE);
     }
     for (field, value) in limits {
         if value == 0 {
@@ -697,6 +705,12 @@ pub fn validate_exception(exception: &CapabilityException, p: &mut Problems) {
         }
         if spec.include_context.is_some() {
             p.warning("spec.includeContext", format!("has no meaning for {name}"));
+        }
+        if spec.limits.max_cost_units.is_some() {
+            p.warning(
+                "spec.limits.maxCostUnits",
+                format!("has no meaning for {name}"),
+            );
         }
     }
     check_unique(

@@ -20,7 +20,7 @@ use crate::exception::gate::{
     CapabilityRequest, Rejection, capability_of, covers, declares, verification_rejection,
 };
 use crate::exception::isolation::{SecretScanner, check_isolation};
-use crate::exception::{ApproverTrust, verify};
+use crate::exception::{ApproverTrust, grant_key, verify};
 use crate::ledger::{BudgetOutcome, BudgetSpend, TaskLedger};
 use crate::model::Owner;
 use crate::policy::{EffectivePolicy, ObjectKey};
@@ -38,11 +38,32 @@ pub enum Verdict {
         expires_at: String,
         /// The exception's `purpose`, shown to the client with the request.
         purpose: String,
-        /// Iterations and uses per minute left after this use; `None` when the decision had
-        /// been spent before (another replica made it).
-        budget_left: Option<(u32, u32)>,
+        /// What is left after this use; `None` when the decision had been spent before
+        /// (another replica made it).
+        budget_left: Option<BudgetLeft>,
     },
     Rejected(Rejection),
+}
+
+/// The budgets of a grant left after one use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetLeft {
+    pub iterations: u32,
+    pub per_minute: u32,
+    /// Cost units left, when the grant has a cost budget (`maxCostUnits`).
+    pub cost_units: Option<u64>,
+}
+
+/// The cost units of one input request: a sampling request costs the `maxTokens` it asks for
+/// (the most the client's model may produce for it; reserved when it is allowed, whether or
+/// not it is answered, since the sidecar cannot see what the model spent). Roots cost nothing.
+pub fn cost_units(capability: ExceptionCapability, params: &Value) -> u64 {
+    match capability {
+        ExceptionCapability::Sampling => {
+            params.get("maxTokens").and_then(Value::as_u64).unwrap_or(0)
+        }
+        _ => 0,
+    }
 }
 
 /// Input requests of one message after screening.
@@ -70,7 +91,29 @@ impl Screened {
 
 #[derive(Default)]
 struct GateState {
-    decided: HashMap<(String, String), Verdict>,
+    /// Decisions per scope (task), then input key.
+    decided: HashMap<String, HashMap<String, Decided>>,
+    /// Decisions held in `decided`.
+    count: usize,
+}
+
+struct Decided {
+    verdict: Verdict,
+    /// A client's answer to this (allowed) request was forwarded to the server.
+    answered: bool,
+}
+
+impl GateState {
+    fn get(&self, scope: &str, key: &str) -> Option<&Decided> {
+        self.decided.get(scope)?.get(key)
+    }
+}
+
+/// An allowed input request whose task ended before any answer reached the server.
+#[derive(Clone, Debug)]
+pub struct Lapsed {
+    pub key: String,
+    pub allowance: Verdict,
 }
 
 /// The gate's memory of decisions. Budgets that change with use are kept in the ledger
@@ -239,8 +282,9 @@ impl CapabilityGate {
         requests: &mut Map<String, Value>,
     ) -> Option<Vec<(String, Pending)>> {
         let mut state = self.state.lock().ok()?;
-        if state.decided.len() > MAX_DECISIONS {
+        if state.count > MAX_DECISIONS {
             state.decided.clear();
+            state.count = 0;
         }
         let mut pending = Vec::new();
         let keys: Vec<String> = requests.keys().cloned().collect();
@@ -251,8 +295,7 @@ impl CapabilityGate {
             let Some(capability) = gated(request) else {
                 continue;
             };
-            let decided_key = (carrier.scope.to_owned(), key.clone());
-            let previous = state.decided.get(&decided_key).cloned();
+            let previous = state.get(carrier.scope, &key).map(|d| d.verdict.clone());
             if !carrier.audit_ok && !matches!(previous, Some(Verdict::Rejected(_))) {
                 requests.remove(&key);
                 continue;
@@ -292,9 +335,51 @@ impl CapabilityGate {
     /// `None` if the memory is poisoned.
     fn record(&self, carrier: &Carrier<'_>, key: &str, verdict: Verdict) -> Option<Verdict> {
         let mut state = self.state.lock().ok()?;
-        let decided_key = (carrier.scope.to_owned(), key.to_owned());
-        state.decided.insert(decided_key, verdict.clone());
+        let decided = Decided {
+            verdict: verdict.clone(),
+            answered: false,
+        };
+        let added = state
+            .decided
+            .entry(carrier.scope.to_owned())
+            .or_default()
+            .insert(key.to_owned(), decided)
+            .is_none();
+        if added {
+            state.count += 1;
+        }
         Some(verdict)
+    }
+
+    /// Notes that a client's answer to `key` of `scope` was forwarded to the server.
+    pub fn note_answered(&self, scope: &str, key: &str) {
+        if let Ok(mut state) = self.state.lock()
+            && let Some(decided) = state.decided.get_mut(scope).and_then(|s| s.get_mut(key))
+        {
+            decided.answered = true;
+        }
+    }
+
+    /// Forgets the decisions of `scope` (its task ended) and returns the allowed requests no
+    /// answer was ever forwarded for: they lapsed, and are audited as such.
+    pub fn end_scope(&self, scope: &str) -> Vec<Lapsed> {
+        let Ok(mut state) = self.state.lock() else {
+            return Vec::new();
+        };
+        let Some(decided) = state.decided.remove(scope) else {
+            return Vec::new();
+        };
+        state.count = state.count.saturating_sub(decided.len());
+        let mut lapsed: Vec<Lapsed> = decided
+            .into_iter()
+            .filter(|(_, d)| !d.answered && matches!(d.verdict, Verdict::Allowed { .. }))
+            .map(|(key, d)| Lapsed {
+                key,
+                allowance: d.verdict,
+            })
+            .collect();
+        lapsed.sort_by(|a, b| a.key.cmp(&b.key));
+        lapsed
     }
 
     /// Whether the gate allowed `key` of `scope`: only then may a client's answer to that
@@ -307,8 +392,8 @@ impl CapabilityGate {
     pub fn allowance(&self, scope: &str, key: &str) -> Option<Verdict> {
         let state = self.state.lock().ok()?;
         state
-            .decided
-            .get(&(scope.to_owned(), key.to_owned()))
+            .get(scope, key)
+            .map(|d| &d.verdict)
             .filter(|v| matches!(v, Verdict::Allowed { .. }))
             .cloned()
     }
@@ -464,6 +549,13 @@ async fn decide(
         let limits = &exception.spec.limits;
         let spend = BudgetSpend {
             exception: exception.exception.to_string(),
+            // Budgets belong to the signed grant: copies of one approval share them.
+            grant: grant_key(&exception.spec, &exception.exception.namespace),
+            cost: cost_units(capability, params),
+            max_cost: limits
+                .max_cost_units
+                .filter(|_| capability == ExceptionCapability::Sampling),
+            cost_until: exception.expires_at.as_millisecond(),
             scope: budget_scope.clone(),
             decision: format!("{}\n{key}", carrier.scope),
             task: task.clone(),
@@ -476,7 +568,12 @@ async fn decide(
             BudgetOutcome::Spent {
                 iterations_left,
                 per_minute_left,
-            } => Some((iterations_left, per_minute_left)),
+                cost_left,
+            } => Some(BudgetLeft {
+                iterations: iterations_left,
+                per_minute: per_minute_left,
+                cost_units: cost_left,
+            }),
             // Spent before, for this very decision (by another replica, or before a restart).
             BudgetOutcome::Repeated => None,
             BudgetOutcome::IterationBudget => {
@@ -485,6 +582,10 @@ async fn decide(
             }
             BudgetOutcome::Rate => {
                 best = best.most_specific(Rejection::Rate);
+                continue;
+            }
+            BudgetOutcome::CostBudget => {
+                best = best.most_specific(Rejection::CostBudget);
                 continue;
             }
         };
@@ -536,8 +637,13 @@ fn audit_events(
             .detail(
                 "budgetLeft",
                 match budget_left {
-                    Some((iterations, per_minute)) => {
-                        json!({"iterations": iterations, "perMinute": per_minute})
+                    Some(left) => {
+                        let mut value =
+                            json!({"iterations": left.iterations, "perMinute": left.per_minute});
+                        if let Some(cost) = left.cost_units {
+                            value["costUnits"] = json!(cost);
+                        }
+                        value
                     }
                     None => Value::Null,
                 },
@@ -577,41 +683,27 @@ pub fn answered_event(
     )
 }
 
-/// How the server learns that a refused input request will not be answered.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Refusal {
-    /// An answer that reveals nothing and that the 2026-07-28 schema and the official SDKs
-    /// accept: `roots/list` → `{"roots": []}` (no roots shared).
-    Answer(Value),
-    /// No refusal exists that servers accept (`sampling/createMessage`: the schema has no
-    /// error or decline form, and any accepted shape would be made-up model output). The
-    /// request cannot go on: a task fails, a synchronous call gets an error. See
-    /// docs/interop.md for what was measured.
-    Unanswerable,
-}
-
-/// The refusal of an input request for `capability_method`.
-pub fn refusal(capability_method: &str) -> Refusal {
-    match capability_of(capability_method) {
-        Some(ExceptionCapability::Roots) => Refusal::Answer(json!({"roots": []})),
-        _ => Refusal::Unanswerable,
-    }
-}
-
-/// The error a request or task ends with when the server asked for a capability the policy
-/// refuses and that cannot be declined.
-pub fn unanswerable_error(capability_method: &str, reason: Rejection, policy_name: &str) -> Value {
-    json!({
-        "code": crate::mcp::codes::INTERNAL_ERROR,
-        "message": format!(
-            "The MCP server asked for {capability_method}, which the Lifeguard policy {policy_name} does not allow"
-        ),
-        "data": {
-            "capability": capability_method,
-            "reason": reason.as_str(),
-            "policy": policy_name,
-        },
-    })
+/// `capability.lapsed`: an allowed input request whose task ended (`end_reason`) before any
+/// answer reached the server. Names the allowance it was given, like `capability.answered`.
+pub fn lapsed_event(base: AuditEvent, lapsed: &Lapsed, end_reason: &str) -> Option<AuditEvent> {
+    let Verdict::Allowed {
+        exception,
+        approval_id,
+        model_route,
+        expires_at,
+        ..
+    } = &lapsed.allowance
+    else {
+        return None;
+    };
+    Some(
+        base.detail("inputKey", lapsed.key.clone())
+            .detail("exception", exception.to_string())
+            .detail("approvalId", approval_id.clone())
+            .detail("modelRoute", json!(model_route))
+            .detail("exceptionExpiresAt", expires_at.clone())
+            .detail("endReason", end_reason.to_owned()),
+    )
 }
 
 #[cfg(test)]
@@ -689,19 +781,5 @@ mod tests {
         assert!(second.newly_rejected.is_empty());
         assert_eq!(second.refused.len(), 1);
         assert!(second.events.is_empty());
-    }
-
-    #[test]
-    fn roots_are_refused_with_an_empty_list_and_sampling_cannot_be() {
-        assert_eq!(refusal("roots/list"), Refusal::Answer(json!({"roots": []})));
-        assert_eq!(refusal("sampling/createMessage"), Refusal::Unanswerable);
-        let e = unanswerable_error(
-            "sampling/createMessage",
-            Rejection::NoException,
-            "team-a/reports",
-        );
-        assert_eq!(e["code"], crate::mcp::codes::INTERNAL_ERROR);
-        assert_eq!(e["data"]["reason"], "no_exception");
-        assert!(e["message"].as_str().unwrap().contains("team-a/reports"));
     }
 }

@@ -13,7 +13,8 @@ use crate::mcp::task::{
 };
 
 use super::active_policy::ActivePolicy;
-use super::capability::{Budget, Carrier, Refusal, refusal, unanswerable_error};
+use super::capability::{Budget, Carrier};
+use super::capability_refusal::{Refusal, refusal, unanswerable_error};
 use super::context::RequestContext;
 use super::decisions::capability_refused;
 use super::error::Error;

@@ -46,6 +46,7 @@ mod active_policy;
 mod app_probes;
 mod cancellation;
 mod capability;
+mod capability_refusal;
 mod capability_screen;
 mod client_cancel;
 mod context;

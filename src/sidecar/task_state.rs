@@ -167,6 +167,14 @@ pub async fn settle_terminal_as(
                 );
             }
             app.audit.log(line);
+            // Allowed capability requests the client never answered lapse with the task.
+            for lapsed in app.gate.end_scope(record.id.as_str()) {
+                let base = audit("capability.lapsed", "unanswered");
+                if let Some(event) = super::capability::lapsed_event(base, &lapsed, reason.as_str())
+                {
+                    app.audit.log(event);
+                }
+            }
             Some(Settled {
                 record: *after,
                 applied: true,

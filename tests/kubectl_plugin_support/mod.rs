@@ -160,6 +160,7 @@ spec:
   capability: sampling
   clients: [console]
   purpose: summaries
+  modelRoute: gateway/summaries
   limits: {{maxTokens: 100, maxIterationsPerTask: 1, maxRequestsPerMinute: 10}}
   notBefore: "{}"
   expiresAt: "{}"

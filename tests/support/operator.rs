@@ -446,7 +446,7 @@ pub fn signed_exception(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries",
+            "purpose": "summaries", "modelRoute": "gateway/summaries",
             "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
             "notBefore": not_before.to_string(), "expiresAt": expires.to_string(),
             "approvalId": "CHG-1", "signature": "placeholder"

@@ -80,6 +80,8 @@ macro_rules! ledger_conformance_tests {
             cancels_due_per_home,
             leases,
             budgets,
+            budgets_by_grant,
+            budget_costs,
             budget_race,
             budgets_purged,
             run_all,
@@ -127,7 +129,8 @@ pub use lifecycle::{
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
 pub use replicas::{
-    budget_race, budgets, budgets_purged, cancels_due_per_home, leases, replicas_and_orphans,
+    budget_costs, budget_race, budgets, budgets_by_grant, budgets_purged, cancels_due_per_home,
+    leases, replicas_and_orphans,
 };
 pub use settlement::{
     settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
@@ -200,6 +203,8 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     cancels_due_per_home(ledger).await;
     leases(ledger).await;
     budgets(ledger).await;
+    budgets_by_grant(ledger).await;
+    budget_costs(ledger).await;
     budget_race(ledger).await;
     budgets_purged(ledger).await;
 }
@@ -249,6 +254,8 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         cancels_due_per_home(ledger).boxed_local(),
         leases(ledger).boxed_local(),
         budgets(ledger).boxed_local(),
+        budgets_by_grant(ledger).boxed_local(),
+        budget_costs(ledger).boxed_local(),
         budget_race(ledger).boxed_local(),
     ];
     join_all(suite).await;

@@ -152,15 +152,20 @@ pub async fn leases(ledger: &dyn TaskLedger) {
     assert_eq!(granted, 1, "one holder of a free lease");
 }
 
-fn spend(exception: &str, scope: &str, decision: &str, now: i64) -> BudgetSpend {
+/// A use of the grant `grant`, recorded under an exception of the same name.
+fn spend(grant: &str, scope: &str, decision: &str, now: i64) -> BudgetSpend {
     BudgetSpend {
-        exception: exception.into(),
+        exception: grant.into(),
+        grant: grant.into(),
         scope: scope.into(),
         decision: decision.into(),
         task: None,
         max_iterations: 2,
         iteration_window_ms: None,
         max_per_minute: 3,
+        cost: 0,
+        max_cost: None,
+        cost_until: FAR * 2,
         now,
     }
 }
@@ -175,6 +180,7 @@ pub async fn budgets(ledger: &dyn TaskLedger) {
     let left = |iterations_left, per_minute_left| BudgetOutcome::Spent {
         iterations_left,
         per_minute_left,
+        cost_left: None,
     };
     assert_eq!(
         spent(ledger, spend(&e, "task-a", "a/1", AT)).await,
@@ -240,6 +246,117 @@ pub async fn budgets(ledger: &dyn TaskLedger) {
         ),
         "the first use left the window"
     );
+}
+
+/// Budgets belong to the grant, not to the object: two exceptions carrying one grant draw on
+/// one budget (iterations, rate, and a repeated decision); a re-signed object (same name, new
+/// grant) moves a repeated decision to the new grant instead of failing.
+pub async fn budgets_by_grant(ledger: &dyn TaskLedger) {
+    let grant = unique("sha256:grant-");
+    let under = |name: &str, scope: &str, decision: &str, now: i64| BudgetSpend {
+        exception: name.into(),
+        ..spend(&grant, scope, decision, now)
+    };
+    let (a, b) = (unique("ns/original-"), unique("ns/clone-"));
+    assert!(matches!(
+        spent(ledger, under(&a, "task-a", "a/1", AT)).await,
+        BudgetOutcome::Spent { .. }
+    ));
+    assert_eq!(
+        spent(ledger, under(&b, "task-a", "a/1", AT + 1)).await,
+        BudgetOutcome::Repeated,
+        "the clone sees the decision the original spent"
+    );
+    assert!(matches!(
+        spent(ledger, under(&b, "task-a", "a/2", AT + 2)).await,
+        BudgetOutcome::Spent {
+            iterations_left: 0,
+            per_minute_left: 1,
+            ..
+        }
+    ));
+    assert_eq!(
+        spent(ledger, under(&a, "task-a", "a/3", AT + 3)).await,
+        BudgetOutcome::IterationBudget,
+        "the task's iterations are the grant's, whichever object asks"
+    );
+    assert!(matches!(
+        spent(ledger, under(&b, "task-b", "b/1", AT + 4)).await,
+        BudgetOutcome::Spent { .. }
+    ));
+    assert_eq!(
+        spent(ledger, under(&a, "task-c", "c/1", AT + 5)).await,
+        BudgetOutcome::Rate,
+        "three uses of the grant within a minute, across both objects"
+    );
+    // The original re-signed (a new grant under the same name) deciding a decision it spent
+    // before: recorded for the new grant, not an error.
+    let resigned = BudgetSpend {
+        grant: unique("sha256:grant-"),
+        ..under(&a, "task-a", "a/1", AT + 6)
+    };
+    assert!(matches!(
+        spent(ledger, resigned).await,
+        BudgetOutcome::Spent { .. }
+    ));
+}
+
+/// A cost budget is the grant's over its validity, across tasks and scopes: each use reserves
+/// its cost, and a use that would go past the budget is refused and records nothing.
+pub async fn budget_costs(ledger: &dyn TaskLedger) {
+    let grant = unique("sha256:cost-");
+    let costing = |scope: &str, decision: &str, cost: u64| BudgetSpend {
+        cost,
+        max_cost: Some(1_000),
+        max_iterations: 100,
+        max_per_minute: 100,
+        ..spend(&grant, scope, decision, AT)
+    };
+    assert_eq!(
+        spent(ledger, costing("task-a", "a/1", 600)).await,
+        BudgetOutcome::Spent {
+            iterations_left: 99,
+            per_minute_left: 99,
+            cost_left: Some(400)
+        }
+    );
+    assert_eq!(
+        spent(ledger, costing("task-a", "a/1", 600)).await,
+        BudgetOutcome::Repeated,
+        "a repeated decision costs nothing"
+    );
+    assert_eq!(
+        spent(ledger, costing("task-b", "b/1", 401)).await,
+        BudgetOutcome::CostBudget
+    );
+    assert!(matches!(
+        spent(ledger, costing("task-b", "b/1", 400)).await,
+        BudgetOutcome::Spent {
+            cost_left: Some(0),
+            ..
+        }
+    ));
+    assert_eq!(
+        spent(ledger, costing("task-c", "c/1", 1)).await,
+        BudgetOutcome::CostBudget,
+        "spent out"
+    );
+    // Concurrent uses never overspend it.
+    let raced = unique("sha256:cost-");
+    let outcomes = join_all((0..12).map(|i| {
+        let s = BudgetSpend {
+            grant: raced.clone(),
+            exception: raced.clone(),
+            ..costing("task", &format!("d/{i}"), 100)
+        };
+        async move { spent(ledger, s).await }
+    }))
+    .await;
+    let granted = outcomes
+        .iter()
+        .filter(|o| matches!(o, BudgetOutcome::Spent { .. }))
+        .count();
+    assert_eq!(granted, 10, "{outcomes:?}");
 }
 
 /// Concurrent uses never overspend; concurrent repeats of one decision spend once.

@@ -114,30 +114,37 @@ pub(super) async fn spend_budget(
     server: &str,
     spend: &BudgetSpend,
 ) -> Result<BudgetOutcome> {
-    // Spends of one exception take turns (across replicas): the counts below see every use
+    // (The same decision under the same object name and another grant — the object was
+    // re-signed — moves the use to the grant in force.)
+    // Spends of one grant take turns (across replicas): the counts below see every use
     // committed before, and no other can commit before this one does.
     exec(
         tx,
         "SELECT pg_advisory_xact_lock($1)",
-        &[&lock_key(&["budget", server, &spend.exception])],
-        "lock the exception's budget",
+        &[&lock_key(&["budget", server, &spend.grant])],
+        "lock the grant's budget",
     )
     .await?;
     let since = spend
         .iteration_window_ms
         .map_or(i64::MIN, |w| spend.now.saturating_sub(w));
+    // A use counts for the grant it was spent under; uses recorded before grants were tracked
+    // (`grant_key = ''`) count under their exception's name.
     let sql = "SELECT \
-        EXISTS (SELECT 1 FROM lifeguard_budget_uses WHERE server = $1 AND exception = $2 \
-            AND decision = $3), \
-        (SELECT count(*) FROM lifeguard_budget_uses WHERE server = $1 AND exception = $2 \
-            AND scope = $4 AND used_at > $5), \
-        (SELECT count(*) FROM lifeguard_budget_uses WHERE server = $1 AND exception = $2 \
-            AND used_at > $6)";
+        EXISTS (SELECT 1 FROM lifeguard_budget_uses WHERE server = $1 \
+            AND (grant_key = $2 OR (grant_key = '' AND exception = $3)) AND decision = $4), \
+        (SELECT count(*) FROM lifeguard_budget_uses WHERE server = $1 \
+            AND (grant_key = $2 OR (grant_key = '' AND exception = $3)) \
+            AND scope = $5 AND used_at > $6), \
+        (SELECT count(*) FROM lifeguard_budget_uses WHERE server = $1 \
+            AND (grant_key = $2 OR (grant_key = '' AND exception = $3)) AND used_at > $7), \
+        (SELECT spent FROM lifeguard_budget_costs WHERE server = $1 AND grant_key = $2)";
     let row = one_row(
         tx,
         sql,
         &[
             &server,
+            &spend.grant,
             &spend.exception,
             &spend.decision,
             &spend.scope,
@@ -150,6 +157,7 @@ pub(super) async fn spend_budget(
     let spent_before: bool = row.try_get(0).map_err(corrupt)?;
     let iterations: i64 = row.try_get(1).map_err(corrupt)?;
     let last_minute: i64 = row.try_get(2).map_err(corrupt)?;
+    let cost_spent: Option<i64> = row.try_get(3).map_err(corrupt)?;
     if spent_before {
         return Ok(BudgetOutcome::Repeated);
     }
@@ -159,14 +167,47 @@ pub(super) async fn spend_budget(
     if last_minute >= i64::from(spend.max_per_minute) {
         return Ok(BudgetOutcome::Rate);
     }
-    let sql = "INSERT INTO lifeguard_budget_uses (server, exception, decision, scope, task_id, \
-               used_at) VALUES ($1, $2, $3, $4, $5, $6)";
+    let cost_left = match spend.max_cost {
+        None => None,
+        Some(max_cost) => {
+            let spent = u64::try_from(cost_spent.unwrap_or(0)).unwrap_or(u64::MAX);
+            let Some(after) = spent
+                .checked_add(spend.cost)
+                .filter(|after| *after <= max_cost)
+            else {
+                return Ok(BudgetOutcome::CostBudget);
+            };
+            let sql = "INSERT INTO lifeguard_budget_costs (server, grant_key, spent, held_until) \
+                       VALUES ($1, $2, $3, $4) ON CONFLICT (server, grant_key) DO UPDATE \
+                       SET spent = excluded.spent, \
+                       held_until = GREATEST(lifeguard_budget_costs.held_until, excluded.held_until)";
+            exec(
+                tx,
+                sql,
+                &[
+                    &server,
+                    &spend.grant,
+                    &i64::try_from(after).unwrap_or(i64::MAX),
+                    &spend.cost_until,
+                ],
+                "spend cost",
+            )
+            .await?;
+            Some(max_cost - after)
+        }
+    };
+    let sql = "INSERT INTO lifeguard_budget_uses (server, exception, grant_key, decision, scope, \
+               task_id, used_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+               ON CONFLICT (server, exception, decision) DO UPDATE \
+               SET grant_key = excluded.grant_key, scope = excluded.scope, \
+               task_id = excluded.task_id, used_at = excluded.used_at";
     exec(
         tx,
         sql,
         &[
             &server,
             &spend.exception,
+            &spend.grant,
             &spend.decision,
             &spend.scope,
             &spend.task.as_ref().map(TaskId::as_str),
@@ -179,10 +220,12 @@ pub(super) async fn spend_budget(
     Ok(BudgetOutcome::Spent {
         iterations_left: spend.max_iterations - (iterations as u32) - 1,
         per_minute_left: spend.max_per_minute - (last_minute as u32) - 1,
+        cost_left,
     })
 }
 
-/// Deletes the budget uses of purged tasks, and uses outside tasks older than any window.
+/// Deletes the budget uses of purged tasks, uses outside tasks older than any window, and the
+/// spent cost of grants that expired.
 pub(super) async fn forget_budget_uses(
     tx: &Transaction<'_>,
     server: &str,
@@ -206,6 +249,14 @@ pub(super) async fn forget_budget_uses(
         sql,
         &[&server, &now.saturating_sub(BUDGET_USE_HORIZON_MS)],
         "delete old budget uses",
+    )
+    .await?;
+    let sql = "DELETE FROM lifeguard_budget_costs WHERE server = $1 AND held_until <= $2";
+    exec(
+        tx,
+        sql,
+        &[&server, &now],
+        "delete the spent cost of expired grants",
     )
     .await?;
     Ok(())

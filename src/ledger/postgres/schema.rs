@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -169,6 +169,27 @@ ALTER TABLE lifeguard_cancel_intents
     ADD CONSTRAINT lifeguard_cancel_intents_reason_check
         CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation',
                           'identity_lease_expired'));
+";
+
+/// Version 4 (SQLite's version 7): budgets belong to the signed grant, not to the object's
+/// name (`grant_key`: a digest of the signed grant, the same for every copy of one approval;
+/// uses recorded before carry `''` and count under their exception's name), and the cost units
+/// each grant has spent over its validity (`lifeguard_budget_costs`, kept until it expires).
+const V4: &str = "
+ALTER TABLE lifeguard_budget_uses ADD COLUMN grant_key TEXT NOT NULL DEFAULT '';
+CREATE INDEX lifeguard_budget_uses_grant_scope
+    ON lifeguard_budget_uses (server, grant_key, scope, used_at);
+CREATE INDEX lifeguard_budget_uses_grant_rate ON lifeguard_budget_uses (server, grant_key, used_at);
+CREATE INDEX lifeguard_budget_uses_grant_decision
+    ON lifeguard_budget_uses (server, grant_key, decision);
+
+CREATE TABLE lifeguard_budget_costs (
+    server     TEXT NOT NULL,
+    grant_key  TEXT NOT NULL,
+    spent      BIGINT NOT NULL CHECK (spent >= 0),
+    held_until BIGINT NOT NULL,
+    PRIMARY KEY (server, grant_key)
+);
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

@@ -766,7 +766,8 @@ pub(super) fn purge_expired(
     Ok((purged, voided))
 }
 
-/// Deletes the budget uses of purged tasks, and uses outside tasks older than any window.
+/// Deletes the budget uses of purged tasks, uses outside tasks older than any window, and the
+/// spent cost of grants that expired.
 fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<()> {
     let mut by_task = conn
         .prepare_cached("DELETE FROM budget_uses WHERE task_id = ?1")
@@ -780,6 +781,10 @@ fn forget_budget_uses(conn: &Connection, purged: &[TaskId], now: i64) -> Result<
         .ctx("prepare old budget use delete")?
         .execute([now.saturating_sub(BUDGET_USE_HORIZON_MS)])
         .ctx("delete old budget uses")?;
+    conn.prepare_cached("DELETE FROM budget_costs WHERE until <= ?1")
+        .ctx("prepare expired cost delete")?
+        .execute([now])
+        .ctx("delete the spent cost of expired grants")?;
     Ok(())
 }
 

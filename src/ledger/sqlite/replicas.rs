@@ -75,12 +75,18 @@ pub(super) fn try_lease(
 }
 
 pub(super) fn spend_budget(conn: &Connection, spend: &BudgetSpend) -> Result<BudgetOutcome> {
+    // A use counts for the grant it was spent under; uses recorded before grants were tracked
+    // (`grant_key = ''`) count under their exception's name.
+    const OF_GRANT: &str = "(grant_key = ?1 OR (grant_key = '' AND exception = ?2))";
     let spent_before: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM budget_uses WHERE exception = ?1 AND decision = ?2)",
-        )
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM budget_uses WHERE {OF_GRANT} AND decision = ?3)"
+        ))
         .ctx("prepare budget decision lookup")?
-        .query_row(params![spend.exception, spend.decision], |row| row.get(0))
+        .query_row(
+            params![spend.grant, spend.exception, spend.decision],
+            |row| row.get(0),
+        )
         .ctx("look up budget decision")?;
     if spent_before {
         return Ok(BudgetOutcome::Repeated);
@@ -89,35 +95,78 @@ pub(super) fn spend_budget(conn: &Connection, spend: &BudgetSpend) -> Result<Bud
         .iteration_window_ms
         .map_or(i64::MIN, |w| spend.now.saturating_sub(w));
     let iterations: i64 = conn
-        .prepare_cached(
-            "SELECT COUNT(*) FROM budget_uses WHERE exception = ?1 AND scope = ?2 AND at > ?3",
-        )
+        .prepare_cached(&format!(
+            "SELECT COUNT(*) FROM budget_uses WHERE {OF_GRANT} AND scope = ?3 AND at > ?4"
+        ))
         .ctx("prepare iteration count")?
-        .query_row(params![spend.exception, spend.scope, since], |row| {
-            row.get(0)
-        })
+        .query_row(
+            params![spend.grant, spend.exception, spend.scope, since],
+            |row| row.get(0),
+        )
         .ctx("count iterations")?;
     if iterations >= i64::from(spend.max_iterations) {
         return Ok(BudgetOutcome::IterationBudget);
     }
     let last_minute: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM budget_uses WHERE exception = ?1 AND at > ?2")
+        .prepare_cached(&format!(
+            "SELECT COUNT(*) FROM budget_uses WHERE {OF_GRANT} AND at > ?3"
+        ))
         .ctx("prepare rate count")?
         .query_row(
-            params![spend.exception, spend.now.saturating_sub(60_000)],
+            params![
+                spend.grant,
+                spend.exception,
+                spend.now.saturating_sub(60_000)
+            ],
             |row| row.get(0),
         )
         .ctx("count uses in the last minute")?;
     if last_minute >= i64::from(spend.max_per_minute) {
         return Ok(BudgetOutcome::Rate);
     }
+    let cost_left = match spend.max_cost {
+        None => None,
+        Some(max_cost) => {
+            let spent: Option<i64> = conn
+                .prepare_cached("SELECT spent FROM budget_costs WHERE grant_key = ?1")
+                .ctx("prepare cost lookup")?
+                .query_row(params![spend.grant], |row| row.get(0))
+                .optional()
+                .ctx("look up spent cost")?;
+            let spent = u64::try_from(spent.unwrap_or(0)).unwrap_or(u64::MAX);
+            let Some(after) = spent
+                .checked_add(spend.cost)
+                .filter(|after| *after <= max_cost)
+            else {
+                return Ok(BudgetOutcome::CostBudget);
+            };
+            conn.prepare_cached(
+                "INSERT INTO budget_costs (grant_key, spent, until) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (grant_key) DO UPDATE SET spent = excluded.spent, \
+                 until = max(budget_costs.until, excluded.until)",
+            )
+            .ctx("prepare cost spend")?
+            .execute(params![
+                spend.grant,
+                i64::try_from(after).unwrap_or(i64::MAX),
+                spend.cost_until
+            ])
+            .ctx("spend cost")?;
+            Some(max_cost - after)
+        }
+    };
     conn.prepare_cached(
-        "INSERT INTO budget_uses (exception, decision, scope, task_id, at) \
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        // The same decision under the same object name and another grant (the object was
+        // re-signed) moves the use to the grant in force.
+        "INSERT INTO budget_uses (exception, grant_key, decision, scope, task_id, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (exception, decision) DO UPDATE \
+         SET grant_key = excluded.grant_key, scope = excluded.scope, \
+         task_id = excluded.task_id, at = excluded.at",
     )
     .ctx("prepare budget use")?
     .execute(params![
         spend.exception,
+        spend.grant,
         spend.decision,
         spend.scope,
         spend.task.as_ref().map(TaskId::as_str),
@@ -128,5 +177,6 @@ pub(super) fn spend_budget(conn: &Connection, spend: &BudgetSpend) -> Result<Bud
     Ok(BudgetOutcome::Spent {
         iterations_left: spend.max_iterations - (iterations as u32) - 1,
         per_minute_left: spend.max_per_minute - (last_minute as u32) - 1,
+        cost_left,
     })
 }

@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub(super) const SCHEMA_VERSION: i64 = 7;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -30,6 +30,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Sql(V4),
     Step::Sql(V5),
     Step::Sql(V6),
+    Step::Sql(V7),
 ];
 
 /// Version 1.
@@ -221,6 +222,26 @@ INSERT INTO cancel_intents_v6 (task_id, reason, requested_by, pending_message, r
 DROP TABLE cancel_intents;
 ALTER TABLE cancel_intents_v6 RENAME TO cancel_intents;
 CREATE INDEX cancel_intents_due ON cancel_intents (next_attempt_at);
+";
+
+/// Version 7: budgets belong to the signed grant, not to the object's name.
+///
+/// - `budget_uses.grant_key`: the grant a use was spent under (a digest of the signed grant,
+///   the same for every copy of one approval). Uses recorded before carry `''` and keep
+///   counting under their exception's name until they age out or their task is purged.
+/// - `budget_costs`: the cost units (`maxCostUnits`) each grant has spent over its validity,
+///   kept until the grant expires (`until`, Unix ms).
+pub(super) const V7: &str = "
+ALTER TABLE budget_uses ADD COLUMN grant_key TEXT NOT NULL DEFAULT '';
+CREATE INDEX budget_uses_grant_scope ON budget_uses (grant_key, scope, at);
+CREATE INDEX budget_uses_grant_rate ON budget_uses (grant_key, at);
+CREATE INDEX budget_uses_grant_decision ON budget_uses (grant_key, decision);
+
+CREATE TABLE budget_costs (
+    grant_key TEXT PRIMARY KEY NOT NULL,
+    spent     INTEGER NOT NULL CHECK (spent >= 0),
+    until     INTEGER NOT NULL
+) STRICT;
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

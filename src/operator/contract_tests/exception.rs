@@ -43,6 +43,8 @@ enum Scenario {
     PolicyNotFound,
     NoTrustedKeys,
     BadSignature,
+    /// Signed as it is, but a sampling grant without `modelRoute` (stored before the CEL rule).
+    InvalidSpec,
 }
 
 /// A condition as expected: status, reason, message.
@@ -64,6 +66,16 @@ impl Scenario {
         if let Self::BadSignature = self {
             // Edited after approval.
             object.spec.purpose = "everything".into();
+        }
+        if let Self::InvalidSpec = self {
+            object.spec.model_route = None;
+            object.spec.signature = crate::exception::sign(
+                &object.spec,
+                NS,
+                super::fixtures::APPROVER_KEY,
+                APPROVER_KID,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
         }
         let cluster = Cluster {
             policies: vec![policy("reports")],
@@ -99,7 +111,9 @@ impl Scenario {
                 "valid from 2026-12-06T00:00:00Z".into(),
             ),
             Self::Expired => ("False", "Expired", "expired at 2026-12-01T00:00:00Z".into()),
-            Self::PolicyNotFound | Self::NoTrustedKeys | Self::BadSignature => self.signature(),
+            Self::PolicyNotFound | Self::NoTrustedKeys | Self::BadSignature | Self::InvalidSpec => {
+                self.signature()
+            }
         }
     }
 
@@ -117,6 +131,14 @@ impl Scenario {
                 "False",
                 "NoTrustedKeys",
                 "the operator has no approver keys (approverKeys Secret missing)".into(),
+            ),
+            Self::InvalidSpec => (
+                "False",
+                "InvalidSpec",
+                format!(
+                    "spec.modelRoute: {}",
+                    crate::api::rules::SAMPLING_NEEDS_MODEL_ROUTE
+                ),
             ),
             Self::BadSignature => (
                 "False",
@@ -166,6 +188,7 @@ impl Scenario {
             "conditions": [
                 condition("Ready", self.ready()),
                 condition("SignatureVerified", self.signature()),
+                condition("DuplicateGrant", ("False", "UniqueGrant", String::new())),
                 condition("Reconciling", flag(matches!(self, Self::NotYetValid))),
                 condition("Stalled", flag(stalled)),
             ]
@@ -222,13 +245,14 @@ fn writes(object: &CapabilityException, scenario: Scenario, status: Value) -> Ve
     ]
 }
 
-const ALL: [Scenario; 6] = [
+const ALL: [Scenario; 7] = [
     Scenario::Active,
     Scenario::NotYetValid,
     Scenario::Expired,
     Scenario::PolicyNotFound,
     Scenario::NoTrustedKeys,
     Scenario::BadSignature,
+    Scenario::InvalidSpec,
 ];
 
 #[tokio::test]
@@ -289,6 +313,11 @@ async fn the_clock_wins_over_a_plan_computed_just_before_the_flip() {
                 "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"
             },
             {
+                "type": "DuplicateGrant", "status": "False", "reason": "UniqueGrant",
+                "message": "", "observedGeneration": 2,
+                "lastTransitionTime": "2026-12-06T00:00:00Z"
+            },
+            {
                 "type": "Reconciling", "status": "False", "reason": "Active", "message": "",
                 "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"
             },
@@ -307,4 +336,26 @@ async fn the_clock_wins_over_a_plan_computed_just_before_the_flip() {
             Duration::from_secs(4 * 86_400) - Duration::from_millis(5) + AFTER_FLIP
         ))
     );
+}
+
+#[tokio::test]
+async fn a_copy_of_a_signed_grant_under_another_name_is_flagged_on_both() {
+    // The same signed spec under a second name verifies (the name is not signed): both
+    // objects are flagged DuplicateGrant, naming the other; both stay Active (they share one
+    // budget, so the copy grants nothing more).
+    let (object, mut cluster) = Scenario::Active.objects();
+    let mut copy = object.clone();
+    copy.metadata.name = Some("ex-copy".into());
+    copy.metadata.uid = Some("uid-ex-copy".into());
+    cluster.exceptions.push(copy);
+    let setup = Setup::new(cluster.plan(at(NOW)), true);
+    let mut status = Scenario::Active.status(NOW);
+    status["conditions"][2] = json!({
+        "type": "DuplicateGrant", "status": "True", "reason": "DuplicateGrant",
+        "message": "CapabilityException ex-copy carries the same signed grant: copies share one budget and grant nothing more; delete the copies",
+        "observedGeneration": 2, "lastTransitionTime": NOW
+    });
+    let script = writes(&object, Scenario::Active, status);
+    let action = reconcile(object, setup, NOW, script).await;
+    assert_eq!(action, Ok(Scenario::Active.requeue()));
 }

@@ -31,7 +31,7 @@ pub const NS: &str = "team-a";
 pub const REPLICA: &str = "replica-0";
 pub const ISSUER: &str = "https://idp.example.com";
 pub const APPROVER_KID: &str = "test-ed-1";
-const APPROVER_KEY: &[u8] = include_bytes!("../../../tests/fixtures/keys/issuer-ed25519.pem");
+pub const APPROVER_KEY: &[u8] = include_bytes!("../../../tests/fixtures/keys/issuer-ed25519.pem");
 const APPROVER_JWKS: &[u8] = include_bytes!("../../../tests/fixtures/keys/issuer-jwks.json");
 
 pub fn at(t: &str) -> Timestamp {
@@ -103,7 +103,7 @@ pub fn exception(policy: &str, not_before: &str, expires: &str) -> CapabilityExc
         },
         "spec": {
             "policyRef": {"name": policy}, "capability": "sampling", "clients": ["console"],
-            "purpose": "summaries",
+            "purpose": "summaries", "modelRoute": "gateway/summaries",
             "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
             "notBefore": not_before, "expiresAt": expires, "approvalId": "CHG-1",
             "signature": "placeholder"

@@ -41,6 +41,19 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         );
         return respond::rpc_result(&ctx.id(), empty_ack());
     }
+    // While a cancellation is pending the task is being stopped: no answer (a model's output
+    // for a sampling request, roots) reaches the server. Read afresh: the cancel may have been
+    // requested since the record was read, by another replica.
+    if cancel_pending(app, &record).await {
+        app.audit.log(
+            ctx.audit("task.updated", Decision::Deny, "cancel_pending")
+                .tool(&record.tool)
+                .for_task(&app.hasher, &record.id, &record.correlation_id)
+                .detail("inputsForwarded", 0)
+                .detail("inputsDropped", input_responses(ctx.request.params()).len()),
+        );
+        return respond::rpc_result(&ctx.id(), empty_ack());
+    }
     // Ask the server which input requests are outstanding now.
     let outstanding = match outstanding_inputs(app, ctx, &record).await {
         Ok(keys) => keys,
@@ -84,6 +97,13 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
             &ctx.policy.resource_metadata_url,
             &crate::identity::AuthError::Revoked,
         );
+    }
+    // Sent on: the gated requests are answered (not lapsed), whatever the server replies.
+    for o in outstanding
+        .iter()
+        .filter(|o| o.gated && kept.contains_key(&o.key))
+    {
+        app.gate.note_answered(record.id.as_str(), &o.key);
     }
     let (headers, mut message) = forwarded_task_message(app, ctx, &record);
     set_input_responses(&mut message, kept, None);
@@ -131,4 +151,20 @@ async fn outstanding_inputs(
             gated: is_gated(request),
         })
         .collect())
+}
+
+/// Whether a cancellation of the task is pending (in the ledger now). A ledger that cannot be
+/// read counts as pending: an answer withheld can be sent again, one forwarded cannot be undone.
+async fn cancel_pending(app: &AppState, record: &TaskRecord) -> bool {
+    if record.cancel.is_some() {
+        return true;
+    }
+    match app.ledger.get(&record.id).await {
+        Ok(Some(fresh)) => fresh.cancel.is_some(),
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a task before forwarding answers failed");
+            true
+        }
+    }
 }

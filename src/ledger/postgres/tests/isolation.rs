@@ -136,12 +136,16 @@ async fn servers_sharing_a_database_share_nothing() {
     assert_eq!(two.replica("replica").await.unwrap(), None);
     let spend = BudgetSpend {
         exception: "ns/exception".into(),
+        grant: "sha256:grant".into(),
         scope: "task".into(),
         decision: "d".into(),
         task: None,
         max_iterations: 1,
         iteration_window_ms: None,
         max_per_minute: 1,
+        cost: 0,
+        max_cost: None,
+        cost_until: i64::MAX,
         now: NOW,
     };
     for ledger in [&one, &two] {

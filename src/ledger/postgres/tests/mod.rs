@@ -102,6 +102,8 @@ async fn a_version_1_database_is_migrated_in_place() {
                  DROP CONSTRAINT lifeguard_cancel_intents_reason_check,
                  ADD CONSTRAINT lifeguard_cancel_intents_reason_check
                      CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation'));
+             ALTER TABLE lifeguard_budget_uses DROP COLUMN grant_key;
+             DROP TABLE lifeguard_budget_costs;
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await

@@ -327,12 +327,16 @@ async fn leases_budgets_secrets_and_beats_across_replicas() {
 
     let spend = |decision: String| BudgetSpend {
         exception: "ns/exception".into(),
+        grant: "sha256:grant".into(),
         scope: "task".into(),
         decision,
         task: None,
         max_iterations: 5,
         iteration_window_ms: None,
         max_per_minute: 100,
+        cost: 0,
+        max_cost: None,
+        cost_until: i64::MAX,
         now: FAR,
     };
     let outcomes = join_all((0..20).map(|i| {
@@ -350,6 +354,7 @@ async fn leases_budgets_secrets_and_beats_across_replicas() {
         let ledger = if i % 2 == 0 { &a } else { &b };
         let s = BudgetSpend {
             exception: "ns/other".into(),
+            grant: "sha256:other".into(),
             ..spend("same".into())
         };
         async move { ledger.spend_budget(&s).await.unwrap() }

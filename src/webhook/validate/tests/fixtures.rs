@@ -77,7 +77,7 @@ pub fn exception_json() -> Value {
             "policyRef": {"name": "reports"},
             "capability": "sampling",
             "clients": ["console"],
-            "purpose": "summaries",
+            "purpose": "summaries", "modelRoute": "gateway/summaries",
             "limits": {"maxTokens": 500, "maxIterationsPerTask": 2, "maxRequestsPerMinute": 10},
             "notBefore": "2026-12-01T00:00:00Z",
             "expiresAt": "2026-12-15T00:00:00Z",
