@@ -40,7 +40,7 @@
 //! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
 //! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability`, `minimize` (`tasks.results` applied to every server-supplied text), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability` + `capability_refusal` (its refusals: audit and metric), `minimize` (`tasks.results` applied to every server-supplied text), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;
