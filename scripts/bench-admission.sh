@@ -9,7 +9,7 @@
 #
 # Usage: scripts/bench-admission.sh                 full run: 100 req/s for 60 s, 50 policies
 #        scripts/bench-admission.sh --smoke         small: 20 req/s for 3 s, 10 policies (seconds)
-#        scripts/bench-admission.sh --rate N --duration S --policies N [--http2] [--keep]
+#        scripts/bench-admission.sh --rate N --duration S --policies N [--keep]
 #        scripts/bench-admission.sh --help          every option
 #
 # Needs the Python venv of the Kubernetes API emulator (LIFEGUARD_TEST_PYTHON, else

@@ -7,7 +7,8 @@
 //! (nanosleep, not tokio's millisecond timer) until the instant, and hands the request to the
 //! async runtime, where it runs concurrently with any still waiting for an answer. The client
 //! reuses connections as kube-apiserver does with admission webhooks: HTTP/1.1 keep-alive over
-//! TLS, a new connection only when every open one is busy (or HTTP/2 with `--http2`).
+//! TLS, a new connection only when every open one is busy (the webhook negotiates HTTP/1.1
+//! only: docs/operations.md, "Listener limits").
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -80,23 +81,17 @@ pub struct Sample {
 /// The client, as kube-apiserver dials an admission webhook.
 pub fn client(
     tls: rustls::ClientConfig,
-    http2: bool,
     timeout: Duration,
 ) -> Result<reqwest::Client> {
     let mut tls = tls;
-    tls.alpn_protocols = if http2 {
-        vec![b"h2".to_vec()]
-    } else {
-        vec![b"http/1.1".to_vec()]
-    };
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let builder = reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .timeout(timeout)
         // client-go's transport keeps up to 25 idle connections per host.
         .pool_max_idle_per_host(25)
         .tcp_nodelay(true);
-    let builder = if http2 { builder } else { builder.http1_only() };
-    builder.build().context("building the HTTPS client")
+    builder.http1_only().build().context("building the HTTPS client")
 }
 
 async fn shot(

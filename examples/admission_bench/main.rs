@@ -57,10 +57,6 @@ pub struct Args {
     /// every check of the answers work.
     #[arg(long)]
     smoke: bool,
-    /// Speak HTTP/2 (one multiplexed connection) instead of HTTP/1.1 keep-alive, which is what
-    /// kube-apiserver uses for webhooks it reaches through a Service.
-    #[arg(long)]
-    http2: bool,
     /// Per-request timeout in seconds (kube-apiserver's default webhook timeout).
     #[arg(long, default_value_t = 10.0)]
     timeout: f64,
@@ -85,7 +81,6 @@ pub struct Plan {
     pub mode: &'static str,
     pub schedule: Schedule,
     pub policies: usize,
-    pub http2: bool,
     /// Calls of each component timed in process after the load.
     pub component_iterations: usize,
 }
@@ -115,7 +110,6 @@ impl Plan {
                 timeout: seconds(args.timeout, "--timeout")?,
             },
             policies: args.policies.unwrap_or(policies),
-            http2: args.http2,
             component_iterations: if args.smoke { 20 } else { 2000 },
         };
         if plan.policies == 0 {

@@ -94,7 +94,6 @@ pub struct Setup {
     pub warmup: Duration,
     pub duration: Duration,
     pub policies: usize,
-    pub http2: bool,
     pub pod_bytes: usize,
     pub pod_review_bytes: usize,
     pub objects_created: Duration,
@@ -257,11 +256,7 @@ impl Results {
             s.rate,
             s.duration.as_secs_f64(),
             s.warmup.as_secs_f64(),
-            if s.http2 {
-                "HTTP/2"
-            } else {
-                "HTTP/1.1 keep-alive, as kube-apiserver calls webhooks"
-            },
+            "HTTP/1.1 keep-alive, as kube-apiserver calls webhooks",
             r.connections
         );
         let _ = writeln!(
@@ -398,7 +393,7 @@ impl Results {
             "config": {
                 "rate_per_s": s.rate, "warmup_s": s.warmup.as_secs_f64(),
                 "duration_s": s.duration.as_secs_f64(), "policies": s.policies,
-                "protocol": if s.http2 { "HTTP/2" } else { "HTTP/1.1" },
+                "protocol": "HTTP/1.1",
                 "pod_bytes": s.pod_bytes, "pod_review_bytes": s.pod_review_bytes,
             },
             "setup": {

@@ -101,7 +101,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         .next()
         .and_then(|p| p.parse().ok())
         .context("the webhook's port")?;
-    let client = load::client(ca.client_config()?, plan.http2, plan.schedule.timeout)?;
+    let client = load::client(ca.client_config()?, plan.schedule.timeout)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = webhook.proc.memory();
 
@@ -192,7 +192,6 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         warmup: schedule.warmup,
         duration: schedule.duration,
         policies: plan.policies,
-        http2: plan.http2,
         pod_bytes: serde_json::to_vec(&pod)?.len(),
         pod_review_bytes: serde_json::to_vec(&reviews::review(
             Kind::PodInjected,
