@@ -79,10 +79,7 @@ pub struct Sample {
 }
 
 /// The client, as kube-apiserver dials an admission webhook.
-pub fn client(
-    tls: rustls::ClientConfig,
-    timeout: Duration,
-) -> Result<reqwest::Client> {
+pub fn client(tls: rustls::ClientConfig, timeout: Duration) -> Result<reqwest::Client> {
     let mut tls = tls;
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let builder = reqwest::Client::builder()
@@ -91,7 +88,10 @@ pub fn client(
         // client-go's transport keeps up to 25 idle connections per host.
         .pool_max_idle_per_host(25)
         .tcp_nodelay(true);
-    builder.http1_only().build().context("building the HTTPS client")
+    builder
+        .http1_only()
+        .build()
+        .context("building the HTTPS client")
 }
 
 async fn shot(
