@@ -251,12 +251,12 @@ impl Results {
         );
         let _ = writeln!(
             o,
-            "load:    open loop, {} req/s for {:.0} s after {:.0} s of unmeasured warm-up; {} over TLS ({} open connection(s) at the end); \
+            "load:    open loop, {} req/s for {:.0} s after {:.0} s of unmeasured warm-up; HTTP/1.1 keep-alive, as kube-apiserver \
+             calls webhooks, over TLS ({} open connection(s) at the end); \
              latency from each request's scheduled instant to the last byte of its answer",
             s.rate,
             s.duration.as_secs_f64(),
             s.warmup.as_secs_f64(),
-            "HTTP/1.1 keep-alive, as kube-apiserver calls webhooks",
             r.connections
         );
         let _ = writeln!(
