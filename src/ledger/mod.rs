@@ -604,6 +604,14 @@ pub trait TaskLedger: Send + Sync {
     /// shared by replicas): used to key audit hashes and idempotency keys.
     async fn secret(&self, name: &str) -> Result<[u8; 32]>;
 
+    /// Adds one to the counter `name` (of this server) and returns its new value, atomically
+    /// across replicas and durable before it returns; a counter's first advance returns 1.
+    /// Used for generation numbers that must never go back (the persisted policy snapshot's).
+    async fn advance_counter(&self, name: &str) -> Result<u64>;
+
+    /// The counter `name` of this server as last advanced; 0 if it never was.
+    async fn counter(&self, name: &str) -> Result<u64>;
+
     /// Which server and replica this instance serves.
     fn scope(&self) -> &LedgerScope;
 

@@ -166,7 +166,7 @@ impl PolicySourceConfig {
         registry: Arc<KeyRegistry>,
         tls: rustls::ClientConfig,
         metrics: &mut SidecarMetrics,
-        ledger: &dyn TaskLedger,
+        ledger: &Arc<dyn TaskLedger>,
     ) -> Result<Box<dyn PolicySource>> {
         Ok(match self {
             Self::File {
@@ -197,6 +197,10 @@ impl PolicySourceConfig {
                     pod_name,
                     snapshot_path,
                     snapshot_key,
+                    snapshot_generations: snapshot_store::SnapshotGenerations::new(
+                        Arc::clone(ledger),
+                        &ledger.scope().replica,
+                    ),
                     silence_timeout: control_plane::SILENCE_TIMEOUT,
                 };
                 // With --control-plane-ca the policy stream trusts that CA alone (issuers'
@@ -386,7 +390,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     let source = config
         .policy
         .clone()
-        .into_source(registry, tls, &mut metrics, ledger.as_ref())
+        .into_source(registry, tls, &mut metrics, &ledger)
         .await?;
     let metrics = Arc::new(metrics);
     let PolicyChannels {

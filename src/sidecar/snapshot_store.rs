@@ -3,19 +3,28 @@
 //! is back.
 //!
 //! The file is written atomically (temporary file, fsync, rename, fsync of the directory) with
-//! mode 0600, and it is *authenticated*: `{"mac": HEX, "snapshot": SNAPSHOT}`, where `mac` is
-//! HMAC-SHA256, under a [`SnapshotKey`] kept in the ledger (never in the state directory), of a
-//! domain tag and the snapshot's exact bytes. Whoever can write the state directory but not read
-//! the ledger's secrets (another container sharing the volume, a file restored from elsewhere,
-//! a hand edit) cannot produce a file this sidecar accepts: a file whose MAC does not verify,
-//! or without one (written before the MAC existed), is refused loudly and the sidecar fails
-//! closed until the operator answers. So an edit can never lift a revocation the snapshot
-//! carried. What the MAC cannot tell apart is an older file this same sidecar wrote itself
-//! (a restored backup of the state directory): it is enforced only until the operator's first
-//! snapshot replaces it.
+//! mode 0600, and it is *authenticated*: `{"mac": HEX, "generation": N, "snapshot": SNAPSHOT}`,
+//! where `mac` is HMAC-SHA256, under a [`SnapshotKey`] kept in the ledger (never in the state
+//! directory), of a domain tag, the generation and the snapshot's exact bytes. Whoever can write
+//! the state directory but not read the ledger's secrets (another container sharing the volume,
+//! a file restored from elsewhere, a hand edit) cannot produce a file this sidecar accepts: a
+//! file whose MAC does not verify, or without one (written before the MAC existed, or before
+//! the generation), is refused loudly and the sidecar fails closed until the operator answers.
+//! So an edit can never lift a revocation the snapshot carried.
+//!
+//! The generation tells the last file written from an older one this same sidecar wrote (a
+//! restored backup of the state directory), which the MAC alone cannot: every save first
+//! advances a ledger counter ([`SnapshotGenerations`], one per replica) and writes its new
+//! value into the file; a load accepts only a file whose generation equals the counter. An
+//! older file is refused like an unauthenticated one. A crash between advancing the counter
+//! and writing the file leaves a file one generation behind: it is refused too, and the
+//! sidecar fails closed until the operator answers (the safe side). The counter lives in the
+//! ledger, so this holds as long as the ledger is not rolled back with the file: restoring an
+//! SQLite ledger file together with its snapshot restores a matching older pair.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
@@ -23,9 +32,11 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 
 use crate::distribution::Snapshot;
+use crate::ledger::{LedgerError, TaskLedger};
 
 /// Separates this MAC from every other use of HMAC in Lifeguard.
-const MAC_DOMAIN: &[u8] = b"lifeguard persisted policy snapshot v1\0";
+/// v2: the MAC covers the generation too (v1 files, without one, are refused).
+const MAC_DOMAIN: &[u8] = b"lifeguard persisted policy snapshot v2\0";
 
 /// The key that authenticates the persisted snapshot (a ledger secret).
 #[derive(Clone)]
@@ -36,11 +47,12 @@ impl SnapshotKey {
         Self(key)
     }
 
-    fn mac(&self, snapshot: &[u8]) -> Hmac<Sha256> {
+    fn mac(&self, generation: u64, snapshot: &[u8]) -> Hmac<Sha256> {
         // HMAC takes keys of any length.
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
             .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
         mac.update(MAC_DOMAIN);
+        mac.update(&generation.to_be_bytes());
         mac.update(snapshot);
         mac
     }
@@ -52,10 +64,37 @@ impl std::fmt::Debug for SnapshotKey {
     }
 }
 
+/// The ledger counter that numbers the saves of one replica's snapshot.
+#[derive(Clone)]
+pub struct SnapshotGenerations {
+    ledger: Arc<dyn TaskLedger>,
+    name: String,
+}
+
+impl SnapshotGenerations {
+    /// The counter of `replica` (the ledger scope's replica: on a shared ledger each replica
+    /// keeps a file of its own).
+    pub fn new(ledger: Arc<dyn TaskLedger>, replica: &str) -> Self {
+        Self {
+            ledger,
+            name: format!("policy-snapshot-generation/{replica}"),
+        }
+    }
+}
+
+impl std::fmt::Debug for SnapshotGenerations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotGenerations")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The file as written.
 #[derive(Serialize)]
 struct Envelope<'a> {
     mac: String,
+    generation: u64,
     snapshot: &'a RawValue,
 }
 
@@ -63,6 +102,7 @@ struct Envelope<'a> {
 #[derive(Deserialize)]
 struct ReadEnvelope {
     mac: String,
+    generation: u64,
     snapshot: Box<RawValue>,
 }
 
@@ -116,6 +156,18 @@ pub enum SnapshotStoreError {
     )]
     NotAuthenticated { path: PathBuf },
     #[error(
+        "{path} is generation {found} of this sidecar's snapshot but the ledger's last is \
+         {expected} (an older copy restored, or a crash between numbering and writing it); \
+         ignoring it and refusing every request until the control plane sends a snapshot"
+    )]
+    StaleGeneration {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    #[error("cannot read or advance the snapshot's generation in the ledger: {0}")]
+    Ledger(#[source] LedgerError),
+    #[error(
         "{path} holds the snapshot of pod {found}, not of this pod {expected}; ignoring it \
          (was the ledger volume moved between pods?)"
     )]
@@ -141,15 +193,23 @@ pub struct SnapshotStore {
     pod_namespace: String,
     pod_name: String,
     key: SnapshotKey,
+    generations: SnapshotGenerations,
 }
 
 impl SnapshotStore {
-    pub fn new(path: PathBuf, pod_namespace: String, pod_name: String, key: SnapshotKey) -> Self {
+    pub fn new(
+        path: PathBuf,
+        pod_namespace: String,
+        pod_name: String,
+        key: SnapshotKey,
+        generations: SnapshotGenerations,
+    ) -> Self {
         Self {
             path,
             pod_namespace,
             pod_name,
             key,
+            generations,
         }
     }
 
@@ -177,9 +237,22 @@ impl SnapshotStore {
         let tag = unhex(&envelope.mac).ok_or_else(not_authenticated)?;
         let raw = envelope.snapshot.get().as_bytes();
         self.key
-            .mac(raw)
+            .mac(envelope.generation, raw)
             .verify_slice(&tag)
             .map_err(|_| not_authenticated())?;
+        let expected = self
+            .generations
+            .ledger
+            .counter(&self.generations.name)
+            .await
+            .map_err(SnapshotStoreError::Ledger)?;
+        if envelope.generation != expected {
+            return Err(SnapshotStoreError::StaleGeneration {
+                path: self.path.clone(),
+                found: envelope.generation,
+                expected,
+            });
+        }
         let snapshot: Snapshot =
             serde_json::from_slice(raw).map_err(|source| SnapshotStoreError::Parse {
                 path: self.path.clone(),
@@ -195,16 +268,28 @@ impl SnapshotStore {
         Ok(Some(snapshot))
     }
 
-    /// Replaces the persisted snapshot with `snapshot`, atomically.
+    /// Replaces the persisted snapshot with `snapshot`, atomically, under the next generation
+    /// (advanced in the ledger first: from then on, every earlier file is refused).
     pub async fn save(&self, snapshot: &Snapshot) -> Result<(), SnapshotStoreError> {
         let fail = |e: serde_json::Error| SnapshotStoreError::Write {
             path: self.path.clone(),
             source: std::io::Error::other(e),
         };
         let raw = serde_json::value::to_raw_value(snapshot).map_err(fail)?;
-        let mac = hex(&self.key.mac(raw.get().as_bytes()).finalize().into_bytes());
+        let generation = self
+            .generations
+            .ledger
+            .advance_counter(&self.generations.name)
+            .await
+            .map_err(SnapshotStoreError::Ledger)?;
+        let mac = hex(&self
+            .key
+            .mac(generation, raw.get().as_bytes())
+            .finalize()
+            .into_bytes());
         let bytes = serde_json::to_vec(&Envelope {
             mac,
+            generation,
             snapshot: &raw,
         })
         .map_err(fail)?;
@@ -264,6 +349,16 @@ mod tests {
         SnapshotKey::new([7; 32])
     }
 
+    /// A ledger in `dir` and the generation counter of replica `reports-0` in it.
+    fn generations(dir: &Path) -> SnapshotGenerations {
+        let ledger = crate::ledger::SqliteLedger::open(&dir.join("ledger.db")).unwrap();
+        SnapshotGenerations::new(Arc::new(ledger), "reports-0")
+    }
+
+    fn store(path: PathBuf, pod: &str, key: SnapshotKey, g: &SnapshotGenerations) -> SnapshotStore {
+        SnapshotStore::new(path, "team-a".into(), pod.into(), key, g.clone())
+    }
+
     fn snapshot(namespace: &str, name: &str, version: u64) -> Snapshot {
         Snapshot {
             session: "s1".into(),
@@ -295,11 +390,12 @@ mod tests {
     #[tokio::test]
     async fn a_saved_snapshot_loads_back_and_replaces_the_previous_one() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SnapshotStore::new(
+        let g = generations(dir.path());
+        let store = store(
             path_beside(&dir.path().join("ledger.db")),
-            "team-a".into(),
-            "reports-0".into(),
+            "reports-0",
             key(),
+            &g,
         );
         assert!(store.load().await.unwrap().is_none(), "nothing saved yet");
         store
@@ -322,19 +418,23 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(leftovers, vec!["ledger.db.snapshot.json".to_owned()]);
+        assert!(
+            leftovers.iter().all(|f| !f.ends_with(".tmp")),
+            "{leftovers:?}"
+        );
     }
 
     #[tokio::test]
     async fn the_snapshot_of_another_pod_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db.snapshot.json");
-        let other = SnapshotStore::new(path.clone(), "team-a".into(), "reports-1".into(), key());
+        let g = generations(dir.path());
+        let other = store(path.clone(), "reports-1", key(), &g);
         other
             .save(&snapshot("team-a", "reports-1", 5))
             .await
             .unwrap();
-        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into(), key());
+        let store = store(path, "reports-0", key(), &g);
         let err = store.load().await.unwrap_err();
         assert!(
             matches!(err, SnapshotStoreError::OtherPod { ref found, .. } if found == "team-a/reports-1"),
@@ -347,7 +447,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db.snapshot.json");
         std::fs::write(&path, "{\"type\": \"snap").unwrap();
-        let store = SnapshotStore::new(path, "team-a".into(), "reports-0".into(), key());
+        let store = store(path, "reports-0", key(), &generations(dir.path()));
         assert!(matches!(
             store.load().await,
             Err(SnapshotStoreError::NotAuthenticated { .. })
@@ -358,7 +458,8 @@ mod tests {
     async fn an_edited_forged_or_unauthenticated_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db.snapshot.json");
-        let store = SnapshotStore::new(path.clone(), "team-a".into(), "reports-0".into(), key());
+        let g = generations(dir.path());
+        let store = store(path.clone(), "reports-0", key(), &g);
         let genuine = snapshot("team-a", "reports-0", 5);
         store.save(&genuine).await.unwrap();
         assert_eq!(store.load().await.unwrap(), Some(genuine.clone()));
@@ -375,17 +476,71 @@ mod tests {
         assert!(refused(written.replace("\"version\":5", "\"version\":6")).await);
         // The plain snapshot of earlier versions, without a MAC.
         assert!(refused(serde_json::to_string(&genuine).unwrap()).await);
+        // An edit of the generation.
+        assert!(refused(written.replace("\"generation\":1", "\"generation\":7")).await);
+        // A file of the previous format (v1: no generation, the MAC over the snapshot alone).
+        let mut v1 = <Hmac<Sha256> as KeyInit>::new_from_slice(&[7; 32]).unwrap();
+        v1.update(b"lifeguard persisted policy snapshot v1\0");
+        let raw = serde_json::to_string(&genuine).unwrap();
+        v1.update(raw.as_bytes());
+        let v1_mac = hex(&v1.finalize().into_bytes());
+        assert!(refused(format!("{{\"mac\":\"{v1_mac}\",\"snapshot\":{raw}}}")).await);
         // A file authenticated under another key.
-        let other = SnapshotStore::new(
-            path.clone(),
-            "team-a".into(),
-            "reports-0".into(),
-            SnapshotKey::new([8; 32]),
-        );
+        let other = store_of(path.clone(), SnapshotKey::new([8; 32]), &g);
         other.save(&genuine).await.unwrap();
         assert!(matches!(
             store.load().await,
             Err(SnapshotStoreError::NotAuthenticated { .. })
+        ));
+    }
+
+    fn store_of(path: PathBuf, key: SnapshotKey, g: &SnapshotGenerations) -> SnapshotStore {
+        store(path, "reports-0", key, g)
+    }
+
+    #[tokio::test]
+    async fn an_older_genuine_file_or_one_behind_after_a_crash_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db.snapshot.json");
+        let g = generations(dir.path());
+        let store = store(path.clone(), "reports-0", key(), &g);
+        store
+            .save(&snapshot("team-a", "reports-0", 1))
+            .await
+            .unwrap();
+        let older = std::fs::read(&path).unwrap();
+        let newer = snapshot("team-a", "reports-0", 2);
+        store.save(&newer).await.unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(newer.clone()));
+
+        // A restored copy of the first file: genuine, but generation 1 of 2.
+        let latest = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &older).unwrap();
+        let err = store.load().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SnapshotStoreError::StaleGeneration {
+                    found: 1,
+                    expected: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("ledger.db.snapshot.json"), "{err}");
+
+        // The generation advanced but the file was never written (a crash in between).
+        std::fs::write(&path, &latest).unwrap();
+        assert_eq!(store.load().await.unwrap(), Some(newer));
+        g.ledger.advance_counter(&g.name).await.unwrap();
+        assert!(matches!(
+            store.load().await,
+            Err(SnapshotStoreError::StaleGeneration {
+                found: 2,
+                expected: 3,
+                ..
+            })
         ));
     }
 }

@@ -600,3 +600,32 @@ pub async fn secret(ledger: &dyn TaskLedger) {
     );
     assert_eq!(ledger.secret(&raced).await.expect("secret"), values[0]);
 }
+
+/// Counters start at 0, each advance returns the next value (1 first), names are independent,
+/// and concurrent advances each get a distinct value.
+pub async fn counters(ledger: &dyn TaskLedger) {
+    let name = unique("generation-");
+    let other = unique("generation-");
+    assert_eq!(ledger.counter(&name).await.expect("counter"), 0);
+    for expected in 1..=3 {
+        assert_eq!(
+            ledger.advance_counter(&name).await.expect("advance"),
+            expected
+        );
+        assert_eq!(ledger.counter(&name).await.expect("counter"), expected);
+    }
+    assert_eq!(ledger.counter(&other).await.expect("counter"), 0);
+    assert_eq!(ledger.advance_counter(&other).await.expect("advance"), 1);
+    assert_eq!(ledger.counter(&name).await.expect("counter"), 3);
+
+    let raced = unique("generation-");
+    let values = join_all((0..16).map(|_| ledger.advance_counter(&raced))).await;
+    let mut values: Vec<u64> = values.into_iter().map(|v| v.expect("advance")).collect();
+    values.sort_unstable();
+    assert_eq!(
+        values,
+        (1..=16).collect::<Vec<u64>>(),
+        "one value per advance"
+    );
+    assert_eq!(ledger.counter(&raced).await.expect("counter"), 16);
+}

@@ -67,6 +67,7 @@ macro_rules! ledger_conformance_tests {
             purge_expired,
             active_for,
             secret,
+            counters,
             settle_not_pending,
             settle_on_confirm,
             settle_on_release,
@@ -124,8 +125,8 @@ pub use admission::{
 };
 pub use cancellation::{cancel_holds_quota, cancel_race, cancel_request, cancels_due};
 pub use lifecycle::{
-    active_for, finish_cas, finish_race, forget_payload, identity_renewal, observe, past_deadline,
-    purge_expired, result_reads, secret,
+    active_for, counters, finish_cas, finish_race, forget_payload, identity_renewal, observe,
+    past_deadline, purge_expired, result_reads, secret,
 };
 pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
 pub use replicas::{
@@ -190,6 +191,7 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     purge_expired(ledger).await;
     active_for(ledger).await;
     secret(ledger).await;
+    counters(ledger).await;
     settle_not_pending(ledger).await;
     settle_on_confirm(ledger).await;
     settle_on_release(ledger).await;
@@ -241,6 +243,7 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         purge_expired(ledger).boxed_local(),
         active_for(ledger).boxed_local(),
         secret(ledger).boxed_local(),
+        counters(ledger).boxed_local(),
         settle_not_pending(ledger).boxed_local(),
         settle_on_confirm(ledger).boxed_local(),
         settle_on_release(ledger).boxed_local(),

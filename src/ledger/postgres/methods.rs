@@ -9,7 +9,7 @@ use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     spawn, transient,
 };
-use super::{lifecycle, ops};
+use super::{counters, lifecycle, ops};
 use crate::ledger::checks::{check_finish, check_intent, require_nonterminal};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
@@ -276,6 +276,21 @@ impl TaskLedger for PostgresLedger {
             .await
         })
         .await
+    }
+
+    async fn advance_counter(&self, name: &str) -> Result<u64> {
+        let (pool, server) = self.handles();
+        let name = name.to_owned();
+        spawn(async move {
+            let client = client(&pool).await?;
+            counters::advance(&client, &server, &name).await
+        })
+        .await
+    }
+
+    async fn counter(&self, name: &str) -> Result<u64> {
+        let client = self.client().await?;
+        counters::read(&client, &self.server, name).await
     }
 
     fn scope(&self) -> &LedgerScope {

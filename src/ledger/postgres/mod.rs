@@ -47,6 +47,7 @@
 //! same instance works again once it can be reached.
 
 mod config;
+mod counters;
 mod lifecycle;
 mod notify;
 mod ops;

@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -189,6 +189,17 @@ CREATE TABLE lifeguard_budget_costs (
     spent      BIGINT NOT NULL CHECK (spent >= 0),
     held_until BIGINT NOT NULL,
     PRIMARY KEY (server, grant_key)
+);
+";
+
+/// Version 5 (SQLite's version 8): counters that only go up (`advance_counter`), e.g. the
+/// generation of each replica's persisted policy snapshot.
+const V5: &str = "
+CREATE TABLE lifeguard_counters (
+    server TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    value  BIGINT NOT NULL CHECK (value >= 0),
+    PRIMARY KEY (server, name)
 );
 ";
 

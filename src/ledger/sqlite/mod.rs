@@ -3,6 +3,7 @@
 //! Writes go through one dedicated thread that group-commits ([`writer`]); reads run on a small
 //! pool of separate connections, which WAL lets proceed concurrently with the writer.
 
+mod counters;
 mod files;
 mod ops;
 mod replicas;
@@ -343,6 +344,17 @@ impl TaskLedger for SqliteLedger {
         self.writer
             .call(move |conn| ops::create_secret(conn, &name, &fresh))
             .await
+    }
+
+    async fn advance_counter(&self, name: &str) -> Result<u64> {
+        let name = name.to_owned();
+        self.writer
+            .call(move |conn| counters::advance(conn, &name))
+            .await
+    }
+
+    async fn counter(&self, name: &str) -> Result<u64> {
+        self.readers.with(|conn| counters::read(conn, name))
     }
 
     fn scope(&self) -> &LedgerScope {

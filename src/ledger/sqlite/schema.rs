@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 7;
+pub(super) const SCHEMA_VERSION: i64 = 8;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -31,6 +31,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Sql(V5),
     Step::Sql(V6),
     Step::Sql(V7),
+    Step::Sql(V8),
 ];
 
 /// Version 1.
@@ -241,6 +242,15 @@ CREATE TABLE budget_costs (
     grant_key TEXT PRIMARY KEY NOT NULL,
     spent     INTEGER NOT NULL CHECK (spent >= 0),
     until     INTEGER NOT NULL
+) STRICT;
+";
+
+/// Version 8: counters that only go up (`advance_counter`), e.g. the generation of the persisted
+/// policy snapshot, so an older copy of that file is told apart from the last one written.
+pub(super) const V8: &str = "
+CREATE TABLE counters (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL CHECK (value >= 0)
 ) STRICT;
 ";
 

@@ -32,7 +32,7 @@ use crate::identity::store::KeyRegistry;
 use crate::telemetry::metrics::ControlPlaneMetrics;
 
 use super::policy_source::{PolicyPublisher, PolicySource};
-use super::snapshot_store::{SnapshotKey, SnapshotStore};
+use super::snapshot_store::{SnapshotGenerations, SnapshotKey, SnapshotStore};
 use apply::{OwedAck, SnapshotError, build_policy, check_pod};
 use backoff::Backoff;
 use stream::{OpenError, Stream, ack_url, post_ack, read_token, stream_url};
@@ -55,6 +55,8 @@ pub struct ControlPlaneConfig {
     pub snapshot_path: PathBuf,
     /// Authenticates that file (a ledger secret; see [`super::snapshot_store`]).
     pub snapshot_key: SnapshotKey,
+    /// Numbers that file's saves (a ledger counter), so an older copy is refused.
+    pub snapshot_generations: SnapshotGenerations,
     /// Silence after which the stream is dropped and dialled again
     /// ([`SILENCE_TIMEOUT`] outside tests).
     pub silence_timeout: Duration,
@@ -100,6 +102,7 @@ impl PolicySource for ControlPlaneSource {
             self.config.pod_namespace.clone(),
             self.config.pod_name.clone(),
             self.config.snapshot_key.clone(),
+            self.config.snapshot_generations.clone(),
         );
         let mut runner = Runner {
             source: *self,

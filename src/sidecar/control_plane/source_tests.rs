@@ -84,6 +84,12 @@ async fn a_silent_stream_is_dropped_and_dialled_again() {
         pod_name: "reports-0".into(),
         snapshot_path: dir.path().join("ledger.db.snapshot.json"),
         snapshot_key: crate::sidecar::snapshot_store::SnapshotKey::new([1; 32]),
+        snapshot_generations: crate::sidecar::snapshot_store::SnapshotGenerations::new(
+            Arc::new(
+                crate::ledger::SqliteLedger::open(&dir.path().join("ledger.db")).expect("ledger"),
+            ),
+            "reports-0",
+        ),
         silence_timeout: Duration::from_millis(300),
     };
     let shutdown = CancellationToken::new();

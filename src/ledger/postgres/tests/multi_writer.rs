@@ -414,3 +414,27 @@ async fn the_other_replica_settles_waiters() {
         .expect("woken by b's sweep")
         .unwrap();
 }
+
+/// Two replicas advance one counter of their server: one sequence, each value once; another
+/// server's counter of the same name is its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_counters() {
+    let (db, [a, b]) = replicas().await;
+    assert_eq!(a.counter("generation").await.unwrap(), 0);
+    assert_eq!(a.advance_counter("generation").await.unwrap(), 1);
+    assert_eq!(b.counter("generation").await.unwrap(), 1);
+    assert_eq!(b.advance_counter("generation").await.unwrap(), 2);
+    assert_eq!(a.counter("generation").await.unwrap(), 2);
+    let advances = join_all((0..16).map(|i| {
+        let ledger = if i % 2 == 0 { &a } else { &b };
+        ledger.advance_counter("generation")
+    }))
+    .await;
+    let mut values: Vec<u64> = advances.into_iter().map(|v| v.unwrap()).collect();
+    values.sort_unstable();
+    assert_eq!(values, (3..=18).collect::<Vec<u64>>());
+    let elsewhere = db.open("ns/elsewhere", "replica-a").await;
+    assert_eq!(elsewhere.counter("generation").await.unwrap(), 0);
+    assert_eq!(elsewhere.advance_counter("generation").await.unwrap(), 1);
+    assert_eq!(a.counter("generation").await.unwrap(), 18);
+}
