@@ -551,6 +551,71 @@ async fn an_edited_persisted_snapshot_never_lifts_a_revocation_after_a_restart()
     assert!(body.contains("no snapshot received yet"), "{body}");
 }
 
+/// A restored older copy of the persisted snapshot (genuine: this sidecar wrote it) must not
+/// lift a revocation a newer snapshot carried: its generation is behind the ledger's.
+#[tokio::test]
+async fn an_older_persisted_snapshot_never_lifts_a_revocation_after_a_restart() {
+    let mut cluster = start().await;
+    let persisted = cluster
+        .sidecar
+        .ledger_path
+        .with_file_name("ledger.db.snapshot.json");
+    let before = cluster
+        .fake
+        .push(Some(compiled(&cluster.fake, TASKS, "")), None);
+    cluster.fake.ack_of(before).await.expect("acked");
+    // The sidecar persists a snapshot before acking it.
+    let older = std::fs::read(&persisted).unwrap();
+    let revoked_before = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let revoking = compiled(
+        &cluster.fake,
+        TASKS,
+        &revocation("alice-session", "alice", revoked_before),
+    );
+    let version = cluster.fake.push(Some(revoking), None);
+    cluster.fake.ack_of(version).await.expect("acked");
+    let refused = cluster
+        .client
+        .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.05}))
+        .await;
+    assert_ne!(refused.status, 200, "revoked: {refused:?}");
+    let newer = std::fs::read(&persisted).unwrap();
+    assert_ne!(newer, older, "the newer snapshot is persisted");
+    let generation = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(bytes).unwrap()["generation"].to_string()
+    };
+    let stale = format!(
+        "is generation {} of this sidecar's snapshot but the ledger's last is {}",
+        generation(&older),
+        generation(&newer)
+    );
+
+    // With the operator away, the state directory's older file is put back (a restored
+    // backup), and the sidecar restarts.
+    cluster.fake.go_down().await;
+    std::fs::write(&persisted, &older).unwrap();
+    cluster.sidecar = cluster.sidecar.respawn_after_kill();
+    cluster.client = McpClient::new(&cluster.sidecar.url);
+    let complained = support::eventually(WAIT, async || {
+        let logs = cluster.sidecar.logs();
+        logs.contains(&format!("ledger.db.snapshot.json {stale}"))
+            .then_some(())
+    })
+    .await;
+    let after = cluster
+        .client
+        .call_tool(&alice().token(), "slow_compute", json!({"seconds": 0.05}))
+        .await;
+    assert_eq!(
+        after.status, 503,
+        "the older file re-admitted a revoked user: {after:?}"
+    );
+    assert!(complained.is_some(), "{}", cluster.sidecar.logs());
+    let (status, body) = cluster.sidecar.ready().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no snapshot received yet"), "{body}");
+}
+
 #[tokio::test]
 async fn a_pod_no_policy_selects_is_ready_and_refuses_every_request() {
     let cluster = start().await;

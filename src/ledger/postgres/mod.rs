@@ -29,6 +29,8 @@
 //! - `try_lease`: one `INSERT … ON CONFLICT DO UPDATE … WHERE` (the conflict's row lock
 //!   decides). `spend_budget`: an advisory transaction lock per (server, exception), then
 //!   count and insert. `secret`: `INSERT … ON CONFLICT DO NOTHING`, then read.
+//!   `advance_counter`: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` (each advance, on
+//!   any replica, gets its own value).
 //! - The two statements on every task creation's path send their independent statements as
 //!   one pipeline (`reserve`: the lock, the sweep, the lookup and the counts; `confirm`: the
 //!   row lock with the upstream ID lookup, then the update with its notice and read): the

@@ -104,6 +104,7 @@ async fn a_version_1_database_is_migrated_in_place() {
                      CHECK (reason IN ('owner_cancel', 'admin_cancel', 'deadline', 'revocation'));
              ALTER TABLE lifeguard_budget_uses DROP COLUMN grant_key;
              DROP TABLE lifeguard_budget_costs;
+             DROP TABLE lifeguard_counters;
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await
