@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# OpenSSL 3: tests/exception_cli.rs checks the documented standard-tool signing recipe.
+# OpenSSL 3: tests/it/exception_cli.rs checks the documented standard-tool signing recipe.
 if ! command -v openssl >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing openssl" >&2

@@ -6,21 +6,24 @@
 //!
 //! # Who may import whom
 //!
-//! Dependencies point toward the pure core. `tests/architecture.rs` enforces this table and
-//! that no sibling modules anywhere in the crate import each other in a cycle; change both
-//! together.
+//! Dependencies point toward the pure core. This table is the one source: the architecture test
+//! (`tests/it/architecture.rs`) parses it and fails on an import it does not allow, on a
+//! permission nothing uses, and on a module it omits. The same test checks that no sibling
+//! modules anywhere in the crate (the binary's `cli` included) import each other in a cycle, and
+//! the sidecar's layer order (the table in [`sidecar`]'s docs).
 //!
 //! | module | may import |
 //! |---|---|
 //! | `model` (domain types), `api` (CRD types), `telemetry`, `runtime` | nothing of the crate |
 //! | `policy` (pure compiler) | `api` |
 //! | `ledger` (task store) | `model` |
-//! | `identity`, `audit`, `mcp` (the wire, pure) | `model`, `api`, `policy` |
-//! | `exception` | `model`, `api`, `policy`, `identity`, `audit`, `mcp` |
-//! | `distribution` (operator↔sidecar messages, pure) | `policy`, `api` |
-//! | `operator` (control plane) | `model`, `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |
-//! | `webhook` (admission) | `model`, `api`, `policy`, `identity`, `exception`, `telemetry`, `runtime` |
-//! | `sidecar` | all of the above except `operator` and `webhook` |
+//! | `identity`, `mcp` (the wire, pure) | `model`, `api`, `policy` |
+//! | `audit` | `model` |
+//! | `exception` | `model`, `api`, `policy`, `identity`, `mcp` |
+//! | `distribution` (operator↔sidecar messages, pure) | `policy` |
+//! | `operator` (control plane) | `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |
+//! | `webhook` (admission) | `api`, `policy`, `exception`, `runtime` |
+//! | `sidecar` | `model`, `api`, `policy`, `identity`, `audit`, `mcp`, `ledger`, `exception`, `distribution`, `telemetry`, `runtime` |
 //!
 //! `operator`, `sidecar` and `webhook` never import one another: they meet in `policy`
 //! (what a policy means) and `distribution` (how it travels).

@@ -174,7 +174,7 @@ impl TaskHasher {
             .expect("HMAC takes any key length");
         mac.update(text.as_bytes());
         let digest = mac.finalize().into_bytes();
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&digest[..16]);
         format!("h:{hex}")
     }
 }
@@ -235,7 +235,7 @@ impl IdentityDigester {
 pub fn summarize(value: &Value) -> Value {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(digest);
     serde_json::json!({"bytes": bytes.len(), "sha256": hex})
 }
 

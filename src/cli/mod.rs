@@ -12,6 +12,7 @@ pub mod plugin;
 pub mod policy_check;
 pub mod policy_diff;
 mod policy_files;
+mod present;
 pub mod revoke;
 pub mod sidecar;
 pub mod status;

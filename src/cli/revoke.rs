@@ -19,12 +19,12 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use lifeguard::api::{
     PolicyDuration, PrincipalRevocation, PrincipalRevocationSpec, RevocationReason,
-    RevocationSource, RevocationSourceKind, conditions,
+    RevocationSource, RevocationSourceKind,
 };
 use sha2::{Digest, Sha256};
 
 use super::cluster::{Cluster, ClusterArgs, Output, REVOCATIONS, block_on, print_stdout};
-use super::status::{human_duration, principal_label};
+use super::present::{Progress, human_duration, principal_label, progress};
 
 /// Flags of `revoke`.
 #[derive(Debug, clap::Args)]
@@ -227,7 +227,7 @@ impl RevocationRequest {
             }
         }
         let digest = hash.finalize();
-        let hex: String = digest.iter().take(10).map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&digest[..10]);
         format!("manual-{hex}")
     }
 
@@ -314,119 +314,6 @@ fn reason_name(reason: RevocationReason) -> String {
     match serde_json::to_value(reason) {
         Ok(serde_json::Value::String(name)) => name,
         other => format!("{other:?}"),
-    }
-}
-
-/// How far a revocation has spread, from the status the operator writes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Progress {
-    /// No status for the current generation yet.
-    NotObserved,
-    /// `Propagated` is not True yet. `target` is unset while the operator waits for sidecars
-    /// to reconnect after a restart.
-    Propagating {
-        acknowledged: i32,
-        target: Option<i32>,
-        tasks_cancelled: i64,
-        streams_closed: i64,
-    },
-    /// `Propagated=True` for the current generation.
-    Complete {
-        acknowledged: i32,
-        target: i32,
-        tasks_cancelled: i64,
-        streams_closed: i64,
-        propagation_millis: Option<i64>,
-    },
-}
-
-/// The progress `revocation`'s status reports. A status or condition written for an older
-/// generation (before `revokedBefore` was moved) does not count.
-pub fn progress(revocation: &PrincipalRevocation) -> Progress {
-    let generation = revocation.metadata.generation;
-    let current = |observed: Option<i64>| match (observed, generation) {
-        (Some(observed), Some(generation)) => observed >= generation,
-        _ => true,
-    };
-    let Some(status) = &revocation.status else {
-        return Progress::NotObserved;
-    };
-    let written = status.observed_generation.is_some()
-        || !status.conditions.is_empty()
-        || status.target_sidecars.is_some();
-    if !written || !current(status.observed_generation) {
-        return Progress::NotObserved;
-    }
-    let acknowledged = status.acknowledged_sidecars.unwrap_or(0);
-    let tasks_cancelled = status.tasks_cancelled.unwrap_or(0);
-    let streams_closed = status.streams_closed.unwrap_or(0);
-    let propagated = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::PROPAGATED);
-    match propagated {
-        Some(c) if c.status == "True" && current(c.observed_generation) => Progress::Complete {
-            acknowledged,
-            target: status.target_sidecars.unwrap_or(acknowledged),
-            tasks_cancelled,
-            streams_closed,
-            propagation_millis: status.propagation_millis,
-        },
-        _ => Progress::Propagating {
-            acknowledged,
-            target: status.target_sidecars,
-            tasks_cancelled,
-            streams_closed,
-        },
-    }
-}
-
-impl std::fmt::Display for Progress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NotObserved => {
-                write!(f, "waiting for the Lifeguard operator to report on it")
-            }
-            Self::Propagating {
-                acknowledged,
-                target: Some(target),
-                tasks_cancelled,
-                streams_closed,
-            } => write!(
-                f,
-                "propagating: {acknowledged} of {target} targeted sidecars applied it ({} pending; \
-                 {tasks_cancelled} tasks cancelled, {streams_closed} listen streams closed)",
-                (target - acknowledged).max(0)
-            ),
-            Self::Propagating {
-                acknowledged,
-                target: None,
-                ..
-            } => write!(
-                f,
-                "propagating: {acknowledged} sidecars applied it; the operator has not fixed the \
-                 target yet (it waits for sidecars to reconnect after a restart)"
-            ),
-            Self::Complete {
-                acknowledged,
-                target,
-                tasks_cancelled,
-                streams_closed,
-                propagation_millis,
-            } => {
-                write!(
-                    f,
-                    "propagated: {acknowledged} of {target} targeted sidecars applied it"
-                )?;
-                if let Some(ms) = propagation_millis {
-                    write!(f, " in {ms} ms")?;
-                }
-                write!(
-                    f,
-                    " ({tasks_cancelled} tasks cancelled, {streams_closed} listen streams closed)"
-                )
-            }
-        }
     }
 }
 

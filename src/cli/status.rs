@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use super::cluster::{
     Cluster, ClusterArgs, EXCEPTIONS, Output, POLICIES, REVOCATIONS, block_on, print_stdout,
 };
-use super::revoke::{Progress, progress};
+use super::present::{Progress, human_duration, principal_label, progress};
 
 /// Flags of `status`.
 #[derive(Debug, clap::Args)]
@@ -494,26 +494,6 @@ fn note(out: &mut String, who: &str, text: &str) {
     out.push_str(&format!("  ! {who}: {text}\n"));
 }
 
-/// `alice`, or `alice [tenant=t1 client=console]` for a narrowed revocation; `* [tenant=t1]` for
-/// every subject of a tenant (or client).
-pub fn principal_label(
-    subject: Option<&str>,
-    tenant: Option<&str>,
-    client: Option<&str>,
-) -> String {
-    let narrowing: Vec<String> = [("tenant", tenant), ("client", client)]
-        .into_iter()
-        .filter_map(|(what, value)| value.map(|v| format!("{what}={v}")))
-        .collect();
-    // Without a subject: everyone of the tenant and/or client.
-    let subject = subject.unwrap_or("*");
-    if narrowing.is_empty() {
-        subject.to_owned()
-    } else {
-        format!("{subject} [{}]", narrowing.join(" "))
-    }
-}
-
 /// Columns padded to their widest cell and separated by three spaces, as kubectl prints them.
 pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
@@ -534,25 +514,6 @@ pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
         }
         out.push_str(line.trim_end());
         out.push('\n');
-    }
-}
-
-/// A span of seconds the way kubectl shows ages: `45s`, `7m30s`, `2h5m`, `3d4h`, `40d`.
-/// Negative spans read as `expired 5m ago`; this is only for the EXPIRES-IN column.
-pub fn human_duration(seconds: i64) -> String {
-    if seconds < 0 {
-        return format!("expired {} ago", human_duration(seconds.saturating_neg()));
-    }
-    let (value, unit, rest, rest_unit, show_rest) = match seconds {
-        s if s < 60 => return format!("{s}s"),
-        s if s < 3600 => (s / 60, "m", s % 60, "s", s < 600),
-        s if s < 86_400 => (s / 3600, "h", s % 3600 / 60, "m", s < 36_000),
-        s => (s / 86_400, "d", s % 86_400 / 3600, "h", s < 864_000),
-    };
-    if show_rest && rest > 0 {
-        format!("{value}{unit}{rest}{rest_unit}")
-    } else {
-        format!("{value}{unit}")
     }
 }
 

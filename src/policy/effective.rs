@@ -77,7 +77,7 @@ impl EffectivePolicy {
         // Serializing plain data with string keys cannot fail.
         let bytes = serde_json::to_vec(self).unwrap_or_default();
         let digest = Sha256::digest(&bytes);
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(digest)
     }
 
     /// The trusted issuer entry for an `iss` value, compared exactly.

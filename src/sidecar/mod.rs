@@ -28,19 +28,30 @@
 //! revocation applier reports on a second `watch` (defined in `policy_source`) when a policy's
 //! revocations are all applied, which is when the control plane source acknowledges it.
 //!
-//! # Layers (a module imports only from layers below it; a test checks there is no cycle, and
-//! that this table and docs/design.md's name every module here)
+//! # Layers
+//!
+//! A module imports only from layers below its own, top to bottom; `tests/it/architecture.rs`
+//! checks that, that no modules import each other in a cycle, and that this table and
+//! docs/design.md's name every module here.
 //!
 //! | layer | modules |
 //! |---|---|
-//! | entry | `mod.rs` (`run`), `hop_server`, `pipeline` |
-//! | handlers | `tasks`, `listen`, `relay` (tasks may name relay's `FinalStep`), `client_cancel` |
+//! | entry | `mod.rs` (`run`), `hop_server` |
+//! | pipeline | `pipeline` |
+//! | handlers | `tasks`, `listen`, `client_cancel` |
+//! | relay | `relay` (everything else; `tasks` implements its `FinalStep`) |
 //! | background | `sweeper`, `revocation` |
-//! | task rules with IO | `cancellation`, `capability_screen`, `server_tasks`, `task_state`, `delegate` (delegation assertions, identity lease), `logging_gate` (the deprecated logging surface) |
-//! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream` → `framing`, `backoff`) |
-//! | shared state | `state`, `replica` (this replica: home decisions, heartbeat, sweep lease) + `home_memory` (its unfinished tasks, as last read), `hop` (the signed internal hop's client), `context`, `denials` |
+//! | task rules with IO | `cancellation`, `capability_screen`, `logging_gate` (the deprecated logging surface), `minimize` (`tasks.results` applied to every server-supplied text), `object_access` (`tasks.objects` per request) |
+//! | task services | `delegate` (delegation assertions, identity lease), `server_tasks` |
+//! | task record | `task_state` |
+//! | policy sources | `policy_file`, `control_plane` (its own `apply`, `stream`, `framing`, `backoff`) |
+//! | shared state | `state` |
+//! | this replica | `replica` (home decisions, heartbeat, sweep lease) |
+//! | replica parts | `hop` (the signed internal hop's client), `home_memory` (its unfinished tasks, as last read), `denials` |
+//! | request context | `context` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
-//! | leaves | `decisions` (pure), `active_policy`, `error`, `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability` + `capability_refusal` (its refusals: audit and metric), `minimize` (`tasks.results` applied to every server-supplied text), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | policy in force | `active_policy`, `error` |
+//! | leaves | `decisions` (pure), `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability` + `capability_refusal` (its refusals: audit and metric), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;
@@ -63,6 +74,7 @@ mod in_flight;
 mod listen;
 mod logging_gate;
 mod minimize;
+mod object_access;
 mod objects;
 mod pipeline;
 mod policy_file;

@@ -106,20 +106,6 @@ struct ReadEnvelope {
     snapshot: Box<RawValue>,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// Where the snapshot of a sidecar whose ledger file is `ledger` is kept:
 /// `<ledger's directory>/<ledger's file name>.snapshot.json`.
 /// The snapshot's file name in a `--state-dir`.
@@ -234,7 +220,7 @@ impl SnapshotStore {
         };
         let envelope: ReadEnvelope =
             serde_json::from_slice(&bytes).map_err(|_| not_authenticated())?;
-        let tag = unhex(&envelope.mac).ok_or_else(not_authenticated)?;
+        let tag = hex::decode(&envelope.mac).map_err(|_| not_authenticated())?;
         let raw = envelope.snapshot.get().as_bytes();
         self.key
             .mac(envelope.generation, raw)
@@ -282,11 +268,12 @@ impl SnapshotStore {
             .advance_counter(&self.generations.name)
             .await
             .map_err(SnapshotStoreError::Ledger)?;
-        let mac = hex(&self
-            .key
-            .mac(generation, raw.get().as_bytes())
-            .finalize()
-            .into_bytes());
+        let mac = hex::encode(
+            self.key
+                .mac(generation, raw.get().as_bytes())
+                .finalize()
+                .into_bytes(),
+        );
         let bytes = serde_json::to_vec(&Envelope {
             mac,
             generation,
@@ -483,7 +470,7 @@ mod tests {
         v1.update(b"lifeguard persisted policy snapshot v1\0");
         let raw = serde_json::to_string(&genuine).unwrap();
         v1.update(raw.as_bytes());
-        let v1_mac = hex(&v1.finalize().into_bytes());
+        let v1_mac = hex::encode(v1.finalize().into_bytes());
         assert!(refused(format!("{{\"mac\":\"{v1_mac}\",\"snapshot\":{raw}}}")).await);
         // A file authenticated under another key.
         let other = store_of(path.clone(), SnapshotKey::new([8; 32]), &g);

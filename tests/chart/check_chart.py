@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline checks of charts/lifeguard and charts/lifeguard-crds, driven by tests/helm_chart.rs.
+"""Offline checks of charts/lifeguard and charts/lifeguard-crds, driven by tests/it/helm_chart.rs.
 
     check_chart.py lint|render|refusals|examples|upgrade|dump-tls
 
@@ -196,14 +196,14 @@ def check_golden(rendered, problems):
         return
     if not GOLDEN.exists():
         problems.append(f"{GOLDEN.relative_to(REPO)} is missing; write it with "
-                        "LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test helm_chart")
+                        "LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test it helm_chart::")
         return
     expected = GOLDEN.read_text()
     if text != expected:
         diff = difflib.unified_diff(expected.splitlines(), text.splitlines(), "golden",
                                     "rendered", lineterm="", n=2)
         problems.append("the default rendering differs from the golden file (review, then "
-                        "LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test helm_chart):\n"
+                        "LIFEGUARD_UPDATE_GOLDEN=1 cargo test --test it helm_chart::):\n"
                         + "\n".join(list(diff)[:80]))
 
 
@@ -459,7 +459,7 @@ def part_examples():
         problems.append(f"examples cover only {sorted(kinds)}")
     print(f"  {valid} example resources from {len(files)} files (all but those declared "
           f"`crd-schema: rejects` or `not-applicable`) validate against the CRD schemas; of those declared `crd-schema: rejects`, {refused} fail the structural "
-          f"schema and {left_to_cel} only its CEL rules (tests/policy_examples.rs evaluates "
+          f"schema and {left_to_cel} only its CEL rules (tests/it/policy_examples.rs evaluates "
           "those)")
     return problems
 
@@ -545,7 +545,7 @@ def part_upgrade():
 
 def part_dump_tls():
     """Writes the default rendering's generated TLS Secrets as files, as the pods mount them:
-    DIR/<Secret name>/{tls.crt,tls.key,ca.crt}. tests/helm_chart.rs serves them with
+    DIR/<Secret name>/{tls.crt,tls.key,ca.crt}. tests/it/helm_chart.rs serves them with
     Lifeguard's own TLS code."""
     target = Path(os.environ["LIFEGUARD_CHART_TLS_DIR"])
     docs = load_all("---\n".join(t for _, t in manifests(render(CHART))))

@@ -1,7 +1,7 @@
 """What a reviewer checks in the chart's monitoring objects (the Grafana dashboard ConfigMap, the
 PrometheusRule, the ServiceMonitors and the sidecars' PodMonitor), as functions from the rendered
 objects to a list of problems. Driven by check_chart.py. That every PromQL expression parses and
-names only metrics the binaries expose is checked in Rust (tests/monitoring.rs)."""
+names only metrics the binaries expose is checked in Rust (tests/it/monitoring.rs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The FastMCP server the MCP conformance suite (`@modelcontextprotocol/conformance`) tests, for
-tests/interop_conformance.rs: direct, through a token-adding proxy, and behind the sidecar.
+tests/it/interop_conformance.rs: direct, through a token-adding proxy, and behind the sidecar.
 
 Usage: python conformance_server.py
 

@@ -3,7 +3,10 @@
 
 use serde_json::{Value, json};
 
-use super::probe::{PROTOCOL_VERSION, TASKS_EXTENSION};
+/// The protocol revision every probe request names.
+pub const PROTOCOL_VERSION: &str = "2026-07-28";
+/// The Tasks extension's identifier, declared in every request's capabilities.
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 /// One MCP request under construction: a conforming 2026-07-28 request unless a check bends it.
 #[derive(Clone, Debug)]

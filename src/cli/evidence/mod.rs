@@ -19,7 +19,6 @@ mod checks;
 mod policy;
 mod probe;
 mod report;
-mod stream;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -273,11 +273,7 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 fn unique(prefix: &str) -> String {
-    let hex: String = random_bytes::<9>()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{prefix}{hex}")
+    format!("{prefix}{}", hex::encode(random_bytes::<9>()))
 }
 
 /// A principal nobody else uses, in its own tenant and client.

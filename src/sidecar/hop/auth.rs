@@ -89,14 +89,7 @@ fn canonical(claims: &HopClaims, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
         .filter(|(name, _)| {
             !HOP_HEADERS.contains(&name.as_str()) && !UNSIGNED.contains(&name.as_str())
         })
-        .map(|(name, value)| {
-            let value: String = value
-                .as_bytes()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            format!("{}:{value}", name.as_str())
-        })
+        .map(|(name, value)| format!("{}:{}", name.as_str(), hex::encode(value.as_bytes())))
         .collect();
     lines.sort();
     let mut text = format!(
@@ -107,19 +100,15 @@ fn canonical(claims: &HopClaims, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
         text.push_str(&line);
         text.push('\n');
     }
-    text.push_str(&hex(&Sha256::digest(body)));
+    text.push_str(&hex::encode(Sha256::digest(body)));
     text.into_bytes()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The signature for a request, hex.
 pub fn sign(key: &[u8; 32], claims: &HopClaims, headers: &HeaderMap, body: &[u8]) -> String {
     let mut mac = mac(key);
     mac.update(&canonical(claims, headers, body));
-    hex(&mac.finalize().into_bytes())
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Reads the hop's claims and signature from `headers`.
@@ -140,18 +129,8 @@ pub fn read(headers: &HeaderMap) -> Result<(HopClaims, Vec<u8>), HopRefusal> {
     if claims.nonce.len() != 32 || !claims.nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(HopRefusal::Malformed);
     }
-    let signature = unhex(text(SIGNATURE)?).ok_or(HopRefusal::Malformed)?;
+    let signature = hex::decode(text(SIGNATURE)?).map_err(|_| HopRefusal::Malformed)?;
     Ok((claims, signature))
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// Checks a received request's claims (not the nonce: the caller's memory does that) and

@@ -185,7 +185,7 @@ impl Hop {
             from: self.me.clone(),
             to: to.to_owned(),
             time_ms: now,
-            nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+            nonce: hex::encode(nonce),
         };
         let signature = auth::sign(&self.key, &claims, &headers, body);
         let mut set = |name: &'static str, value: &str| {

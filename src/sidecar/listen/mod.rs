@@ -32,11 +32,11 @@ use super::context::{Arrival, RequestContext};
 use super::decisions::{Operation, authorize, holds_scopes};
 use super::error::Error;
 use super::forward::set_mcp_headers;
+use super::object_access::object_verdict;
 use super::objects::Action;
 use super::respond;
 use super::state::AppState;
 use super::task_state::now_ms;
-use super::tasks::object_verdict;
 use super::upstream::{EventStream, UpstreamBody};
 
 /// Frames buffered per stream before the listener counts as a slow consumer and is cut off:

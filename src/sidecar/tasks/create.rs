@@ -26,6 +26,7 @@ use super::super::context::RequestContext;
 use super::super::decisions::{confirmation_terms, missing_scopes, task_view};
 use super::super::delegate::{self, TaskBinding};
 use super::super::error::Error;
+use super::super::object_access::object_digest;
 use super::super::objects::{self, Action, Verdict, object_of};
 use super::super::relay::{FinalStep, RefuseTasks, send_and_relay};
 use super::super::respond;
@@ -34,7 +35,6 @@ use super::super::server_tasks::cancel_orphan;
 use super::super::state::AppState;
 use super::super::task_state::now_ms;
 use super::idempotency;
-use super::object_digest;
 use super::reconcile::reconcile_principal;
 
 /// How long a reservation outlives the upstream timeout before it is considered abandoned.

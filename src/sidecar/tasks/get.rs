@@ -18,6 +18,7 @@ use super::super::decisions::{
 };
 use super::super::error::Error;
 use super::super::minimize;
+use super::super::object_access::{object_digest, object_refusal, object_verdict};
 use super::super::objects::Action;
 use super::super::respond;
 use super::super::state::AppState;
@@ -25,9 +26,7 @@ use super::super::task_state::{
     end_for_server_report, now_ms, observe_if_changed, settle_terminal,
 };
 use super::super::upstream::{Answer, UpstreamError, response_message};
-use super::{
-    authorized_task, forwarded_task_message, object_digest, object_refusal, object_verdict,
-};
+use super::{authorized_task, forwarded_task_message};
 use crate::mcp::task_wire::{PollTerms, translate_poll_answer};
 
 /// Status message of a completed task whose result was read once under

@@ -5,8 +5,9 @@
 
 use serde_json::{Value, json};
 
+use super::super::call::Call;
 use super::super::call::request_meta;
-use super::super::probe::{Answer, Call};
+use super::super::probe::Answer;
 use super::{CheckDef, Env, Run, short};
 
 pub const ENVELOPE: CheckDef = CheckDef {

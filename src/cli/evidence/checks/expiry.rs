@@ -6,7 +6,8 @@ use lifeguard::identity::jwt::LEEWAY_SECS;
 use serde_json::json;
 
 use super::super::audit::field;
-use super::super::probe::{Answer, Call};
+use super::super::call::Call;
+use super::super::probe::Answer;
 use super::{ALICE, CheckDef, Env, Run, is_task_not_found, is_terminal, short};
 
 pub const TOKEN_EXPIRES_MID_TASK: CheckDef = CheckDef {
@@ -22,8 +23,8 @@ pub const TOKEN_EXPIRES_MID_TASK: CheckDef = CheckDef {
              trail's `auth.denied`/`expired` line is rate-limited per minute)",
     does_not_cover: "`tasks.identityLease` (a task whose owner stops coming back is cancelled) \
                      and `upstream.identity: delegation` (assertions end with the token): \
-                     tests/sidecar_delegation.rs; listen streams closing at expiry \
-                     (tests/sidecar_listen.rs)",
+                     tests/it/sidecar_delegation.rs; listen streams closing at expiry \
+                     (tests/it/sidecar_listen.rs)",
 };
 
 /// The counter of refusals of expired tokens on the admin port.

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::super::audit::field;
-use super::super::probe::{Answer, Call};
+use super::super::call::Call;
+use super::super::probe::Answer;
 use super::{CheckDef, Env, Run, is_terminal, short};
 
 pub const CANCEL_THEN_WRITES: CheckDef = CheckDef {
@@ -30,7 +31,7 @@ pub const READ_ONCE: CheckDef = CheckDef {
              \"The result was deleted after it was retrieved\" and no result; with `false`, \
              every read returns the same stored result",
     does_not_cover: "TTL expiry (minutes by default), result minimization (`tasks.results`), \
-                     two racing first reads (tests/sidecar_results.rs)",
+                     two racing first reads (tests/it/sidecar_results.rs)",
 };
 
 pub const DEADLINE: CheckDef = CheckDef {
@@ -40,7 +41,7 @@ pub const DEADLINE: CheckDef = CheckDef {
              `tasks.deadline` (per tool): it reads `failed` with statusMessage \"Deadline \
              exceeded…\", and a later answer from its owner changes nothing",
     does_not_cover: "deadlines longer than 20 s (the check does not wait for them), deadlines \
-                     surviving a sidecar restart (tests/sidecar_lifecycle.rs)",
+                     surviving a sidecar restart (tests/it/sidecar_lifecycle.rs)",
 };
 
 /// The rows `write_rows` wrote with `label`, read as `resources/read example://rows` through

@@ -5,7 +5,8 @@ use futures_util::future::join_all;
 use serde_json::json;
 
 use super::super::audit::field;
-use super::super::probe::{Answer, Call};
+use super::super::call::Call;
+use super::super::probe::Answer;
 use super::{CheckDef, Env, Run, short};
 
 pub const QUOTA: CheckDef = CheckDef {
@@ -16,7 +17,7 @@ pub const QUOTA: CheckDef = CheckDef {
              `Retry-After` and JSON-RPC -31429 naming the `principal` quota; a cancelled \
              task's slot is free again once it ended, and only that one",
     does_not_cover: "the tenant, client and server quotas (same mechanism, other counters), \
-                     several sidecar replicas sharing a ledger (tests/scale_out.rs)",
+                     several sidecar replicas sharing a ledger (tests/it/scale_out.rs)",
 };
 
 pub const IDEMPOTENCY: CheckDef = CheckDef {

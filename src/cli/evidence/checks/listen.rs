@@ -6,7 +6,7 @@ use lifeguard::model::TaskId;
 use lifeguard::policy::PatternIdentity;
 use serde_json::{Value, json};
 
-use super::super::probe::Call;
+use super::super::call::Call;
 use super::{ALICE, CheckDef, Env, Run, short};
 
 pub const LISTEN: CheckDef = CheckDef {
@@ -20,7 +20,7 @@ pub const LISTEN: CheckDef = CheckDef {
              extension is 400 -32021, unknown filter keys and dot-segment URIs 400 -32602; \
              streams beyond `listen.maxStreamsPerPrincipal` get HTTP 429 -31429 `streams`",
     does_not_cover: "stream closing on revocation, token expiry and policy withdrawal \
-                     (tests/sidecar_listen.rs), slow consumers",
+                     (tests/it/sidecar_listen.rs), slow consumers",
 };
 
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";

@@ -25,8 +25,9 @@ use serde_json::{Value, json};
 
 use super::admin::Admin;
 use super::audit::AuditTrail;
+use super::call::Call;
 use super::policy::PolicyFacts;
-use super::probe::{Answer, Call, Exchange, Minter, Principal, Probe};
+use super::probe::{Answer, Exchange, Minter, Principal, Probe};
 use super::report::{CheckResult, Verdict};
 
 /// The example server's tools the checks start as tasks.

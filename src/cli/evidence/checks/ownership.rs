@@ -8,7 +8,8 @@ use lifeguard::model::TaskId;
 use serde_json::{Value, json};
 
 use super::super::audit::field;
-use super::super::probe::{Answer, Call};
+use super::super::call::Call;
+use super::super::probe::Answer;
 use super::{CheckDef, Env, Run, is_task_not_found, short};
 
 pub const POLICY_HASH: CheckDef = CheckDef {
@@ -53,7 +54,7 @@ pub const TOKENS: CheckDef = CheckDef {
              (`alg: none`) token each get HTTP 401 with `WWW-Authenticate: Bearer … \
              resource_metadata=…` on tools/call and on tasks/get of a real task; expiry says so, \
              every other failure gets one identical description; the task is untouched",
-    does_not_cover: "revocation (covered by tests/sidecar_revocation.rs), JWKS rotation, \
+    does_not_cover: "revocation (covered by tests/it/sidecar_revocation.rs), JWKS rotation, \
                      insufficient scopes",
 };
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::super::audit::field;
+use super::super::call::Call;
 use super::super::policy::{compile, replace_file, without_task_tool};
-use super::super::probe::Call;
 use super::{CheckDef, Env, Run, is_task_not_found, is_terminal, short};
 
 /// Named `disable-mid-run` before 2026-12: it never disabled a user, it withdraws a tool from

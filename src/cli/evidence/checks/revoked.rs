@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::super::audit::field;
+use super::super::call::Call;
 use super::super::policy::{compile, replace_file, with_account_disabled};
-use super::super::probe::{Answer, Call};
+use super::super::probe::Answer;
 use super::reload::{RELOAD_WAIT, wait_for_policy};
 use super::{ALICE, CheckDef, Env, Run, is_terminal, short};
 
@@ -24,8 +25,8 @@ pub const USER_DISABLED_MID_RUN: CheckDef = CheckDef {
              with reason `revoked`; once the revocation is removed alice is let back in and \
              her task reads `cancelled` with a status message naming the revocation",
     does_not_cover: "cluster mode, where revocations come from the operator (`kubectl lifeguard \
-                     revoke`, SSF events: tests/operator_cluster.rs); session revocations, \
-                     where a fresh token works (tests/sidecar_revocation.rs); revocations of a \
+                     revoke`, SSF events: tests/it/operator_cluster.rs); session revocations, \
+                     where a fresh token works (tests/it/sidecar_revocation.rs); revocations of a \
                      whole tenant or client; the server's own work after the cancel",
 };
 
@@ -216,7 +217,7 @@ async fn while_disabled(
     run: &mut Run,
     alices: &str,
     bobs: &str,
-    stream: Option<&mut super::super::stream::Stream<'_>>,
+    stream: Option<&mut super::super::probe::Stream<'_>>,
     upstream_mark: Option<u64>,
 ) {
     let p = &env.people;

@@ -33,7 +33,7 @@ pub fn server() -> PostgresLocation {
 fn random_hex() -> String {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("OS random number generator");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// A connection to `location`, or a failed test saying how to get a server.

@@ -1,0 +1,342 @@
+//! The performance benchmarks (`examples/sidecar_bench`, `examples/operator_bench`, `examples/scale_out_bench`,
+//! `examples/admission_bench`, docs/performance.md) in smoke mode: every phase runs, tiny, against the binaries of this
+//! build profile. They fail only when a request fails or a process does not start — never on
+//! timing, which is the full run's job.
+
+use crate::support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::process::{example_binary, profile_dir, run_to_completion};
+
+/// When a smoke run counts as hung: a guard so a hang fails with the output so far instead of
+/// blocking the suite, far above any plausible run time on a slow machine (not a performance
+/// check).
+const HANG_GUARD: Duration = Duration::from_secs(15 * 60);
+
+#[test]
+fn benchmark_smoke_run_has_no_errors() {
+    let bench = example_binary("sidecar_bench");
+    let server = example_binary("example_server");
+    let mut command = Command::new(&bench);
+    command
+        .arg("--smoke")
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(&server);
+    let output = run_to_completion(command, "the benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "greet via sidecar",
+        "tasks/get via sidecar",
+        "task creation via sidecar",
+        "ratio via sidecar / direct",
+        "listen: ",
+        "exhaustion: ",
+        "added by the sidecar",
+        "targets",
+        "no failed requests",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/results-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["passed"], true);
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(13));
+    // The in-process hot path ran both methods at 1 and 2 workers, without failures.
+    let lanes = json["hot_path"].as_array().expect("hot-path lanes");
+    for method in ["greet", "tasks/get"] {
+        for workers in [1, 2] {
+            let lane = lanes
+                .iter()
+                .find(|l| l["method"] == method && l["workers"] == workers)
+                .unwrap_or_else(|| panic!("no hot-path lane {method} at {workers}: {lanes:?}"));
+            assert!(lane["requests"].as_u64().unwrap_or(0) > 0, "{lane}");
+            assert_eq!(lane["errors"], 0, "{lane}");
+        }
+    }
+    // Without --baseline the reduction target says why it does not apply.
+    let reduction = json["targets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| {
+            t["target"]
+                .as_str()
+                .is_some_and(|n| n.contains("reduction vs --baseline"))
+        })
+        .expect("the tasks/get CPU reduction target");
+    assert_eq!(reduction["verdict"], "N/A", "{reduction}");
+    // The exhaustion phase's attack was refused and the sidecar served again afterwards.
+    let exhaustion = &json["exhaustion"];
+    assert_eq!(exhaustion["recovered"], true, "{exhaustion}");
+    assert_eq!(exhaustion["half_sent_held"], 0, "{exhaustion}");
+    assert_eq!(exhaustion["greet_failures"], 0, "{exhaustion}");
+    // The listen phase ran both lanes and every delivery arrived.
+    for lane in ["direct", "via_sidecar"] {
+        let l = &json["listen"][lane];
+        assert!(l["expected"].as_u64().unwrap_or(0) > 0, "{lane}: {l}");
+        assert_eq!(l["delivered"], l["expected"], "{lane}: {l}");
+    }
+    hot_path_only_smoke_run_reports_every_lane();
+}
+
+/// `--soak`, tiny: the paced load, the task poller and the listen stream run without a failed
+/// request, and the RSS series is written.
+#[test]
+fn benchmark_soak_smoke_run_has_no_errors() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/soak-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--soak", "--smoke", "--soak-secs", "3"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the soak smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "soak smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("soak: "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("soak results")).expect("JSON");
+    assert_eq!(json["errors"]["count"], 0, "{json}");
+    assert!(json["requests"].as_u64().unwrap_or(0) > 0, "{json}");
+    assert!(json["polls"].as_u64().unwrap_or(0) > 0, "{json}");
+    assert!(
+        json["rss_kib"].as_array().is_some_and(|s| s.len() >= 2),
+        "{json}"
+    );
+}
+
+/// `--hot-path-only`, tiny: both methods and the machine reference at 1 and 2 workers, twice,
+/// without a failed request, with the switches attributed to threads and both targets reported.
+/// Called after the full smoke run, not as a test of its own: the hot path takes every core on
+/// purpose, and the other benchmarks' tests run in parallel with their own startup deadlines.
+fn hot_path_only_smoke_run_reports_every_lane() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/hot-path-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--hot-path-only", "--smoke", "--out"])
+        .arg(&out);
+    let output = run_to_completion(command, "the hot-path smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "hot-path smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("machine reference: "), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("hot-path results")).expect("JSON");
+    let lanes = json["lanes"].as_array().expect("lanes");
+    for method in ["greet", "tasks/get", "reference"] {
+        for workers in [1, 2] {
+            let matching: Vec<_> = lanes
+                .iter()
+                .filter(|l| l["method"] == method && l["workers"] == workers)
+                .collect();
+            assert_eq!(matching.len(), 2, "{method} at {workers}: {lanes:?}");
+            for lane in matching {
+                assert!(lane["requests"].as_u64().unwrap_or(0) > 0, "{lane}");
+                assert_eq!(lane["errors"], 0, "{lane}");
+                assert!(lane["switches_by_thread"].is_array(), "{lane}");
+            }
+        }
+    }
+    let targets = json["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    for target in targets {
+        let verdict = target["verdict"].as_str().unwrap_or_default();
+        assert!(verdict == "PASS" || verdict == "MISS", "{target}");
+    }
+}
+
+/// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
+/// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
+/// tests).
+#[test]
+fn operator_benchmark_smoke_run_has_no_errors() {
+    let bench = example_binary("operator_bench");
+    let mut command = Command::new(&bench);
+    command
+        .arg("--smoke")
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"));
+    let output = run_to_completion(command, "the operator benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "operator smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "PrincipalRevocation created → last ack",
+        "SET received (push) → last ack",
+        "policy spec change → last ack",
+        "operator work per cycle",
+        "operator at rest",
+        "noise:",
+        "anchors",
+        "targets",
+        "no errors",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/operator-results-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(5));
+    for measurement in [
+        "revocation_created",
+        "security_event_pushed",
+        "policy_spec_changed",
+    ] {
+        let m = &json["measurements"][measurement];
+        assert_eq!(m["to_last_ack"]["n"], 3, "{measurement}: {m}");
+        for run in m["runs"].as_array().expect("runs") {
+            assert!(run["timed_out_with_acknowledged"].is_null(), "{run}");
+        }
+    }
+}
+
+/// The admission benchmark: the webhook against the API emulator (10 policies), 20 requests/s
+/// for 3 s after 1 s of warm-up, every answer checked. Asserts that it ran and that every
+/// answer was right — never the latencies.
+#[test]
+fn admission_benchmark_smoke_run_checks_every_answer() {
+    let bench = example_binary("admission_bench");
+    let mut command = Command::new(&bench);
+    command
+        .arg("--smoke")
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"));
+    let output = run_to_completion(command, "the admission benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "admission smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "pod CREATE, injected",
+        "pod CREATE, skipped (NoPolicy)",
+        "pod CREATE, skipped (OptedOut)",
+        "policy CREATE, overlap (denied)",
+        "signed exception CREATE (allowed)",
+        "all requests",
+        "webhook: VmRSS",
+        "noise:",
+        "targets",
+        "no errors",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/admission-results-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    assert_eq!(json["errors"]["count"], 0, "{json}");
+    let sent = json["sent"].as_u64().expect("sent");
+    // 20 requests/s for 1 s of warm-up and 3 s measured.
+    assert_eq!(sent, 80, "{json}");
+    assert_eq!(json["checked"], sent, "every answer was checked: {json}");
+    assert_eq!(json["measured"], 60, "{json}");
+    for (kind, latency) in json["latency"]["per_kind"].as_object().expect("per kind") {
+        assert!(latency["n"].as_u64().unwrap_or(0) > 0, "{kind}: {latency}");
+    }
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        json["targets"][0]["verdict"], "N/A",
+        "smoke runs make no claim"
+    );
+}
+
+#[test]
+fn scale_out_benchmark_smoke_run_has_no_errors() {
+    let mut command = Command::new(example_binary("scale_out_bench"));
+    command
+        .arg("--smoke")
+        .env("LIFEGUARD_BENCH_POSTGRES", support::postgres::server_url());
+    let output = run_to_completion(command, "the scale-out benchmark smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "smoke run failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for section in [
+        "creation latency",
+        "PostgreSQL, other",
+        "creation throughput: one replica",
+        "poll through a non-home replica added p50",
+        "errors: 0",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let results = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/scale-out-smoke.json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results).unwrap_or_else(|e| panic!("{}: {e}", results.display())),
+    )
+    .expect("results are JSON");
+    assert_eq!(json["errors"], 0);
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(4));
+    assert!(json["creation"]["postgres"]["n"].as_u64() > Some(0));
+    assert!(json["polls"]["postgres_other"]["n"].as_u64() > Some(0));
+}
