@@ -1,3 +1,5 @@
+//! The `lifeguard` binary: one subcommand per part (`cli`), over the library; run as
+//! `kubectl-lifeguard`, the kubectl plugin.
 #![forbid(unsafe_code)]
 
 mod cli;

@@ -4,9 +4,10 @@
 //!
 //! # The protocol
 //!
-//! The sidecar opens one long-lived HTTPS request (HTTP/2 when both ends speak it, HTTP/1.1
-//! otherwise) to [`STREAM_PATH`] with `Authorization: Bearer <projected ServiceAccount token>`
-//! and the query `?podNamespace=NS&podName=NAME` (what the sidecar believes it is; the operator
+//! The sidecar opens one long-lived HTTPS request (HTTP/1.1: the operator's listener offers
+//! nothing else, see `runtime::tls`) to [`STREAM_PATH`] with
+//! `Authorization: Bearer <projected ServiceAccount token>` and the query
+//! `?podNamespace=NS&podName=NAME` (what the sidecar believes it is; the operator
 //! trusts only the TokenReview of the bearer and refuses a mismatch with 403). The answer is
 //! `application/x-ndjson`: one [`StreamMessage`] per line.
 //!
