@@ -136,23 +136,12 @@ async fn main_async(args: Args) -> Result<u64> {
     let plan = Plan::new(&args)?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dirs = Dirs::locate()?;
-    let lifeguard = cli::binary(
-        args.lifeguard.clone(),
-        dirs.profile.join("lifeguard"),
-        "cargo build --release --bin lifeguard",
-    )?;
+    let lifeguard = dirs.lifeguard(args.lifeguard.clone())?;
     let work = dirs.work(
         args.work_dir.clone(),
         &format!("admission-{}-{}", plan.mode, std::process::id()),
     )?;
-    let out = dirs.results(
-        args.out.clone(),
-        if args.smoke {
-            "admission-results-smoke.json"
-        } else {
-            "admission-results.json"
-        },
-    );
+    let out = dirs.results(args.out.clone(), "admission-results", args.smoke);
     eprintln!(
         "admission_bench: {} run: {} req/s for {:?} after {:?} of warm-up, {} policies; work dir {}",
         plan.mode,

@@ -64,9 +64,20 @@ impl Dirs {
         Ok(Self { profile, target })
     }
 
-    /// The results file: `given`, else target/bench/`file`.
-    pub fn results(&self, given: Option<PathBuf>, file: &str) -> PathBuf {
+    /// The results file: `given`, else target/bench/`stem`.json (`stem`-smoke.json for a smoke
+    /// run).
+    pub fn results(&self, given: Option<PathBuf>, stem: &str, smoke: bool) -> PathBuf {
+        let file = format!("{stem}{}.json", if smoke { "-smoke" } else { "" });
         given.unwrap_or_else(|| self.target.join("bench").join(file))
+    }
+
+    /// The `lifeguard` binary: `given`, else the one this build made.
+    pub fn lifeguard(&self, given: Option<PathBuf>) -> Result<PathBuf> {
+        binary(
+            given,
+            self.profile.join("lifeguard"),
+            "cargo build --release --bin lifeguard",
+        )
     }
 
     /// Creates the work directory `name` in `base` (else in target/bench-tmp).

@@ -10,10 +10,11 @@
 //! - `machine`: where a benchmark ran;
 //! - `report`: pieces of the reports (heading, targets and their verdicts, the error summary).
 //!
-//! What only some benchmarks share stays with one of them and is included by path: the
-//! Kubernetes API emulator harness (`operator_bench/harness.rs`, `operator_bench/stats.rs`,
-//! also in `admission_bench`) and the sidecar under test with its load client
-//! (`sidecar_bench/procs.rs`, `client.rs` and `stats.rs`, also in `scale_out_bench`).
+//! What only two benchmarks share stays with one of them, and the other includes it by path:
+//! `operator_bench/harness.rs` (the API emulator, the CA, the control-plane process) and
+//! `operator_bench/stats.rs` (durations in ms) in `admission_bench`; `sidecar_bench/procs.rs`
+//! (the example server and the sidecar under test), `client.rs` and `stats.rs` (nanoseconds) in
+//! `scale_out_bench`.
 
 // Each benchmark uses part of this: what one leaves unused is not dead in another.
 #![allow(dead_code)]

@@ -126,23 +126,12 @@ async fn main_async(args: Args) -> Result<u64> {
     let plan = Plan::new(&args)?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dirs = Dirs::locate()?;
-    let lifeguard = cli::binary(
-        args.lifeguard.clone(),
-        dirs.profile.join("lifeguard"),
-        "cargo build --release --bin lifeguard",
-    )?;
+    let lifeguard = dirs.lifeguard(args.lifeguard.clone())?;
     let work = dirs.work(
         args.work_dir.clone(),
         &format!("operator-{}-{}", plan.mode, std::process::id()),
     )?;
-    let out = dirs.results(
-        args.out.clone(),
-        if args.smoke {
-            "operator-results-smoke.json"
-        } else {
-            "operator-results.json"
-        },
-    );
+    let out = dirs.results(args.out.clone(), "operator-results", args.smoke);
     eprintln!(
         "operator_bench: {} run: {} sidecars, {} policies, {} runs; work dir {}",
         plan.mode,

@@ -109,14 +109,7 @@ async fn run(args: Args) -> Result<u64> {
     let dirs = Dirs::locate()?;
     let mode = if args.smoke { "smoke" } else { "full" };
     let work = dirs.work(None, &format!("scale-{mode}-{}", std::process::id()))?;
-    let out = dirs.results(
-        args.out.clone(),
-        if args.smoke {
-            "scale-out-smoke.json"
-        } else {
-            "scale-out.json"
-        },
-    );
+    let out = dirs.results(args.out.clone(), "scale-out", args.smoke);
     eprintln!("scale_out_bench: {mode} run; work dir {}", work.display());
 
     let database = lanes::Database::create(&args.postgres).await?;

@@ -139,10 +139,9 @@ async fn soak(args: &Args, repo: &Path, work: &Path, bins: &Binaries, dirs: &Dir
     };
     let result = soak::run(&plan, repo, work, bins).await?;
     print!("{}", result.table());
-    cli::write_results(
-        &dirs.results(args.out.clone(), "soak.json"),
-        &result.to_json(),
-    )?;
+    // target/bench/soak.json, also for a smoke run
+    let out = dirs.results(args.out.clone(), "soak", false);
+    cli::write_results(&out, &result.to_json())?;
     if !args.keep && result.errors.count == 0 {
         let _ = std::fs::remove_dir_all(work);
     }
@@ -199,14 +198,7 @@ async fn run(args: Args) -> Result<u64> {
         args.work_dir.clone(),
         &format!("{mode}-{}", std::process::id()),
     )?;
-    let out = dirs.results(
-        args.out.clone(),
-        if args.smoke {
-            "results-smoke.json"
-        } else {
-            "results.json"
-        },
-    );
+    let out = dirs.results(args.out.clone(), "results", args.smoke);
 
     let machine = Machine::probe(&work, &repo);
     if machine.ledger.in_memory() {
@@ -242,14 +234,7 @@ async fn run(args: Args) -> Result<u64> {
         return soak(&args, &repo, &work, &bins, &dirs).await;
     }
     if args.hot_path_only {
-        let out = dirs.results(
-            args.out.clone(),
-            if args.smoke {
-                "hot-path-smoke.json"
-            } else {
-                "hot-path.json"
-            },
-        );
+        let out = dirs.results(args.out.clone(), "hot-path", args.smoke);
         return hot_path_only(&plan, &repo, &work, &out);
     }
     let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
