@@ -6,10 +6,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::bench_support::machine::Machine;
+use crate::bench_support::report::{heading, load, mib};
+use crate::bench_support::stats::percentile;
 use crate::load::Sample;
-use crate::machine::{Machine, Target};
 use crate::reviews::{Endpoint, Kind};
-use crate::stats::{Errors, Summary, ms, percentile};
+use crate::stats::{Errors, Summary, ms};
+
+/// The issue's target; the report prints its numbers with one decimal.
+pub type Target = crate::bench_support::report::Target<1>;
 
 /// The issue's target: p99 ≤ 5 ms at 100 requests/s.
 pub const TARGET_P99_MS: f64 = 5.0;
@@ -199,16 +204,9 @@ pub fn target(overall: &Latency, setup: &Setup, mode: &str, build: &str) -> Targ
         measured: ms(overall.summary.p99),
         limit: TARGET_P99_MS,
         unit: "ms",
+        at_least: false,
         not_applicable,
     }
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
-fn load(l: [f64; 3]) -> String {
-    format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
 }
 
 impl Results {
@@ -216,28 +214,13 @@ impl Results {
     pub fn table(&self) -> String {
         let (m, s, n, r) = (&self.machine, &self.setup, &self.noise, &self.resources);
         let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "== Lifeguard admission webhook benchmark ({} mode, {} build) ==",
-            self.mode, m.build
+        heading(
+            &mut o,
+            "admission webhook",
+            self.mode,
+            m,
+            "the load and every check work",
         );
-        let _ = writeln!(
-            o,
-            "machine: {}, {} logical CPUs, Linux {}, {} RAM; commit {}; {}",
-            m.cpu,
-            m.cpus,
-            m.kernel,
-            mib(m.mem_total_kib),
-            m.git,
-            m.started
-        );
-        if self.mode == "smoke" || m.build == "debug" {
-            let _ = writeln!(
-                o,
-                "NOTE:    {} mode, {} build: checks that the load and every check work; the numbers mean little",
-                self.mode, m.build
-            );
-        }
         let _ = writeln!(
             o,
             "setup:   namespace `bench` labelled lifeguard.dev/inject=enabled, {} McpServerPolicies (`reports` + {} decoys), \

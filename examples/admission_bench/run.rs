@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::Plan;
+use crate::bench_support::machine::Machine;
+use crate::bench_support::procs::{self, MachineTicks, Memory};
 use crate::components;
 use crate::harness::{Ca, Emulator};
 use crate::load::{self, Sample};
-use crate::machine::Machine;
-use crate::procs::{self, Memory};
 use crate::report::{self, Latency, Noise, Resources, Results, Setup};
 use crate::reviews::{self, Endpoint, Kind};
 use crate::world::{self, Webhook, start_webhook};
@@ -38,10 +38,10 @@ impl Reading {
             handler.insert(e, webhook.handler_seconds(e.metric_label()).await);
         }
         Self {
-            webhook: procs::cpu_ticks(&format!("/proc/{}/stat", webhook.proc.pid)),
+            webhook: webhook.proc.cpu_ticks(),
             emulator: procs::cpu_ticks(&format!("/proc/{emulator_pid}/stat")),
             bench: procs::cpu_ticks("/proc/self/stat"),
-            machine: procs::machine_busy_ticks(),
+            machine: MachineTicks::read().busy(),
             handler,
         }
     }
@@ -78,7 +78,8 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     let machine = Machine::probe(repo);
     let ticks_per_sec = procs::clock_ticks_per_sec();
     let load_before = procs::load_average();
-    let preflight_other_cores = procs::preflight_noise(ticks_per_sec).await;
+    let preflight_other_cores =
+        procs::preflight_noise(Duration::from_secs(1), ticks_per_sec, MachineTicks::busy).await;
     if preflight_other_cores > 0.1 {
         eprintln!("warning: other processes use {preflight_other_cores:.2} cores: expect noise");
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::procs::Proc;
+use crate::bench_support::procs::{Proc, Quote};
 
 /// Plain JSON over HTTP against the emulator (it needs no credentials).
 #[derive(Clone)]
@@ -96,7 +96,7 @@ impl Emulator {
             .arg(repo.join("tests/kube_emulator/emulator.py"))
             .args(["--port", "0", "--crds"])
             .arg(repo.join("crds"));
-        let proc = Proc::spawn(command, dir, "emulator")?;
+        let proc = Proc::spawn(command, dir, "emulator", Quote::Tail(40))?;
         let url = proc.wait_for("listening on ", Duration::from_secs(60))?;
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
@@ -232,7 +232,7 @@ impl Component {
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info,kube=warn");
-        let proc = Proc::spawn(command, dir, subcommand)?;
+        let proc = Proc::spawn(command, dir, subcommand, Quote::Tail(40))?;
         let admin = proc.wait_for("admin on ", Duration::from_secs(60))?;
         let component = Self {
             proc,
@@ -250,7 +250,7 @@ impl Component {
             if Instant::now() > deadline {
                 bail!(
                     "the {subcommand} never became ready:\n{}",
-                    component.proc.logs(40)
+                    component.proc.logs()
                 );
             }
             component.proc.check_alive()?;

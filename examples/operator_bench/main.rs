@@ -9,22 +9,25 @@
 //! Full run: `scripts/bench-operator.sh` (release build). CI: `operator_bench --smoke`.
 //! Method and results: docs/performance.md, "Control plane: propagation to 1,000 sidecars".
 
+#[path = "../bench_support/mod.rs"]
+mod bench_support;
 mod cluster;
+mod cpu;
 mod fleet;
 mod harness;
-mod machine;
 mod measure;
-mod procs;
 mod report;
 mod run;
 mod stats;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
+
+use bench_support::cli::{self, Dirs};
 
 /// Lifeguard operator benchmark: propagation to many sidecars.
 #[derive(Debug, Parser)]
@@ -112,69 +115,23 @@ impl Plan {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("operator_bench: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(main_async(args)) {
-        Ok(0) => ExitCode::SUCCESS,
-        Ok(failed) => {
-            eprintln!("operator_bench: FAILED, {failed} error(s)");
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("operator_bench: setup failed: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// target/<profile> (this program runs from target/<profile>/examples/).
-fn profile_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating this program")?;
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_owned)
-        .context("this program is not inside target/<profile>/examples/")
+    cli::main(
+        tokio::runtime::Builder::new_multi_thread(),
+        "error(s)",
+        main_async(args),
+    )
 }
 
 async fn main_async(args: Args) -> Result<u64> {
     let plan = Plan::new(&args)?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let profile = profile_dir()?;
-    let target = profile
-        .parent()
-        .map(Path::to_owned)
-        .context("target directory")?;
-    let lifeguard = args
-        .lifeguard
-        .clone()
-        .unwrap_or_else(|| profile.join("lifeguard"));
-    if !lifeguard.is_file() {
-        bail!(
-            "{} is missing: build it first (cargo build --release --bin lifeguard)",
-            lifeguard.display()
-        );
-    }
-    let work = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| target.join("bench-tmp"))
-        .join(format!("operator-{}-{}", plan.mode, std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        target.join("bench").join(if args.smoke {
-            "operator-results-smoke.json"
-        } else {
-            "operator-results.json"
-        })
-    });
+    let dirs = Dirs::locate()?;
+    let lifeguard = dirs.lifeguard(args.lifeguard.clone())?;
+    let work = dirs.work(
+        args.work_dir.clone(),
+        &format!("operator-{}-{}", plan.mode, std::process::id()),
+    )?;
+    let out = dirs.results(args.out.clone(), "operator-results", args.smoke);
     eprintln!(
         "operator_bench: {} run: {} sidecars, {} policies, {} runs; work dir {}",
         plan.mode,
@@ -184,40 +141,14 @@ async fn main_async(args: Args) -> Result<u64> {
         work.display()
     );
     // Interrupted, the run is dropped: its processes (emulator, operator) are killed with it.
-    let interrupted = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    };
-    let outcome = tokio::select! {
-        outcome = run::run(&plan, &repo, &work, &lifeguard) => outcome,
-        _ = interrupted => Err(anyhow::anyhow!("interrupted")),
-    };
-    let results = match outcome {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("operator_bench: logs kept in {}", work.display());
-            return Err(e);
-        }
-    };
-    print!("{}", results.table());
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let text = serde_json::to_string_pretty(&results.to_json()).context("serializing results")?;
-    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
-    println!("results: {}", out.display());
-    if args.keep || results.errors.count > 0 {
-        println!("work dir kept: {}", work.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&work);
-    }
-    Ok(results.errors.count)
+    let outcome = cli::unless_interrupted(run::run(&plan, &repo, &work, &lifeguard)).await;
+    let results = cli::logs_kept(outcome, &work)?;
+    cli::publish(
+        &results.table(),
+        &results.to_json(),
+        &out,
+        &work,
+        args.keep,
+        results.errors.count,
+    )
 }

@@ -12,12 +12,13 @@ use anyhow::{Context, Result, bail};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 
+use crate::bench_support::procs::Memory;
 use crate::cluster::{
     Api, ISSUER, Operator, POLL_INTERVALS, REVOCATIONS, SSF_AUDIENCE, TRANSMITTER,
     bench_policy_path,
 };
+use crate::cpu::{Cpu, Ticks};
 use crate::fleet::{Fleet, Reached, Shortfall, Want};
-use crate::procs::{Cpu, Memory, Ticks};
 
 const SESSION_REVOKED: &str = "https://schemas.openid.net/secevent/caep/event-type/session-revoked";
 

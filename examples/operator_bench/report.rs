@@ -1,15 +1,20 @@
-//! The human-readable table and the JSON file (the machine and the targets: `machine.rs`).
+//! The human-readable table, the targets and the JSON file.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::bench_support::machine::Machine;
+use crate::bench_support::procs::Memory;
+use crate::bench_support::report::{errors_section, heading, load, mib};
+use crate::cpu::Cpu;
 use crate::fleet::Counters as FleetCounters;
-pub use crate::machine::{Machine, Target};
 use crate::measure::{Kind, Record};
-use crate::procs::{Cpu, Memory};
 use crate::stats::{Errors, Summary, ms};
+
+/// A target of the issue; the report prints its numbers with one decimal.
+pub type Target = crate::bench_support::report::Target<1>;
 
 /// Noise indicators around the run.
 #[derive(Clone, Debug, Default)]
@@ -53,10 +58,6 @@ pub struct Results {
     pub errors: Errors,
 }
 
-fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
 fn f1(d: Duration) -> String {
     format!("{:.1}", ms(d))
 }
@@ -77,10 +78,6 @@ fn mean(records: &[&Record], pick: impl Fn(&Record) -> f64) -> f64 {
     records.iter().map(|r| pick(r)).sum::<f64>() / records.len() as f64
 }
 
-fn load(l: [f64; 3]) -> String {
-    format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-}
-
 impl Results {
     fn of_kind(&self, kind: Kind) -> Vec<&Record> {
         self.records.iter().filter(|r| r.kind == kind).collect()
@@ -90,28 +87,7 @@ impl Results {
     pub fn table(&self) -> String {
         let (m, s, n) = (&self.machine, &self.setup, &self.noise);
         let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "== Lifeguard operator benchmark ({} mode, {} build) ==",
-            self.mode, m.build
-        );
-        let _ = writeln!(
-            o,
-            "machine: {}, {} logical CPUs, Linux {}, {} RAM; commit {}; {}",
-            m.cpu,
-            m.cpus,
-            m.kernel,
-            mib(m.mem_total_kib),
-            m.git,
-            m.started
-        );
-        if self.mode == "smoke" || m.build == "debug" {
-            let _ = writeln!(
-                o,
-                "NOTE:    {} mode, {} build: checks that every measurement works; the numbers mean little",
-                self.mode, m.build
-            );
-        }
+        heading(&mut o, "operator", self.mode, m, "every measurement works");
         let _ = writeln!(
             o,
             "setup:   {} pods selected by policy `bench`, {} decoy policies selecting nothing ({} issuer); \
@@ -333,14 +309,7 @@ impl Results {
         for t in &self.targets {
             let _ = writeln!(o, "{}", t.line());
         }
-        if self.errors.count > 0 {
-            let _ = writeln!(o, "\nFAILED: {} error(s); first ones:", self.errors.count);
-            for e in &self.errors.examples {
-                let _ = writeln!(o, "  {e}");
-            }
-        } else {
-            let _ = writeln!(o, "\nno errors");
-        }
+        errors_section(&mut o, &self.errors, "error(s)", "no errors");
         o
     }
 
@@ -400,7 +369,7 @@ impl Results {
                 "dial_to_first_ack": s.dial_to_first_ack.to_json(),
             },
             "measurements": measurements,
-            "memory": self.memory.iter().map(|(state, m)| json!({"state": state, "status": m.to_json()}))
+            "memory": self.memory.iter().map(|(state, m)| json!({"state": state, "status": m.to_json_with_threads()}))
                 .collect::<Vec<_>>(),
             "peak_rss_kib": self.peak_rss_kib,
             "sidecars": {
@@ -434,6 +403,7 @@ pub fn targets(
         measured,
         limit,
         unit,
+        at_least: false,
         not_applicable: scale.clone(),
     };
     vec![

@@ -8,11 +8,13 @@ use anyhow::{Context, Result, bail};
 use jsonwebtoken::EncodingKey;
 
 use crate::Plan;
+use crate::bench_support::machine::Machine;
+use crate::bench_support::procs::{self, MachineTicks};
 use crate::cluster::{self, Api, Ca, Emulator, ISSUER, OTHER_ISSUER, Operator, start_operator};
+use crate::cpu::Ticks;
 use crate::fleet::{self, Dial, Fleet};
 use crate::measure::{Bench, Kind, RssSampler};
-use crate::procs::{self, Ticks};
-use crate::report::{self, Machine, Noise, Results, Setup};
+use crate::report::{self, Noise, Results, Setup};
 use crate::stats::{Errors, Summary, ms};
 
 /// Waits until every McpServerPolicy has a status for its current generation.
@@ -78,7 +80,8 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         );
     }
     let load_before = procs::load_average();
-    let preflight_other_cores = procs::preflight_noise(ticks_per_sec).await;
+    let preflight_other_cores =
+        procs::preflight_noise(Duration::from_secs(1), ticks_per_sec, MachineTicks::busy).await;
     if preflight_other_cores > 0.1 {
         eprintln!("warning: other processes use {preflight_other_cores:.2} cores: expect noise");
     }

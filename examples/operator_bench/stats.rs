@@ -1,9 +1,15 @@
 //! Percentiles of the repeated measurements (nearest rank over the runs taken: with 20 runs the
-//! p99 is the slowest run, and the table says so by printing the max beside it).
+//! p99 is the slowest run, and the table says so by printing the max beside it), in
+//! milliseconds; shared with `examples/admission_bench`, which includes this file.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use crate::bench_support::stats::percentile;
+
+/// Errors seen during the run: counted, the first 8 kept verbatim, each printed as it comes.
+pub type Errors = crate::bench_support::stats::Errors<8, true>;
 
 /// Summary of a set of durations.
 #[derive(Clone, Debug, Default)]
@@ -15,16 +21,6 @@ pub struct Summary {
     pub p90: Duration,
     pub p99: Duration,
     pub max: Duration,
-}
-
-/// Nearest-rank percentile of sorted samples: the smallest sample with at least `q` of all
-/// samples at or below it.
-pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl Summary {
@@ -59,24 +55,6 @@ pub fn ms(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 
-/// Errors seen during the run: counted, the first few kept verbatim.
-#[derive(Clone, Debug, Default)]
-pub struct Errors {
-    pub count: u64,
-    pub examples: Vec<String>,
-}
-
-impl Errors {
-    pub fn record(&mut self, what: impl Into<String>) {
-        let what = what.into();
-        eprintln!("{}: error: {what}", env!("CARGO_CRATE_NAME"));
-        self.count += 1;
-        if self.examples.len() < 8 {
-            self.examples.push(what);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +66,6 @@ mod tests {
         assert_eq!(s.p50, Duration::from_millis(10));
         assert_eq!(s.p99, Duration::from_millis(20));
         assert_eq!(s.min, Duration::from_millis(1));
-        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+        assert_eq!(percentile::<Duration>(&[], 0.5), Duration::ZERO);
     }
 }

@@ -7,6 +7,8 @@
 //! Full run: `scripts/bench-scale-out.sh` (release build). CI: `--smoke` (seconds).
 //! Methodology and results: docs/performance.md, "Scale-out".
 
+#[path = "../bench_support/mod.rs"]
+mod bench_support;
 #[allow(dead_code)]
 #[path = "../sidecar_bench/client.rs"]
 mod client;
@@ -19,14 +21,15 @@ mod stats;
 
 mod lanes;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use serde_json::json;
 
+use bench_support::cli::{self, Dirs};
 use lanes::{Fleet, Outcome};
 
 /// Scale-out benchmark: SQLite vs PostgreSQL, one replica vs three.
@@ -93,59 +96,27 @@ impl Plan {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("scale_out_bench: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(0) => ExitCode::SUCCESS,
-        Ok(failed) => {
-            eprintln!("scale_out_bench: FAILED, {failed} request(s) failed");
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("scale_out_bench: setup failed: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    cli::main(
+        tokio::runtime::Builder::new_current_thread(),
+        "request(s) failed",
+        run(args),
+    )
 }
 
 async fn run(args: Args) -> Result<u64> {
     let plan = Plan::new(&args);
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let exe = std::env::current_exe().context("locating this program")?;
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_owned)
-        .context("this program is not inside target/<profile>/examples/")?;
-    let target = profile.parent().context("target directory")?.to_owned();
+    let dirs = Dirs::locate()?;
     let mode = if args.smoke { "smoke" } else { "full" };
-    let work = target
-        .join("bench-tmp")
-        .join(format!("scale-{mode}-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        target.join("bench").join(if args.smoke {
-            "scale-out-smoke.json"
-        } else {
-            "scale-out.json"
-        })
-    });
+    let work = dirs.work(None, &format!("scale-{mode}-{}", std::process::id()))?;
+    let out = dirs.results(args.out.clone(), "scale-out", args.smoke);
     eprintln!("scale_out_bench: {mode} run; work dir {}", work.display());
 
     let database = lanes::Database::create(&args.postgres).await?;
-    let fleet = Fleet::start(&repo, &profile, &work, &database.url).await;
-    let fleet = match fleet {
+    let fleet = Fleet::start(&repo, &dirs.profile, &work, &database.url).await;
+    let fleet = match cli::logs_kept(fleet, &work) {
         Ok(fleet) => fleet,
         Err(e) => {
-            eprintln!("scale_out_bench: logs kept in {}", work.display());
             database.drop_now().await;
             return Err(e);
         }
@@ -153,26 +124,15 @@ async fn run(args: Args) -> Result<u64> {
     let outcome = fleet.measure(&plan).await;
     drop(fleet);
     database.drop_now().await;
-    let outcome: Outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("scale_out_bench: logs kept in {}", work.display());
-            return Err(e);
-        }
-    };
-    print!("{}", outcome.table());
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    let outcome: Outcome = cli::logs_kept(outcome, &work)?;
     let mut results = outcome.to_json();
     results["mode"] = json!(mode);
-    std::fs::write(&out, serde_json::to_string_pretty(&results)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("results: {}", out.display());
-    if args.keep || outcome.errors.count > 0 {
-        println!("work dir kept: {}", work.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&work);
-    }
-    Ok(outcome.errors.count)
+    cli::publish(
+        &outcome.table(),
+        &results,
+        &out,
+        &work,
+        args.keep,
+        outcome.errors.count,
+    )
 }

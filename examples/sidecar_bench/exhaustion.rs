@@ -24,8 +24,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::bench_support::procs::Memory;
 use crate::client::{self, Conn, Endpoint, Template};
-use crate::procs::{Keys, ProcStatus, Sidecar};
+use crate::procs::{Keys, Sidecar};
 use crate::report::Target;
 use crate::stats::{Errors, Summary, us};
 
@@ -128,7 +129,7 @@ enum Fate {
 #[derive(Debug, Default)]
 pub struct ExhaustionResult {
     pub plan: Option<ExhaustionPlan>,
-    pub idle: ProcStatus,
+    pub idle: Memory,
     pub attack_peak_kib: u64,
     pub saturation_peak_kib: u64,
     pub hwm_kib: u64,
@@ -227,7 +228,7 @@ fn rss_sampler(pid: u32, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
     tokio::spawn(async move {
         let mut peak = 0;
         while !stop.load(Ordering::Relaxed) {
-            if let Ok(s) = ProcStatus::read(pid) {
+            if let Ok(s) = Memory::try_read(pid) {
                 peak = peak.max(s.rss_kib);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -281,10 +282,10 @@ pub async fn run(
         ..ExhaustionResult::default()
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    result.idle = sidecar.proc.status()?;
+    result.idle = sidecar.proc.try_memory()?;
     attack(plan, &sidecar, &greet, &mut result).await?;
     saturate(plan, &sidecar, &greet, &mut result).await?;
-    result.hwm_kib = sidecar.proc.status()?.hwm_kib;
+    result.hwm_kib = sidecar.proc.try_memory()?.hwm_kib;
     Ok(result)
 }
 
@@ -451,7 +452,8 @@ impl ExhaustionResult {
     pub fn target(&self) -> Target {
         let bound = self.bound_mib();
         Target {
-            name: "sidecar VmRSS peak under an unauthenticated connection flood (documented bound)",
+            name: "sidecar VmRSS peak under an unauthenticated connection flood (documented bound)"
+                .into(),
             measured: self.peak_mib(),
             limit: (bound * 10.0).round() / 10.0,
             unit: "MiB",

@@ -33,6 +33,7 @@ use lifeguard::runtime::workers::Workers;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::bench_support::procs::{clock_ticks_per_sec, cpu_ticks};
 use crate::client::{Conn, Endpoint, Template, is_success};
 use crate::procs::{self, Keys, TASK_TOOL};
 
@@ -453,7 +454,7 @@ fn answer(request: &Value, next: &AtomicU64) -> Value {
 
 /// CPU time of this process (all threads), seconds.
 fn process_cpu_secs() -> f64 {
-    procs::cpu_ticks("/proc/self/stat") as f64 / procs::clock_ticks_per_sec() as f64
+    cpu_ticks("/proc/self/stat") as f64 / clock_ticks_per_sec() as f64
 }
 
 /// Voluntary + involuntary context switches of this process's threads, by thread name with

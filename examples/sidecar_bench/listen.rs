@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::procs::{Proc, ProcStatus};
+use crate::bench_support::procs::{Memory, Proc};
 use crate::stats::{Added, Summary, us, us_signed};
 
 /// Sizes of the listen phase.
@@ -66,8 +66,8 @@ pub struct ListenLane {
     pub sidecar_cores: f64,
     pub server_cores: f64,
     /// Peak sidecar VmRSS sampled during the lane, and with every stream open before emission.
-    pub sidecar_rss_peak: ProcStatus,
-    pub sidecar_rss_open: ProcStatus,
+    pub sidecar_rss_peak: Memory,
+    pub sidecar_rss_open: Memory,
 }
 
 /// Both lanes and what the sidecar adds.
@@ -210,7 +210,7 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
     }
     let open_secs = opened_at.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let sidecar_rss_open = target.sidecar.status()?;
+    let sidecar_rss_open = target.sidecar.try_memory()?;
 
     // Emit: one event per tick, groups in turn.
     let interval = Duration::from_secs_f64(1.0 / plan.events_per_sec().max(1e-3));
@@ -247,7 +247,7 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
         }
         if last_rss.elapsed() >= Duration::from_millis(250) {
             last_rss = Instant::now();
-            let now = target.sidecar.status()?;
+            let now = target.sidecar.try_memory()?;
             if now.rss_kib > rss_peak.rss_kib {
                 rss_peak = now;
             }

@@ -13,6 +13,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "../bench_support/mod.rs"]
+mod bench_support;
 mod client;
 mod components;
 mod exhaustion;
@@ -31,6 +33,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 
+use bench_support::cli::{self, Dirs};
 use report::Machine;
 use run::{Binaries, Plan};
 
@@ -115,37 +118,15 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sidecar_bench: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(0) => ExitCode::SUCCESS,
-        Ok(failed) => {
-            eprintln!("sidecar_bench: FAILED, {failed} request(s) failed");
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("sidecar_bench: setup failed: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    cli::main(
+        tokio::runtime::Builder::new_current_thread(),
+        "request(s) failed",
+        run(args),
+    )
 }
 
 /// The soak mode: one result file, exit status 1 when a request failed.
-async fn soak(
-    args: &Args,
-    repo: &Path,
-    work: &Path,
-    bins: &Binaries,
-    target: &Path,
-) -> Result<u64> {
+async fn soak(args: &Args, repo: &Path, work: &Path, bins: &Binaries, dirs: &Dirs) -> Result<u64> {
     if !(args.soak_fraction > 0.0 && args.soak_fraction <= 1.0) || args.soak_secs <= 0.0 {
         bail!("--soak-fraction must be in (0, 1] and --soak-secs positive");
     }
@@ -158,16 +139,9 @@ async fn soak(
     };
     let result = soak::run(&plan, repo, work, bins).await?;
     print!("{}", result.table());
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| target.join("bench").join("soak.json"));
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let text = serde_json::to_string_pretty(&result.to_json()).context("serializing results")?;
-    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
-    println!("results: {}", out.display());
+    // target/bench/soak.json, also for a smoke run
+    let out = dirs.results(args.out.clone(), "soak", false);
+    cli::write_results(&out, &result.to_json())?;
     if !args.keep && result.errors.count == 0 {
         let _ = std::fs::remove_dir_all(work);
     }
@@ -187,53 +161,32 @@ fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, out: &Path) -> Result<u6
     for t in &targets {
         println!("{}", t.line());
     }
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
     let json = serde_json::json!({
         "lanes": lanes.iter().map(hot_path::HotLane::to_json).collect::<Vec<_>>(),
         "targets": targets.iter().map(report::Target::to_json).collect::<Vec<_>>(),
     });
-    std::fs::write(out, serde_json::to_string_pretty(&json)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("results: {}", out.display());
+    cli::write_results(out, &json)?;
     let _ = std::fs::remove_dir_all(work);
     Ok(lanes.iter().map(|l| l.errors).sum())
 }
 
-/// target/ (this program runs from target/<profile>/examples/).
-fn target_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating this program")?;
-    exe.ancestors()
-        .nth(3)
-        .map(Path::to_owned)
-        .context("this program is not inside target/<profile>/examples/")
-}
-
+/// The binaries under test: `given`, else `default`.
 fn binary(given: Option<PathBuf>, default: PathBuf) -> Result<PathBuf> {
-    let path = given.unwrap_or(default);
-    if !path.is_file() {
-        bail!(
-            "{} is missing: build it first (cargo build --release --bin lifeguard --example example_server)",
-            path.display()
-        );
-    }
-    Ok(path)
+    cli::binary(
+        given,
+        default,
+        "cargo build --release --bin lifeguard --example example_server",
+    )
 }
 
 async fn run(args: Args) -> Result<u64> {
     let plan = Plan::new(&args);
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let target = target_dir()?;
-    let profile_dir = std::env::current_exe()?
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_owned)
-        .context("profile directory")?;
-    let lifeguard = binary(args.lifeguard.clone(), profile_dir.join("lifeguard"))?;
+    let dirs = Dirs::locate()?;
+    let lifeguard = binary(args.lifeguard.clone(), dirs.profile.join("lifeguard"))?;
     let example = binary(
         args.example_server.clone(),
-        profile_dir.join("examples/example_server"),
+        dirs.profile.join("examples/example_server"),
     )?;
     let mode = match (args.soak, args.smoke) {
         (true, true) => "soak-smoke",
@@ -241,26 +194,18 @@ async fn run(args: Args) -> Result<u64> {
         (false, true) => "smoke",
         (false, false) => "full",
     };
-    let base = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| target.join("bench-tmp"));
-    let work = base.join(format!("{mode}-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        target.join("bench").join(if args.smoke {
-            "results-smoke.json"
-        } else {
-            "results.json"
-        })
-    });
+    let work = dirs.work(
+        args.work_dir.clone(),
+        &format!("{mode}-{}", std::process::id()),
+    )?;
+    let out = dirs.results(args.out.clone(), "results", args.smoke);
 
     let machine = Machine::probe(&work, &repo);
-    if machine.ledger_in_memory() {
+    if machine.ledger.in_memory() {
         eprintln!(
             "warning: {} is on {}: the ledger is not on disk",
             work.display(),
-            machine.ledger_fs
+            machine.ledger.fs
         );
     }
     eprintln!("sidecar_bench: {mode} run; work dir {}", work.display());
@@ -286,37 +231,20 @@ async fn run(args: Args) -> Result<u64> {
         sidecar_env,
     };
     if args.soak {
-        return soak(&args, &repo, &work, &bins, &target).await;
+        return soak(&args, &repo, &work, &bins, &dirs).await;
     }
     if args.hot_path_only {
-        let out = args.out.clone().unwrap_or_else(|| {
-            target.join("bench").join(if args.smoke {
-                "hot-path-smoke.json"
-            } else {
-                "hot-path.json"
-            })
-        });
+        let out = dirs.results(args.out.clone(), "hot-path", args.smoke);
         return hot_path_only(&plan, &repo, &work, &out);
     }
     let results = run::measure(&plan, mode, machine, &repo, &work, &bins).await;
-    let results = match results {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sidecar_bench: logs kept in {}", work.display());
-            return Err(e);
-        }
-    };
-    print!("{}", results.table());
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let text = serde_json::to_string_pretty(&results.to_json()).context("serializing results")?;
-    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
-    println!("results: {}", out.display());
-    if args.keep || results.errors.count > 0 {
-        println!("work dir kept: {}", work.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&work);
-    }
-    Ok(results.errors.count)
+    let results = cli::logs_kept(results, &work)?;
+    cli::publish(
+        &results.table(),
+        &results.to_json(),
+        &out,
+        &work,
+        args.keep,
+        results.errors.count,
+    )
 }

@@ -10,8 +10,9 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use crate::bench_support::procs::{MachineTicks, cpu_ticks};
 use crate::client::{Conn, Endpoint, Template, describe_failure, is_success, timed};
-use crate::procs::{Server, Sidecar, TASK_TOOL, cpu_ticks};
+use crate::procs::{Server, Sidecar, TASK_TOOL};
 use crate::stats::Errors;
 
 /// CPU ticks and sidecar histogram totals at one moment.
@@ -27,18 +28,9 @@ pub struct Snapshot {
 }
 
 /// Busy (user + nice + system) and steal ticks of the whole machine.
-pub fn machine_ticks() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
-        return (0, 0);
-    };
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    let at = |i: usize| f.get(i).copied().unwrap_or(0);
-    (at(0) + at(1) + at(2), at(7))
+fn machine_ticks() -> (u64, u64) {
+    let t = MachineTicks::read();
+    (t.busy_without_irq(), t.steal)
 }
 
 impl Snapshot {

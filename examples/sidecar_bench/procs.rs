@@ -1,15 +1,15 @@
-//! The processes under test (the example MCP server and the sidecar), their setup (policy,
-//! keys, tokens), and what /proc tells about them (RSS, CPU time).
+//! The processes under test (the example MCP server and the sidecar) and their setup (policy,
+//! keys, tokens); shared with `examples/scale_out_bench`, which includes this file.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use jsonwebtoken::Algorithm;
 use serde_json::json;
 
+use crate::bench_support::procs::{Proc, Quote};
 use crate::client::{self, Endpoint};
 
 pub const ISSUER: &str = "https://idp.bench";
@@ -93,96 +93,24 @@ impl Keys {
     }
 }
 
-/// A child process, killed when dropped; its stdout and stderr go to files.
-pub struct Proc {
-    child: Child,
-    pub pid: u32,
-    name: String,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Proc {
-    fn spawn(mut command: Command, dir: &Path, name: &str) -> Result<Self> {
-        let stdout = dir.join(format!("{name}.stdout"));
-        let stderr = dir.join(format!("{name}.stderr"));
-        command
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout).context("creating a log file")?)
-            .stderr(File::create(&stderr).context("creating a log file")?);
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {name} ({:?})", command.get_program()))?;
-        Ok(Self {
-            pid: child.id(),
-            child,
-            name: name.to_owned(),
-            stdout,
-            stderr,
-        })
-    }
-
-    /// Both logs, for error messages.
-    pub fn logs(&self) -> String {
-        let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
-        let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        format!(
-            "--- {} stdout\n{out}--- {} stderr\n{err}",
-            self.name, self.name
-        )
-    }
-
-    /// Waits for a line containing `marker` in either log; returns the rest of that line.
-    fn wait_for(&mut self, marker: &str) -> Result<String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            for path in [&self.stdout, &self.stderr] {
-                let text = std::fs::read_to_string(path).unwrap_or_default();
-                // Only whole lines: the process may be writing the last one right now.
-                for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
-                    if let Some(i) = line.find(marker) {
-                        return Ok(line[i + marker.len()..].trim().to_owned());
-                    }
-                }
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                bail!(
-                    "{} exited ({status}) before printing `{marker}`:\n{}",
-                    self.name,
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!(
+/// Waits up to 60 s for a line containing `marker` in the logs of `proc`, which must not exit
+/// first; returns the rest of that line.
+fn wait_for(proc: &Proc, marker: &str) -> Result<String> {
+    let running = |p: &Proc| match p.exited() {
+        Ok(Some(status)) => bail!(
+            "{} exited ({status}) before printing `{marker}`:\n{}",
+            p.name(),
+            p.logs()
+        ),
+        _ => Ok(()),
+    };
+    match proc.watch_for(marker, Duration::from_secs(60), running)? {
+        Some(rest) => Ok(rest),
+        None => bail!(
             "{} did not print `{marker}` within 60 s:\n{}",
-            self.name,
-            self.logs()
-        )
-    }
-
-    /// Fails if the process has exited.
-    pub fn check_alive(&mut self) -> Result<()> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => bail!("{} exited ({status}):\n{}", self.name, self.logs()),
-            Err(e) => bail!("cannot check {}: {e}", self.name),
-        }
-    }
-
-    pub fn status(&self) -> Result<ProcStatus> {
-        ProcStatus::read(self.pid)
-    }
-
-    pub fn cpu_ticks(&self) -> u64 {
-        cpu_ticks(&format!("/proc/{}/stat", self.pid))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            proc.name(),
+            proc.logs()
+        ),
     }
 }
 
@@ -196,8 +124,8 @@ impl Server {
     pub fn start(binary: &Path, dir: &Path) -> Result<Self> {
         let mut command = Command::new(binary);
         command.args(["--listen", "127.0.0.1:0"]);
-        let mut proc = Proc::spawn(command, dir, "example_server")?;
-        let url = proc.wait_for("listening on ")?;
+        let proc = Proc::spawn(command, dir, "example_server", Quote::Whole)?;
+        let url = wait_for(&proc, "listening on ")?;
         Ok(Self {
             endpoint: Endpoint::parse(&url)?,
             proc,
@@ -244,9 +172,9 @@ impl Sidecar {
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().map(|(k, v)| (k, v)));
-        let mut proc = Proc::spawn(command, dir, "sidecar")?;
-        let url = proc.wait_for("lifeguard: listening on ")?;
-        let admin_url = proc.wait_for("lifeguard: admin on ")?;
+        let proc = Proc::spawn(command, dir, "sidecar", Quote::Whole)?;
+        let url = wait_for(&proc, "lifeguard: listening on ")?;
+        let admin_url = wait_for(&proc, "lifeguard: admin on ")?;
         let admin = admin_url
             .trim_start_matches("http://")
             .parse()
@@ -300,63 +228,4 @@ impl Sidecar {
         };
         Ok((value("_sum "), value("_count ")))
     }
-}
-
-/// Memory of a process from /proc/PID/status.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProcStatus {
-    pub rss_kib: u64,
-    pub hwm_kib: u64,
-}
-
-impl ProcStatus {
-    pub fn read(pid: u32) -> Result<Self> {
-        let path = format!("/proc/{pid}/status");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        Ok(Self {
-            rss_kib: field("VmRSS:"),
-            hwm_kib: field("VmHWM:"),
-        })
-    }
-
-    pub fn to_json(self) -> serde_json::Value {
-        json!({"vm_rss_kib": self.rss_kib, "vm_hwm_kib": self.hwm_kib})
-    }
-}
-
-/// utime + stime of a process (clock ticks) from a /proc stat file.
-pub fn cpu_ticks(stat_path: &str) -> u64 {
-    let Ok(text) = std::fs::read_to_string(stat_path) else {
-        return 0;
-    };
-    // Fields after the parenthesised command name: state is the first, utime the 12th.
-    let Some(rest) = text.rsplit_once(')').map(|(_, r)| r) else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    num(11) + num(12)
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`; 100 when unknown).
-pub fn clock_ticks_per_sec() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100)
 }

@@ -5,108 +5,41 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::bench_support::machine::{self, Disk};
+use crate::bench_support::procs::Memory;
+use crate::bench_support::report::{errors_section, heading, mib};
 use crate::components::{self, Components};
 use crate::exhaustion::ExhaustionResult;
 use crate::hot_path::{CONNECTIONS_PER_WORKER, HotLane};
 use crate::listen::ListenResult;
 use crate::phases::Usage;
-use crate::procs::ProcStatus;
 use crate::run::{GREET_DIRECT, GREET_VIA, POLL_DIRECT, POLL_VIA};
 use crate::stats::{Added, Errors, Summary, us, us_signed};
 
-/// Where the bench ran.
-pub struct Machine {
-    pub cpu: String,
-    pub cpus: usize,
-    pub kernel: String,
-    pub mem_total_kib: u64,
-    pub ledger_fs: String,
-    pub ledger_dev: String,
-    pub ledger_path: String,
-    pub build: &'static str,
-    pub git: String,
-    pub started: String,
-}
+/// A target of the issue; the report prints its numbers with two decimals.
+pub type Target = crate::bench_support::report::Target<2>;
 
-fn first_line_value(path: &str, key: &str) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_owned())
+/// Where the bench ran, and the disk under the ledger.
+pub struct Machine {
+    pub host: machine::Machine,
+    pub ledger: Disk,
 }
 
 impl Machine {
     pub fn probe(ledger_dir: &Path, repo: &Path) -> Self {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpus = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("processor"))
-            .count();
-        let (fs, dev) = filesystem_of(ledger_dir);
-        let git = std::process::Command::new("git")
-            .arg("-C")
-            .arg(repo)
-            .args(["rev-parse", "--short", "HEAD"])
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
         Self {
-            cpu: first_line_value("/proc/cpuinfo", "model name")
-                .unwrap_or_else(|| "unknown".into()),
-            cpus,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_default(),
-            mem_total_kib: first_line_value("/proc/meminfo", "MemTotal")
-                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-                .unwrap_or(0),
-            ledger_fs: fs,
-            ledger_dev: dev,
-            ledger_path: ledger_dir.display().to_string(),
-            build: if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            },
-            git,
-            started: jiff::Timestamp::now().to_string(),
+            host: machine::Machine::probe(repo),
+            ledger: Disk::of(ledger_dir),
         }
-    }
-
-    /// Whether the ledger directory is on a memory file system (the ledger must be on disk).
-    pub fn ledger_in_memory(&self) -> bool {
-        matches!(self.ledger_fs.as_str(), "tmpfs" | "ramfs")
     }
 
     fn to_json(&self) -> Value {
-        json!({
-            "cpu_model": self.cpu, "logical_cpus": self.cpus, "kernel": self.kernel,
-            "mem_total_kib": self.mem_total_kib, "ledger_filesystem": self.ledger_fs,
-            "ledger_device": self.ledger_dev, "ledger_dir": self.ledger_path,
-            "build": self.build, "git_commit": self.git, "started": self.started,
-        })
+        let mut json = self.host.to_json();
+        json["ledger_filesystem"] = json!(self.ledger.fs);
+        json["ledger_device"] = json!(self.ledger.device);
+        json["ledger_dir"] = json!(self.ledger.path);
+        json
     }
-}
-
-/// File system type and device of the mount holding `dir` (longest matching mount point).
-fn filesystem_of(dir: &Path) -> (String, String) {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let mut best: Option<(usize, String, String)> = None;
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 3 || !dir.starts_with(f[1]) {
-            continue;
-        }
-        if best.as_ref().is_none_or(|(len, _, _)| f[1].len() > *len) {
-            best = Some((f[1].len(), f[2].to_owned(), f[0].to_owned()));
-        }
-    }
-    best.map(|(_, fs, dev)| (fs, dev))
-        .unwrap_or_else(|| ("unknown".into(), "unknown".into()))
 }
 
 /// One latency lane's outcome.
@@ -128,55 +61,6 @@ pub struct LoadResult {
     pub secs: f64,
 }
 
-/// A target from the issue, and what was measured against it.
-pub struct Target {
-    pub name: &'static str,
-    pub measured: f64,
-    pub limit: f64,
-    pub unit: &'static str,
-    /// `true` for "at least" targets (throughput ratio).
-    pub at_least: bool,
-    /// Why the measurement does not speak to the target (e.g. a smoke run with few rows).
-    pub not_applicable: Option<String>,
-}
-
-impl Target {
-    pub fn verdict(&self) -> &'static str {
-        if self.not_applicable.is_some() {
-            "N/A"
-        } else if (self.at_least && self.measured >= self.limit)
-            || (!self.at_least && self.measured <= self.limit)
-        {
-            "PASS"
-        } else {
-            "MISS"
-        }
-    }
-
-    pub fn line(&self) -> String {
-        let cmp = if self.at_least { "≥" } else { "≤" };
-        let (m, l, u) = (self.measured, self.limit, self.unit);
-        let detail = match self.verdict() {
-            "PASS" => format!("margin {:.2} {u}", (l - m).abs()),
-            "MISS" => format!("off by {:.2} {u}, {:.2}× the limit", (m - l).abs(), m / l),
-            _ => self.not_applicable.clone().unwrap_or_default(),
-        };
-        format!(
-            "  [{}] {}: measured {m:.2} {u} (target {cmp} {l} {u}; {detail})",
-            self.verdict(),
-            self.name
-        )
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "target": self.name, "measured": self.measured, "limit": self.limit,
-            "unit": self.unit, "comparison": if self.at_least { ">=" } else { "<=" },
-            "verdict": self.verdict(), "note": self.not_applicable,
-        })
-    }
-}
-
 /// Everything one run produced.
 pub struct Results {
     pub mode: &'static str,
@@ -186,7 +70,7 @@ pub struct Results {
     pub latency: Vec<LaneResult>,
     pub added: Vec<(String, Added)>,
     pub throughput: Vec<LoadResult>,
-    pub memory: Vec<(String, ProcStatus)>,
+    pub memory: Vec<(String, Memory)>,
     pub ledger: Value,
     pub read_pass: Option<Summary>,
     pub components: Components,
@@ -220,41 +104,16 @@ fn mean_us(total_secs: f64, count: f64) -> String {
     }
 }
 
-fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
 impl Results {
     /// The human-readable report.
     pub fn table(&self) -> String {
         let m = &self.machine;
         let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "== Lifeguard sidecar benchmark ({} mode, {} build) ==",
-            self.mode, m.build
-        );
-        let _ = writeln!(
-            o,
-            "machine: {}, {} logical CPUs, Linux {}, {} RAM; commit {}; {}",
-            m.cpu,
-            m.cpus,
-            m.kernel,
-            mib(m.mem_total_kib),
-            m.git,
-            m.started
-        );
-        if self.mode == "smoke" || m.build == "debug" {
-            let _ = writeln!(
-                o,
-                "NOTE:    {} mode, {} build: checks that every phase works; the numbers mean little",
-                self.mode, m.build
-            );
-        }
+        heading(&mut o, "sidecar", self.mode, &m.host, "every phase works");
         let _ = writeln!(
             o,
             "ledger:  {} on {} ({})",
-            m.ledger_path, m.ledger_fs, m.ledger_dev
+            m.ledger.path, m.ledger.fs, m.ledger.device
         );
         let _ = writeln!(
             o,
@@ -441,18 +300,12 @@ impl Results {
         for t in &self.targets {
             let _ = writeln!(o, "{}", t.line());
         }
-        if self.errors.count > 0 {
-            let _ = writeln!(
-                o,
-                "\nFAILED: {} request(s) failed; first ones:",
-                self.errors.count
-            );
-            for e in &self.errors.examples {
-                let _ = writeln!(o, "  {e}");
-            }
-        } else {
-            let _ = writeln!(o, "\nno failed requests");
-        }
+        errors_section(
+            &mut o,
+            &self.errors,
+            "request(s) failed",
+            "no failed requests",
+        );
         o
     }
 
@@ -523,7 +376,7 @@ pub fn targets(
     latency: &[LaneResult],
     added: &[(String, Added)],
     throughput: &[LoadResult],
-    memory: &[(String, ProcStatus)],
+    memory: &[(String, Memory)],
     rows: u64,
     ticks_per_sec: u64,
     baseline: Option<&Baseline>,
@@ -549,8 +402,8 @@ pub fn targets(
     let greet = added_of("greet via sidecar");
     let get = added_of("tasks/get via sidecar (running task)");
     let ratio = load_ratio(throughput, GREET_DIRECT, GREET_VIA);
-    let t = |name, measured: f64, limit, unit, at_least| Target {
-        name,
+    let t = |name: &str, measured: f64, limit, unit, at_least| Target {
+        name: name.to_owned(),
         measured,
         limit,
         unit,
@@ -776,9 +629,9 @@ pub fn hot_path_targets(lanes: &[HotLane]) -> Vec<Target> {
             let (one, two) = (at(1)?, at(2)?);
             Some(Target {
                 name: if *method == "greet" {
-                    "hot path: greet throughput per worker, 2 workers / 1 worker"
+                    "hot path: greet throughput per worker, 2 workers / 1 worker".into()
                 } else {
-                    "hot path: tasks/get throughput per worker, 2 workers / 1 worker"
+                    "hot path: tasks/get throughput per worker, 2 workers / 1 worker".into()
                 },
                 measured: two / one.max(1e-9),
                 limit: 0.9,
@@ -794,7 +647,7 @@ pub fn hot_path_targets(lanes: &[HotLane]) -> Vec<Target> {
 pub fn listen_targets(listen: &ListenResult) -> Vec<Target> {
     let streams = listen.plan.streams;
     vec![Target {
-        name: "sidecar VmRSS peak with 1,000 listen streams delivering",
+        name: "sidecar VmRSS peak with 1,000 listen streams delivering".into(),
         measured: listen.via.sidecar_rss_peak.rss_kib as f64 / 1024.0,
         limit: 48.0,
         unit: "MiB",

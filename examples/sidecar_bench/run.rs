@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};
 
+use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, preflight_noise};
 use crate::client::{self, Conn, Endpoint, Template};
 use crate::components;
 use crate::exhaustion::{self, ExhaustionPlan};
@@ -145,19 +146,6 @@ async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
             let why = client::describe_failure(status, conn.body());
             format!("creating a running task: {why}")
         })
-}
-
-/// Cores' worth of CPU that other processes use during `rest` (before anything starts).
-async fn preflight_noise(rest: Duration, ticks_per_sec: u64) -> f64 {
-    let busy0 = phases::machine_ticks().0;
-    let self0 = procs::cpu_ticks("/proc/self/stat");
-    tokio::time::sleep(rest).await;
-    let busy1 = phases::machine_ticks().0;
-    let self1 = procs::cpu_ticks("/proc/self/stat");
-    let other = busy1
-        .saturating_sub(busy0)
-        .saturating_sub(self1.saturating_sub(self0));
-    other as f64 / ticks_per_sec.max(1) as f64 / rest.as_secs_f64()
 }
 
 /// The running processes and what the phases have gathered so far.
@@ -459,8 +447,9 @@ pub async fn measure(
         })
         .collect::<Result<Vec<_>>>()?;
     // How busy the machine is without us: a shared machine makes every number noisier.
-    let ticks_per_sec = procs::clock_ticks_per_sec();
-    let preflight_other_cores = preflight_noise(plan.rest, ticks_per_sec).await;
+    let ticks_per_sec = clock_ticks_per_sec();
+    let preflight_other_cores =
+        preflight_noise(plan.rest, ticks_per_sec, MachineTicks::busy_without_irq).await;
     if preflight_other_cores > 0.1 {
         eprintln!("warning: other processes use {preflight_other_cores:.2} cores: expect noise");
     }
@@ -491,7 +480,7 @@ pub async fn measure(
     };
     let mut memory = Vec::new();
     tokio::time::sleep(plan.rest).await;
-    let idle = bench.sidecar.proc.status()?;
+    let idle = bench.sidecar.proc.try_memory()?;
     memory.push(("idle, after start (no request yet)".to_owned(), idle));
     // Listen first: its memory reading must not inherit what the allocator keeps after the
     // throughput phase.
@@ -502,7 +491,7 @@ pub async fn measure(
     bench.create_phase().await?;
     let throughput = bench.throughput_phase().await?;
     tokio::time::sleep(plan.rest).await;
-    let after = bench.sidecar.proc.status()?;
+    let after = bench.sidecar.proc.try_memory()?;
     memory.push((
         "idle, after the latency and throughput phases".to_owned(),
         after,
@@ -511,7 +500,7 @@ pub async fn measure(
     let (fill, mut read_samples) = bench.fill_phase(&fill_tokens).await?;
     tokio::time::sleep(plan.rest).await;
     let (rows, active) = ledger_rows(&bench.sidecar.ledger)?;
-    let full = bench.sidecar.proc.status()?;
+    let full = bench.sidecar.proc.try_memory()?;
     memory.push((
         format!("with {rows} ledger rows ({active} active), at rest"),
         full,
@@ -527,7 +516,7 @@ pub async fn measure(
         "content": "completed slow_compute tasks with their results: 64 principals in 8 \
                     tenants and 4 clients, plus the bench owner's tasks",
     });
-    let server_memory = bench.server.proc.status()?;
+    let server_memory = bench.server.proc.try_memory()?;
     bench.sidecar.proc.check_alive()?;
     bench.server.proc.check_alive()?;
     let Bench {

@@ -72,7 +72,7 @@ impl SoakResult {
         let (warm, after) = self.peaks();
         vec![
             Target {
-                name: "soak: sidecar VmRSS rise after the first minute",
+                name: "soak: sidecar VmRSS rise after the first minute".into(),
                 measured: after - warm,
                 limit: FLAT_BOUND_MIB,
                 unit: "MiB",
@@ -80,7 +80,7 @@ impl SoakResult {
                 not_applicable: None,
             },
             Target {
-                name: "soak: failed requests",
+                name: "soak: failed requests".into(),
                 measured: self.errors.count as f64,
                 limit: 0.0,
                 unit: "",
@@ -88,7 +88,7 @@ impl SoakResult {
                 not_applicable: None,
             },
             Target {
-                name: "soak: achieved rate / planned rate",
+                name: "soak: achieved rate / planned rate".into(),
                 measured: self.achieved_rps / self.target_rps.max(1e-9),
                 limit: 0.95,
                 unit: "×",
@@ -210,7 +210,7 @@ pub async fn run(
         second.tick().await;
         let status = sidecar
             .proc
-            .status()
+            .try_memory()
             .context("reading the sidecar's /proc status")?;
         rss.push((started.elapsed().as_secs_f64(), status.rss_kib));
     }

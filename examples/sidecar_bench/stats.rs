@@ -1,7 +1,13 @@
 //! Percentiles from raw nanosecond samples (sorted, nearest rank: exact for the samples taken),
-//! and the per-phase records the report is built from.
+//! and the per-phase records the report is built from; shared with `examples/scale_out_bench`,
+//! which includes this file.
 
 use serde_json::{Value, json};
+
+use crate::bench_support::stats::percentile;
+
+/// Errors seen in a phase: failed requests are counted, the first 5 are kept verbatim.
+pub type Errors = crate::bench_support::stats::Errors<5, false>;
 
 /// Summary of one set of latency samples, in nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -14,16 +20,6 @@ pub struct Summary {
     pub p99: u64,
     pub p999: u64,
     pub max: u64,
-}
-
-/// Nearest-rank percentile of sorted samples: the smallest sample with at least `q` of all
-/// samples at or below it.
-pub fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl Summary {
@@ -85,31 +81,6 @@ impl Added {
     }
 }
 
-/// Errors seen in a phase: failed requests are counted, the first few are kept verbatim.
-#[derive(Clone, Debug, Default)]
-pub struct Errors {
-    pub count: u64,
-    pub examples: Vec<String>,
-}
-
-impl Errors {
-    pub fn record(&mut self, what: impl Into<String>) {
-        self.count += 1;
-        if self.examples.len() < 5 {
-            self.examples.push(what.into());
-        }
-    }
-
-    pub fn merge(&mut self, other: Errors) {
-        self.count += other.count;
-        for e in other.examples {
-            if self.examples.len() < 5 {
-                self.examples.push(e);
-            }
-        }
-    }
-}
-
 /// Microseconds with one decimal, for tables.
 pub fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1000.0)
@@ -133,6 +104,6 @@ mod tests {
             (500, 990, 999, 1000, 1)
         );
         assert_eq!(percentile(&[7], 0.999), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile::<u64>(&[], 0.5), 0);
     }
 }

@@ -1,5 +1,7 @@
-//! Where a benchmark ran and the targets it reports (shared by this benchmark and
-//! `examples/admission_bench`, which includes this file).
+//! Where a benchmark ran: the machine, the build and the commit, and the file system under a
+//! directory (the sidecar's ledger must be on disk).
+
+use std::path::Path;
 
 use serde_json::{Value, json};
 
@@ -23,7 +25,8 @@ fn first_line_value(path: &str, key: &str) -> Option<String> {
 }
 
 impl Machine {
-    pub fn probe(repo: &std::path::Path) -> Self {
+    /// This machine, this build, and the commit checked out in `repo`.
+    pub fn probe(repo: &Path) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let git = std::process::Command::new("git")
             .arg("-C")
@@ -66,46 +69,41 @@ impl Machine {
     }
 }
 
-/// A target from the issue, and what was measured against it.
-pub struct Target {
-    pub name: String,
-    pub measured: f64,
-    pub limit: f64,
-    pub unit: &'static str,
-    /// Why the measurement does not speak to the target (e.g. a smoke run).
-    pub not_applicable: Option<String>,
+/// The mount a directory is on.
+pub struct Disk {
+    pub path: String,
+    /// File system type ("unknown" when no mount matches).
+    pub fs: String,
+    pub device: String,
 }
 
-impl Target {
-    pub fn verdict(&self) -> &'static str {
-        if self.not_applicable.is_some() {
-            "N/A"
-        } else if self.measured <= self.limit {
-            "PASS"
-        } else {
-            "MISS"
+impl Disk {
+    /// The mount holding `dir` (the longest matching mount point of /proc/mounts).
+    pub fn of(dir: &Path) -> Self {
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut best: Option<(usize, String, String)> = None;
+        for line in mounts.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 3 || !canonical.starts_with(f[1]) {
+                continue;
+            }
+            if best.as_ref().is_none_or(|(len, _, _)| f[1].len() > *len) {
+                best = Some((f[1].len(), f[2].to_owned(), f[0].to_owned()));
+            }
+        }
+        let (fs, device) = best
+            .map(|(_, fs, dev)| (fs, dev))
+            .unwrap_or_else(|| ("unknown".into(), "unknown".into()));
+        Self {
+            path: dir.display().to_string(),
+            fs,
+            device,
         }
     }
 
-    pub fn line(&self) -> String {
-        let (m, l, u) = (self.measured, self.limit, self.unit);
-        let detail = match self.verdict() {
-            "PASS" => format!("margin {:.1} {u}", l - m),
-            "MISS" => format!("off by {:.1} {u}, {:.2}× the limit", m - l, m / l),
-            _ => self.not_applicable.clone().unwrap_or_default(),
-        };
-        format!(
-            "  [{}] {}: measured {m:.1} {u} (target ≤ {l} {u}; {detail})",
-            self.verdict(),
-            self.name
-        )
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "target": self.name, "measured": self.measured, "limit": self.limit,
-            "unit": self.unit, "comparison": "<=", "verdict": self.verdict(),
-            "note": self.not_applicable,
-        })
+    /// Whether it is a memory file system (tmpfs, ramfs).
+    pub fn in_memory(&self) -> bool {
+        matches!(self.fs.as_str(), "tmpfs" | "ramfs")
     }
 }
