@@ -36,5 +36,6 @@ mod sessions;
 pub mod ssf;
 mod status;
 mod stream;
+mod watches;
 
 pub use run::{OperatorConfig, run};
