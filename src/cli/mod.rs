@@ -1,12 +1,12 @@
 //! The `lifeguard` command line: argument definitions and thin handlers over the library.
 
+mod args;
 pub mod audit;
 pub mod cluster;
 pub mod crdgen;
 pub mod dev;
 pub mod evidence;
 pub mod exception;
-mod listener;
 pub mod operator;
 pub mod plugin;
 pub mod policy_check;

@@ -5,28 +5,30 @@ use std::path::PathBuf;
 use anyhow::Result;
 use lifeguard::operator::OperatorConfig;
 
+use super::args::{AdminArgs, ClusterArgs, ListenerArgs, ServeArgs};
+
+/// The operator's default `--max-connections`: each sidecar holds its stream and, while it
+/// acknowledges, a second connection.
+pub const OPERATOR_MAX_CONNECTIONS: usize = 8192;
+
 /// Flags of `lifeguard operator`.
 #[derive(Debug, clap::Args)]
+#[command(
+    mut_arg("namespace", |arg| arg.help(
+        "The operator's own namespace: Lease, config Secrets, Events (default: the pod's, else \
+         lifeguard-system)"
+    )),
+    mut_arg("listen", |arg| arg.help(
+        "HTTPS address of the sidecars' policy stream and POST /ssf/push"
+    )),
+)]
 pub struct OperatorArgs {
-    /// kubeconfig file (default: the in-cluster configuration, then $KUBECONFIG).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The operator's own namespace: Lease, config Secrets, Events (default: the pod's, else
-    /// lifeguard-system).
-    #[arg(long, value_name = "NS")]
-    pub namespace: Option<String>,
-    /// HTTPS address of the sidecars' policy stream and POST /ssf/push.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443")]
-    pub listen: std::net::SocketAddr,
-    /// Serving certificate (PEM chain) for --listen; re-read when the file changes.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: PathBuf,
-    /// Private key (PEM) of --tls-cert; re-read when the file changes.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: PathBuf,
-    /// Plain HTTP address of /healthz, /readyz and /metrics.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
-    pub admin: std::net::SocketAddr,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Operator configuration (YAML): approverKeys, securityEvents, bypassPrevention.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -34,22 +36,20 @@ pub struct OperatorArgs {
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
     #[command(flatten)]
-    pub listener: super::listener::ListenerArgs,
+    pub listener: ListenerArgs,
 }
 
 pub fn run(args: &OperatorArgs) -> Result<()> {
     lifeguard::telemetry::init_logging(args.log_format);
     let config = OperatorConfig {
-        kubeconfig: args.kubeconfig.clone(),
-        namespace: args.namespace.clone(),
-        listen: args.listen,
-        tls_cert: args.tls_cert.clone(),
-        tls_key: args.tls_key.clone(),
-        admin: args.admin,
+        shell: super::args::shell_config(
+            &args.cluster,
+            &args.serve,
+            &args.admin,
+            &args.listener,
+            OPERATOR_MAX_CONNECTIONS,
+        )?,
         config: args.config.clone(),
-        limits: args
-            .listener
-            .limits(super::listener::OPERATOR_MAX_CONNECTIONS)?,
     };
     let runtime = lifeguard::runtime::tokio_runtime(None)?;
     runtime.block_on(async move {

@@ -5,28 +5,24 @@ use std::path::PathBuf;
 use anyhow::{Result, ensure};
 use lifeguard::webhook::run::WebhookConfig;
 
+use super::args::{AdminArgs, ClusterArgs, ListenerArgs, ServeArgs};
+
 /// Flags of `lifeguard webhook`.
 #[derive(Debug, clap::Args)]
+#[command(
+    mut_arg("namespace", |arg| arg.help(
+        "The webhook's own namespace: never mutated, and where the approver-keys Secret lives \
+         (default: the pod's, else lifeguard-system)"
+    )),
+    mut_arg("listen", |arg| arg.help("HTTPS address of POST /inject and POST /validate")),
+)]
 pub struct WebhookArgs {
-    /// kubeconfig file (default: the in-cluster configuration, then $KUBECONFIG).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The webhook's own namespace: never mutated, and where the approver-keys Secret lives
-    /// (default: the pod's, else lifeguard-system).
-    #[arg(long, value_name = "NS")]
-    pub namespace: Option<String>,
-    /// HTTPS address of POST /inject and POST /validate.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443")]
-    pub listen: std::net::SocketAddr,
-    /// Serving certificate (PEM chain) for --listen; re-read when the file changes.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: PathBuf,
-    /// Private key (PEM) of --tls-cert; re-read when the file changes.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: PathBuf,
-    /// Plain HTTP address of /healthz, /readyz and /metrics.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
-    pub admin: std::net::SocketAddr,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Injection settings (YAML): sidecar image and resources, control-plane URL and CA,
     /// approverKeys, defaults.
     #[arg(long, value_name = "FILE")]
@@ -35,7 +31,7 @@ pub struct WebhookArgs {
     #[arg(long, value_enum, default_value_t = lifeguard::telemetry::LogFormat::Text)]
     pub log_format: lifeguard::telemetry::LogFormat,
     #[command(flatten)]
-    pub listener: super::listener::ListenerArgs,
+    pub listener: ListenerArgs,
     /// Largest AdmissionReview body read, in bytes (a larger one is answered 413 before it is
     /// read). The API server caps an object at 3 MiB and a review carries the new and the old
     /// object.
@@ -53,16 +49,14 @@ pub struct WebhookArgs {
 pub fn run(args: &WebhookArgs) -> Result<()> {
     lifeguard::telemetry::init_logging(args.log_format);
     let config = WebhookConfig {
-        kubeconfig: args.kubeconfig.clone(),
-        namespace: args.namespace.clone(),
-        listen: args.listen,
-        tls_cert: args.tls_cert.clone(),
-        tls_key: args.tls_key.clone(),
-        admin: args.admin,
+        shell: super::args::shell_config(
+            &args.cluster,
+            &args.serve,
+            &args.admin,
+            &args.listener,
+            lifeguard::runtime::http::ServerLimits::default().max_connections,
+        )?,
         config: args.config.clone(),
-        limits: args
-            .listener
-            .limits(lifeguard::runtime::http::ServerLimits::default().max_connections)?,
         max_review_bytes: usize::try_from(args.max_review_bytes)?,
         review_buffer_bytes: usize::try_from(args.review_buffer_bytes)?,
     };

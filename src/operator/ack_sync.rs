@@ -19,9 +19,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::FIELD_MANAGER;
-use super::ack_table::{AckTable, STALE_AFTER};
+use super::ack_table::AckTable;
 use super::cluster_acks::ClusterAcks;
+use super::conventions::FIELD_MANAGER;
 
 /// Label that marks the ConfigMaps holding ack tables.
 pub const TABLE_LABEL: &str = "lifeguard.dev/ack-table";
@@ -41,7 +41,7 @@ const FORGET_AFTER: Duration = Duration::from_secs(300);
 /// The ConfigMap name of `replica`'s table.
 pub fn configmap_name(replica: &str) -> String {
     let digest = Sha256::digest(replica.as_bytes());
-    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..6]);
     format!("{NAME_PREFIX}{hex}")
 }
 
@@ -182,11 +182,6 @@ pub async fn follow(
     }
 }
 
-/// Whether a table is recent enough to count (for diagnostics and docs).
-pub fn is_fresh(table: &AckTable, now: Timestamp) -> bool {
-    table.updated_at + jiff::SignedDuration::try_from(STALE_AFTER).unwrap_or_default() >= now
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,7 +199,5 @@ mod tests {
         let name = configmap.metadata.name.unwrap();
         assert!(name.starts_with(NAME_PREFIX) && name.len() == NAME_PREFIX.len() + 12);
         assert_eq!(name, configmap_name("lifeguard-operator-7d9_1"));
-        assert!(is_fresh(&table, "2026-12-01T00:01:00Z".parse().unwrap()));
-        assert!(!is_fresh(&table, "2026-12-01T00:05:00Z".parse().unwrap()));
     }
 }

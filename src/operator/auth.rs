@@ -225,7 +225,7 @@ impl SidecarAuthenticator {
                 .map_err(|e| AuthError::ReviewFailed(e.to_string()))?,
         };
         let identity = check_pod(&reviewed, pod.as_ref())?;
-        let mut cache = super::locked(&self.cache);
+        let mut cache = super::conventions::locked(&self.cache);
         if cache.len() >= CACHE_MAX {
             cache.retain(|_, (_, at)| at.elapsed() < CACHE_TTL);
             if cache.len() >= CACHE_MAX {
@@ -243,7 +243,7 @@ impl SidecarAuthenticator {
     pub async fn authenticate_cached(&self, token: &str) -> Result<PodIdentity, AuthError> {
         let digest: [u8; 32] = Sha256::digest(token).into();
         {
-            let cache = super::locked(&self.cache);
+            let cache = super::conventions::locked(&self.cache);
             if let Some((identity, at)) = cache.get(&digest)
                 && at.elapsed() < CACHE_TTL
             {

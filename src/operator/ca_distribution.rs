@@ -364,7 +364,7 @@ impl CaDistributor {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
-                controller: super::FIELD_MANAGER.into(),
+                controller: super::conventions::FIELD_MANAGER.into(),
                 instance: Some(replica),
             },
         );
@@ -574,7 +574,7 @@ impl Running {
         let result = api
             .patch(
                 &self.config.config_map.name,
-                &PatchParams::apply(super::FIELD_MANAGER).force(),
+                &PatchParams::apply(super::conventions::FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await;

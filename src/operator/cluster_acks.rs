@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 
 use super::ack_table::{AckTable, SidecarView};
-use super::locked;
+use super::conventions::locked;
 use super::sessions::Sessions;
 
 struct Cached {

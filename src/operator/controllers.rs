@@ -25,6 +25,7 @@ use crate::policy::ObjectKey;
 
 use super::cluster_acks::ClusterAcks;
 use super::config::BypassPrevention;
+use super::conventions::FIELD_MANAGER;
 use super::metrics::OperatorMetrics;
 use super::network_policy;
 use super::object_metrics::sidecars_of;
@@ -33,8 +34,6 @@ use super::propagation::PropagationTracker;
 use super::sessions::Sessions;
 use super::status::{exception_status, policy_status, revocation_status};
 use super::stream::Distribution;
-
-pub use super::FIELD_MANAGER;
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -359,7 +358,7 @@ pub(crate) async fn reconcile_revocation_at(
 }
 
 fn lock(tracker: &Mutex<PropagationTracker>) -> std::sync::MutexGuard<'_, PropagationTracker> {
-    super::locked(tracker)
+    super::conventions::locked(tracker)
 }
 
 /// A stream that yields once per change of `receiver`.

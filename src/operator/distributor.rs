@@ -15,7 +15,6 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation, SecretKeyRef};
-use crate::policy::ObjectKey;
 
 use super::ack_table::SidecarView;
 use super::cluster_acks::ClusterAcks;
@@ -107,7 +106,7 @@ impl Distributor {
         let (document, hash) = match &keys {
             ApproverKeys::Loaded { document, .. } => (
                 Some(document.clone()),
-                Some(hex(&Sha256::digest(document.get().as_bytes()))),
+                Some(hex::encode(Sha256::digest(document.get().as_bytes()))),
             ),
             _ => (None, None),
         };
@@ -134,7 +133,7 @@ impl Distributor {
         // Revocations seen for the first time get their target now, against the plan just
         // published (pods connecting from here on receive them in their first snapshot).
         let sidecars = self.acks.view();
-        let mut tracker = super::locked(&self.tracker);
+        let mut tracker = super::conventions::locked(&self.tracker);
         for revocation in &revocations {
             let name = revocation.metadata.name.clone().unwrap_or_default();
             let status = revocation.status.as_ref();
@@ -185,17 +184,5 @@ impl Distributor {
             }
             tokio::time::sleep(COALESCE).await;
         }
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The key of a namespaced object's metadata.
-pub fn object_key(meta: &kube::api::ObjectMeta) -> ObjectKey {
-    ObjectKey {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
     }
 }

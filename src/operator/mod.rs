@@ -13,39 +13,29 @@
 //! which flow back in through the watch like any other object. The leader also keeps the CA
 //! ConfigMap injected sidecars mount in every opted-in namespace ([`ca_distribution`]).
 
-pub mod ack_sync;
-pub mod ack_table;
-pub mod auth;
-pub mod ca_distribution;
-pub mod cluster_acks;
+mod ack_sync;
+mod ack_table;
+mod auth;
+mod ca_distribution;
+mod cluster_acks;
 pub mod config;
 #[cfg(test)]
 mod contract_tests;
-pub mod controllers;
-pub mod distributor;
-pub mod lease;
-pub mod metrics;
-pub mod network_policy;
-pub mod object_metrics;
-pub mod plan;
-pub mod propagation;
-pub mod revocation_sink;
+mod controllers;
+mod conventions;
+mod distributor;
+mod lease;
+mod metrics;
+mod network_policy;
+mod object_metrics;
+mod plan;
+mod propagation;
+mod revocation_sink;
 mod run;
-pub mod sessions;
+mod sessions;
 pub mod ssf;
-pub mod status;
-pub mod stream;
+mod status;
+mod stream;
+mod watches;
 
 pub use run::{OperatorConfig, run};
-
-/// The one field manager of every write the operator makes (status, child objects, ack tables).
-pub const FIELD_MANAGER: &str = "lifeguard-operator";
-
-/// Locks `mutex`, also after a panic elsewhere poisoned it: every structure the operator keeps
-/// behind a mutex is updated by single inserts and replacements, so it stays consistent.
-pub(crate) fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match mutex.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => poisoned.into_inner(),
-    }
-}

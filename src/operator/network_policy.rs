@@ -128,7 +128,7 @@ pub async fn reconcile(
         });
         api.patch(
             &name,
-            &PatchParams::apply(super::FIELD_MANAGER).force(),
+            &PatchParams::apply(super::conventions::FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await?;

@@ -201,7 +201,7 @@ impl ObjectSources {
         }
         let distribution = self.distribution.borrow().clone();
         let view = self.acks.view();
-        let pending = super::locked(&self.tracker).pending();
+        let pending = super::conventions::locked(&self.tracker).pending();
         Some(object_state(
             &distribution.plan,
             |pod, hash| view.in_sync(pod, hash),

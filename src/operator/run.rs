@@ -1,32 +1,31 @@
-//! Wiring: the Kubernetes client, the watch caches, the distribution endpoint, the
-//! controllers, leader election and the admin endpoint.
+//! Wiring of `lifeguard operator`, one named step each: the watch caches and the admin
+//! endpoint; once the caches have synced, the distributor, leader election, the CA
+//! distribution, the shared acknowledgements and the controllers; last the distribution
+//! endpoint.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use axum::Router;
 use axum::routing::{get, post};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::distribution::{ACK_PATH, STREAM_PATH};
-use crate::runtime::tls::{ReloadingCertificate, serve_tls};
-use crate::runtime::{Health, Readiness};
+use crate::runtime::readiness::{ReadinessTexts, SyncedAndServing};
+use crate::runtime::shell::{Shell, ShellConfig};
 
 use super::auth::SidecarAuthenticator;
 use super::ca_distribution::CaDistributor;
@@ -35,26 +34,87 @@ use super::config::OperatorFileConfig;
 use super::controllers::{self, Context};
 use super::distributor::{Caches, Distributor};
 use super::metrics::OperatorMetrics;
+use super::object_metrics::ObjectSources;
 use super::plan::Plan;
 use super::propagation::PropagationTracker;
 use super::revocation_sink::{KubeRevocationSink, KubeSecretReader};
-use super::sessions::Sessions;
+use super::sessions::{SessionEvents, Sessions};
 use super::ssf::SsfReceiver;
 use super::ssf::poll::PollClient;
 use super::stream::{self, Distribution, StreamContext};
+use super::watches;
 
 /// Everything `lifeguard operator` is configured with.
 #[derive(Clone, Debug)]
 pub struct OperatorConfig {
-    pub kubeconfig: Option<PathBuf>,
-    pub namespace: Option<String>,
-    pub listen: SocketAddr,
-    pub tls_cert: PathBuf,
-    pub tls_key: PathBuf,
-    pub admin: SocketAddr,
+    /// Cluster, `--listen` and `--admin`.
+    pub shell: ShellConfig,
     pub config: Option<PathBuf>,
-    /// Limits of the `--listen` port.
-    pub limits: crate::runtime::http::ServerLimits,
+}
+
+/// How the operator words its readiness.
+const READINESS: ReadinessTexts = ReadinessTexts {
+    ready: "ready: caches synced, serving sidecars",
+    starting: "the distribution endpoint is starting",
+};
+
+/// Runs the operator until `shutdown`. Nothing but the watches, the admin endpoint and
+/// security events starts before the caches have synced: the first plan exists before any
+/// sidecar can connect, so a sidecar never receives a snapshot computed from half-filled
+/// caches.
+pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<()> {
+    let file = match &config.config {
+        Some(path) => OperatorFileConfig::load(path)?,
+        None => OperatorFileConfig::default(),
+    };
+    let shell = Shell::start(config.shell).await?;
+
+    // Caches, and what reads them before they fill.
+    let changes = Arc::new(Notify::new());
+    let (caches, watches) = watches::caches(&shell.client, &shell.namespace, &changes);
+    let mut metrics = OperatorMetrics::new();
+    let security_events = security_events(&file, &shell, &caches, &mut metrics)?;
+    let ca_distributor = CaDistributor::new(file.ca_distribution.as_ref(), &mut metrics.registry);
+    let metrics = Arc::new(metrics);
+    let health = spawn_admin(&shell, &metrics, &shutdown).await?;
+    let caches_synced = watches.spawn(&shutdown);
+    if let Some(receiver) = &security_events {
+        spawn_security_events(receiver, &shutdown)?;
+    }
+    tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        synced = caches_synced.wait() => synced.context("a watch cache stopped before it synced")?,
+    }
+    tracing::info!("watch caches synced");
+
+    // Background work, once the caches are whole.
+    let operator = Operator {
+        shell,
+        file,
+        metrics,
+        replica: replica_identity(),
+        shutdown,
+    };
+    let pods = caches.pods.clone();
+    let (distributing, session_events) = operator.spawn_distributor(caches, changes);
+    health.mark_synced();
+    let leading = operator.spawn_leader_election();
+    if let Some(ca) = ca_distributor {
+        operator.spawn_ca_distribution(ca, &leading);
+    }
+    let remote_changed = operator.spawn_ack_sync(&distributing.acks, &leading);
+    let ctx = operator.spawn_controllers(
+        &distributing,
+        session_events,
+        pods,
+        &leading,
+        &remote_changed,
+    );
+
+    // The distribution endpoint (and security events).
+    operator
+        .serve_sidecars(ctx, distributing, security_events, &health)
+        .await
 }
 
 /// Identity of this replica in the Lease.
@@ -71,273 +131,119 @@ fn replica_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// What of an object the plan depends on, as a fingerprint: a change elsewhere (the status
-/// the operator itself writes, a pod's phase) does not wake the distributor. Without this the
-/// operator's own status writes fed back into replanning, and each replan reconciled every
-/// object again.
-type Relevant<K> = fn(&K) -> u64;
-
-fn fingerprint(parts: &impl std::hash::Hash) -> u64 {
-    use std::hash::Hasher;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    parts.hash(&mut hasher);
-    hasher.finish()
-}
-
-/// Custom resources: their spec (`generation`) and labels/annotations.
-fn spec_fingerprint<K: kube::Resource>(object: &K) -> u64 {
-    let meta = object.meta();
-    fingerprint(&(
-        meta.uid.as_deref(),
-        meta.generation,
-        meta.labels.as_ref(),
-        meta.annotations.as_ref(),
-    ))
-}
-
-/// Pods: identity, service account and labels (what selection and authentication read).
-fn pod_fingerprint(pod: &Pod) -> u64 {
-    fingerprint(&(
-        pod.metadata.uid.as_deref(),
-        pod.metadata.labels.as_ref(),
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.as_deref()),
-    ))
-}
-
-/// Secrets: any change of their content (`resourceVersion`).
-fn version_fingerprint<K: kube::Resource>(object: &K) -> u64 {
-    let meta = object.meta();
-    fingerprint(&(meta.uid.as_deref(), meta.resource_version.as_deref()))
-}
-
-/// A watch cache that wakes the distributor when something the plan depends on changed.
-/// Nothing else consumes its stream, so nothing slow can hold it back.
-fn cache<K>(
-    api: Api<K>,
-    changes: Arc<Notify>,
-    relevant: Relevant<K>,
-) -> (
-    Store<K>,
-    impl std::future::Future<Output = ()> + Send + 'static,
-)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let events = watcher(api, watcher::Config::default()).default_backoff();
-    let driver = async move {
-        let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-        events
-            .reflect(writer)
-            .for_each(|event| {
-                let key = |o: &K| {
-                    let m = o.meta();
-                    format!(
-                        "{}/{}",
-                        m.namespace.as_deref().unwrap_or(""),
-                        m.name.as_deref().unwrap_or("")
-                    )
-                };
-                let wake = match &event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        let print = relevant(o);
-                        seen.insert(key(o), print) != Some(print)
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        seen.remove(&key(o));
-                        true
-                    }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => true,
-                    Err(error) => {
-                        tracing::warn!(%error, "watch failed; retrying");
-                        false
-                    }
-                };
-                if wake {
-                    changes.notify_one();
-                }
-                std::future::ready(())
-            })
-            .await;
+/// The security events receiver when `securityEvents` is configured, its metrics registered
+/// in `metrics`.
+fn security_events(
+    file: &OperatorFileConfig,
+    shell: &Shell,
+    caches: &Caches,
+    metrics: &mut OperatorMetrics,
+) -> Result<Option<Arc<SsfReceiver>>> {
+    let Some(events) = &file.security_events else {
+        return Ok(None);
     };
-    (reader, driver)
+    let receiver = SsfReceiver::new(
+        events,
+        Arc::new(KubeSecretReader {
+            client: shell.client.clone(),
+            namespace: shell.namespace.clone(),
+            cache: caches.secrets.clone(),
+        }),
+        Arc::new(KubeRevocationSink {
+            client: shell.client.clone(),
+        }),
+    )
+    .context("securityEvents")?;
+    receiver.metrics().register(&mut metrics.registry);
+    Ok(Some(Arc::new(receiver)))
 }
 
-struct OperatorHealth {
-    metrics: Arc<OperatorMetrics>,
-    synced: AtomicBool,
-    serving: AtomicBool,
-}
-
-impl Health for OperatorHealth {
-    fn readiness(&self) -> Readiness {
-        match (
-            self.synced.load(Ordering::Acquire),
-            self.serving.load(Ordering::Acquire),
-        ) {
-            (true, true) => Readiness::Ready("ready: caches synced, serving sidecars".into()),
-            (false, _) => Readiness::NotReady("watch caches are syncing".into()),
-            (true, false) => Readiness::NotReady("the distribution endpoint is starting".into()),
-        }
-    }
-
-    fn metrics(&self) -> String {
-        self.metrics.encode()
-    }
-}
-
-/// Runs the operator until `shutdown`.
-pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<()> {
-    let file = match &config.config {
-        Some(path) => OperatorFileConfig::load(path)?,
-        None => OperatorFileConfig::default(),
-    };
-    let certificate = Arc::new(
-        ReloadingCertificate::load(&config.tls_cert, &config.tls_key)
-            .context("loading the serving certificate (--tls-cert, --tls-key)")?,
-    );
-    let namespace = crate::runtime::cluster::own_namespace(config.namespace.as_deref());
-    let client = crate::runtime::cluster::client(config.kubeconfig.as_deref()).await?;
-    // Watch caches.
-    let changes = Arc::new(Notify::new());
-    let (policies, policy_driver) = cache(
-        Api::<McpServerPolicy>::all(client.clone()),
-        changes.clone(),
-        spec_fingerprint,
-    );
-    let (exceptions, exception_driver) = cache(
-        Api::<CapabilityException>::all(client.clone()),
-        changes.clone(),
-        spec_fingerprint,
-    );
-    let (revocations, revocation_driver) = cache(
-        Api::<PrincipalRevocation>::all(client.clone()),
-        changes.clone(),
-        spec_fingerprint,
-    );
-    let (pods, pod_driver) = cache(
-        Api::<Pod>::all(client.clone()),
-        changes.clone(),
-        pod_fingerprint,
-    );
-    let (secrets, secret_driver) = cache(
-        Api::<Secret>::namespaced(client.clone(), &namespace),
-        changes.clone(),
-        version_fingerprint,
-    );
-    // Security events (optional): built before the metrics registry is shared.
-    let mut metrics = OperatorMetrics::new();
-    let security_events = match &file.security_events {
-        None => None,
-        Some(events) => {
-            let receiver = SsfReceiver::new(
-                events,
-                Arc::new(KubeSecretReader {
-                    client: client.clone(),
-                    namespace: namespace.clone(),
-                    cache: secrets.clone(),
-                }),
-                Arc::new(KubeRevocationSink {
-                    client: client.clone(),
-                }),
-            )
-            .context("securityEvents")?;
-            receiver.metrics().register(&mut metrics.registry);
-            Some(Arc::new(receiver))
-        }
-    };
-    let ca_distributor = CaDistributor::new(file.ca_distribution.as_ref(), &mut metrics.registry);
-    let metrics = Arc::new(metrics);
-    let health = Arc::new(OperatorHealth {
-        metrics: metrics.clone(),
-        synced: AtomicBool::new(false),
-        serving: AtomicBool::new(false),
-    });
-    let _admin = crate::runtime::admin::spawn(config.admin, health.clone(), shutdown.clone())
-        .await
-        .context("starting the admin endpoint")?;
-
-    for driver in [
-        policy_driver.boxed(),
-        exception_driver.boxed(),
-        revocation_driver.boxed(),
-        pod_driver.boxed(),
-        secret_driver.boxed(),
-    ] {
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = driver => {}
-            }
-        });
-    }
-    let caches = Caches {
-        policies: policies.clone(),
-        exceptions: exceptions.clone(),
-        revocations: revocations.clone(),
-        pods: pods.clone(),
-        secrets,
-    };
-    if let Some(receiver) = &security_events {
-        receiver.spawn_key_refresh(shutdown.clone());
-        for transmitter in receiver.poll_transmitters() {
-            PollClient::new(receiver.clone(), &transmitter)
-                .context("securityEvents poll transmitter")?
-                .spawn(shutdown.clone());
-        }
-    }
-    tokio::select! {
-        _ = shutdown.cancelled() => return Ok(()),
-        synced = async {
-            caches.policies.wait_until_ready().await?;
-            caches.exceptions.wait_until_ready().await?;
-            caches.revocations.wait_until_ready().await?;
-            caches.pods.wait_until_ready().await?;
-            caches.secrets.wait_until_ready().await
-        } => synced.context("a watch cache stopped before it synced")?,
-    }
-    tracing::info!("watch caches synced");
-
-    // The first plan exists before any sidecar can connect: a sidecar never receives a
-    // snapshot computed from half-filled caches.
-    let (sessions, session_events) = Sessions::new();
-    let sessions = Arc::new(sessions);
-    let tracker = Arc::new(Mutex::new(PropagationTracker::new(Timestamp::now())));
-    let (publish, distribution) = watch::channel(Arc::new(Distribution {
-        version: 0,
-        plan: Arc::new(Plan::default()),
-        approver_keys: None,
-        approver_keys_hash: None,
-    }));
-    let replica = replica_identity();
-    let acks = Arc::new(ClusterAcks::new(sessions.clone(), replica.clone()));
-    let distributor = Distributor {
-        caches: caches.clone(),
-        approver_keys: file.approver_keys.clone(),
-        namespace: namespace.clone(),
-        changes: changes.clone(),
-        publish,
-        tracker: tracker.clone(),
-        acks: acks.clone(),
-        metrics: metrics.clone(),
-    };
-    tokio::spawn(distributor.run(shutdown.clone()));
-    health.synced.store(true, Ordering::Release);
-
-    // Leader election.
-    let (leading_tx, leading) = watch::channel(false);
-    {
-        let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+/// The admin endpoint: ready once the caches have synced and the distribution endpoint
+/// serves.
+async fn spawn_admin(
+    shell: &Shell,
+    metrics: &Arc<OperatorMetrics>,
+    shutdown: &CancellationToken,
+) -> Result<Arc<SyncedAndServing>> {
+    let health = Arc::new(SyncedAndServing::new(READINESS, {
         let metrics = metrics.clone();
+        move || metrics.encode()
+    }));
+    shell.spawn_admin(health.clone(), shutdown).await?;
+    Ok(health)
+}
+
+/// The receiver's signing-key refresh and one client per poll transmitter.
+fn spawn_security_events(receiver: &Arc<SsfReceiver>, shutdown: &CancellationToken) -> Result<()> {
+    receiver.spawn_key_refresh(shutdown.clone());
+    for transmitter in receiver.poll_transmitters() {
+        PollClient::new(receiver.clone(), &transmitter)
+            .context("securityEvents poll transmitter")?
+            .spawn(shutdown.clone());
+    }
+    Ok(())
+}
+
+/// What every step after the caches have synced reads.
+struct Operator {
+    shell: Shell,
+    file: OperatorFileConfig,
+    metrics: Arc<OperatorMetrics>,
+    /// This replica's identity in the Lease, the ack tables and Events.
+    replica: String,
+    shutdown: CancellationToken,
+}
+
+/// The published distribution, the sidecars' sessions and what they acknowledged.
+struct Distributing {
+    distribution: watch::Receiver<Arc<Distribution>>,
+    sessions: Arc<Sessions>,
+    tracker: Arc<Mutex<PropagationTracker>>,
+    acks: Arc<ClusterAcks>,
+}
+
+impl Operator {
+    /// The distributor: plans from the caches on every change and publishes the distribution.
+    fn spawn_distributor(
+        &self,
+        caches: Caches,
+        changes: Arc<Notify>,
+    ) -> (Distributing, SessionEvents) {
+        let (sessions, session_events) = Sessions::new();
+        let sessions = Arc::new(sessions);
+        let tracker = Arc::new(Mutex::new(PropagationTracker::new(Timestamp::now())));
+        let (publish, distribution) = watch::channel(Arc::new(Distribution {
+            version: 0,
+            plan: Arc::new(Plan::default()),
+            approver_keys: None,
+            approver_keys_hash: None,
+        }));
+        let acks = Arc::new(ClusterAcks::new(sessions.clone(), self.replica.clone()));
+        let distributor = Distributor {
+            caches,
+            approver_keys: self.file.approver_keys.clone(),
+            namespace: self.shell.namespace.clone(),
+            changes,
+            publish,
+            tracker: tracker.clone(),
+            acks: acks.clone(),
+            metrics: self.metrics.clone(),
+        };
+        tokio::spawn(distributor.run(self.shutdown.clone()));
+        let distributing = Distributing {
+            distribution,
+            sessions,
+            tracker,
+            acks,
+        };
+        (distributing, session_events)
+    }
+
+    /// Leader election on the Lease; the receiver says whether this replica leads.
+    fn spawn_leader_election(&self) -> watch::Receiver<bool> {
+        let (leading_tx, leading) = watch::channel(false);
+        let api: Api<Lease> = Api::namespaced(self.shell.client.clone(), &self.shell.namespace);
+        let metrics = self.metrics.clone();
         let mut observed = leading.clone();
         tokio::spawn(async move {
             while observed.changed().await.is_ok() {
@@ -346,169 +252,201 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         });
         tokio::spawn(super::lease::run(
             api,
-            replica.clone(),
+            self.replica.clone(),
             leading_tx,
-            shutdown.clone(),
+            self.shutdown.clone(),
         ));
+        leading
     }
-    if let Some(ca) = ca_distributor {
-        let (client, ns) = (client.clone(), namespace.clone());
+
+    /// The CA ConfigMap in every opted-in namespace, written while this replica leads.
+    fn spawn_ca_distribution(&self, ca: CaDistributor, leading: &watch::Receiver<bool>) {
         ca.spawn(
-            client,
-            ns,
-            replica.clone(),
+            self.shell.client.clone(),
+            self.shell.namespace.clone(),
+            self.replica.clone(),
             leading.clone(),
-            shutdown.clone(),
+            self.shutdown.clone(),
         );
     }
 
-    // Acknowledgements shared between replicas.
-    let (remote_tx, remote_changed) = watch::channel(0u64);
-    {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    /// Acknowledgements shared between replicas: this replica's table published, the others'
+    /// followed; the receiver changes when another replica's table did.
+    fn spawn_ack_sync(
+        &self,
+        acks: &Arc<ClusterAcks>,
+        leading: &watch::Receiver<bool>,
+    ) -> watch::Receiver<u64> {
+        let (remote_tx, remote_changed) = watch::channel(0u64);
+        let api: Api<ConfigMap> = Api::namespaced(self.shell.client.clone(), &self.shell.namespace);
         tokio::spawn(super::ack_sync::publish(
             api.clone(),
             acks.clone(),
             leading.clone(),
-            shutdown.clone(),
+            self.shutdown.clone(),
         ));
         tokio::spawn(super::ack_sync::follow(
             api,
             acks.clone(),
             remote_tx,
             leading.clone(),
-            shutdown.clone(),
+            self.shutdown.clone(),
         ));
+        remote_changed
     }
 
-    // Controllers.
-    metrics
-        .objects
-        .attach(Box::new(super::object_metrics::ObjectSources {
-            distribution: distribution.clone(),
-            acks: acks.clone(),
-            tracker: tracker.clone(),
+    /// The per-object metrics and the three status controllers (leader only: they write
+    /// nothing while another replica leads); returns their context.
+    fn spawn_controllers(
+        &self,
+        distributing: &Distributing,
+        session_events: SessionEvents,
+        pods: Store<Pod>,
+        leading: &watch::Receiver<bool>,
+        remote_changed: &watch::Receiver<u64>,
+    ) -> Arc<Context> {
+        let client = &self.shell.client;
+        self.metrics.objects.attach(Box::new(ObjectSources {
+            distribution: distributing.distribution.clone(),
+            acks: distributing.acks.clone(),
+            tracker: distributing.tracker.clone(),
             leading: leading.clone(),
         }));
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        distribution: distribution.clone(),
-        sessions: sessions.clone(),
-        acks,
-        tracker,
-        leading: leading.clone(),
-        pods,
-        metrics: metrics.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "lifeguard-operator".into(),
-                instance: Some(replica.clone()),
-            },
-        ),
-        bypass: file.bypass_prevention.clone(),
-        network_policies: Default::default(),
-    });
-    let everything = || {
-        futures_util::stream::select(
-            futures_util::stream::select(
-                controllers::changes(distribution.clone()),
-                controllers::changes(leading.clone()),
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            distribution: distributing.distribution.clone(),
+            sessions: distributing.sessions.clone(),
+            acks: distributing.acks.clone(),
+            tracker: distributing.tracker.clone(),
+            leading: leading.clone(),
+            pods,
+            metrics: self.metrics.clone(),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "lifeguard-operator".into(),
+                    instance: Some(self.replica.clone()),
+                },
             ),
-            controllers::changes(remote_changed.clone()),
+            bypass: self.file.bypass_prevention.clone(),
+            network_policies: Default::default(),
+        });
+        let everything = || {
+            futures_util::stream::select(
+                futures_util::stream::select(
+                    controllers::changes(distributing.distribution.clone()),
+                    controllers::changes(leading.clone()),
+                ),
+                controllers::changes(remote_changed.clone()),
+            )
+        };
+        let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));
+        let shutdown = &self.shutdown;
+        // The controllers keep watches of their own rather than subscribing to the
+        // distributor's caches: a shared reflector waits for its slowest subscriber, and status
+        // writes (bounded by the API server's latency) must never hold back a policy change on
+        // its way to the sidecars.
+        let policy_controller = Controller::new(
+            Api::<McpServerPolicy>::all(client.clone()),
+            watcher::Config::default(),
         )
-    };
-    let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));
-    // The controllers keep watches of their own rather than subscribing to the distributor's
-    // caches: a shared reflector waits for its slowest subscriber, and status writes (bounded
-    // by the API server's latency) must never hold back a policy change on its way to the
-    // sidecars.
-    let policy_controller = Controller::new(
-        Api::<McpServerPolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(controller_config.clone())
-    .reconcile_all_on(everything())
-    .reconcile_on(controllers::policies_of_pods(
-        session_events.pods,
-        distribution.clone(),
-    ))
-    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-    .run(
-        controllers::reconcile_policy,
-        controllers::retry,
-        ctx.clone(),
-    )
-    .for_each(|_| std::future::ready(()));
-    let exception_controller = Controller::new(
-        Api::<CapabilityException>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(controller_config.clone())
-    .reconcile_all_on(everything())
-    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-    .run(
-        controllers::reconcile_exception,
-        controllers::retry,
-        ctx.clone(),
-    )
-    .for_each(|_| std::future::ready(()));
-    let revocation_controller = Controller::new(
-        Api::<PrincipalRevocation>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(controller_config)
-    .reconcile_all_on(everything())
-    .reconcile_on(
-        controllers::received(session_events.revocations).map(|name| ObjectRef::new(&name)),
-    )
-    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-    .run(
-        controllers::reconcile_revocation,
-        controllers::retry,
-        ctx.clone(),
-    )
-    .for_each(|_| std::future::ready(()));
-    tokio::spawn(policy_controller);
-    tokio::spawn(exception_controller);
-    tokio::spawn(revocation_controller);
-
-    // The distribution endpoint (and security events).
-    let stream_ctx = Arc::new(StreamContext {
-        authenticator: SidecarAuthenticator::new(client.clone(), ctx.pods.clone()),
-        sessions,
-        distribution,
-        metrics: metrics.clone(),
-        shutdown: shutdown.clone(),
-        pods: ctx.pods.clone(),
-    });
-    let mut router = Router::new()
-        .route(STREAM_PATH, get(stream::open_stream))
-        .route(ACK_PATH, post(stream::acknowledge))
-        .with_state(stream_ctx);
-    if let Some(receiver) = security_events {
-        router = router.merge(super::ssf::push::router(receiver));
+        .with_config(controller_config.clone())
+        .reconcile_all_on(everything())
+        .reconcile_on(controllers::policies_of_pods(
+            session_events.pods,
+            distributing.distribution.clone(),
+        ))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_policy,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+        let exception_controller = Controller::new(
+            Api::<CapabilityException>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .with_config(controller_config.clone())
+        .reconcile_all_on(everything())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_exception,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+        let revocation_controller = Controller::new(
+            Api::<PrincipalRevocation>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .with_config(controller_config)
+        .reconcile_all_on(everything())
+        .reconcile_on(
+            controllers::received(session_events.revocations).map(|name| ObjectRef::new(&name)),
+        )
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            controllers::reconcile_revocation,
+            controllers::retry,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+        tokio::spawn(policy_controller);
+        tokio::spawn(exception_controller);
+        tokio::spawn(revocation_controller);
+        ctx
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding --listen {}", config.listen))?;
-    let local = listener.local_addr()?;
-    eprintln!("lifeguard operator: serving sidecars on https://{local}");
-    tracing::info!(%local, %namespace, "operator serving");
-    health.serving.store(true, Ordering::Release);
-    serve_tls(
-        listener,
-        router,
-        certificate,
-        crate::runtime::http::ServerLimits {
+
+    /// Serves the distribution endpoint (and the security events push) until `shutdown`.
+    async fn serve_sidecars(
+        self,
+        ctx: Arc<Context>,
+        distributing: Distributing,
+        security_events: Option<Arc<SsfReceiver>>,
+        health: &SyncedAndServing,
+    ) -> Result<()> {
+        let Self {
+            shell,
+            metrics,
+            shutdown,
+            ..
+        } = self;
+        let stream_ctx = Arc::new(StreamContext {
+            authenticator: SidecarAuthenticator::new(shell.client.clone(), ctx.pods.clone()),
+            sessions: distributing.sessions,
+            distribution: distributing.distribution,
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            pods: ctx.pods.clone(),
+        });
+        let mut router = Router::new()
+            .route(STREAM_PATH, get(stream::open_stream))
+            .route(ACK_PATH, post(stream::acknowledge))
+            .with_state(stream_ctx);
+        if let Some(receiver) = security_events {
+            router = router.merge(super::ssf::push::router(receiver));
+        }
+        let listener = shell.bind().await?;
+        let local = listener.local_addr()?;
+        eprintln!("lifeguard operator: serving sidecars on https://{local}");
+        tracing::info!(%local, namespace = %shell.namespace, "operator serving");
+        health.mark_serving();
+        let limits = crate::runtime::http::ServerLimits {
             // Streams end themselves at shutdown; acks are short.
             shutdown_grace: Duration::from_secs(5),
-            ..config.limits.clone()
-        },
-        metrics.connections.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .context("serving the distribution endpoint")?;
-    Ok(())
+            ..shell.limits().clone()
+        };
+        shell
+            .serve(
+                listener,
+                router,
+                limits,
+                metrics.connections.clone(),
+                shutdown,
+            )
+            .await
+            .context("serving the distribution endpoint")?;
+        Ok(())
+    }
 }

@@ -13,7 +13,8 @@ use tokio::sync::{Notify, mpsc};
 use crate::distribution::{Ack, PodIdentity, RevocationApplied};
 use crate::policy::ObjectKey;
 
-pub use super::ack_table::RevocationTotals;
+#[cfg(test)]
+use super::ack_table::RevocationTotals;
 use super::ack_table::{AckTable, PodAck};
 use super::plan::PodKey;
 
@@ -243,7 +244,7 @@ impl Sessions {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // The data stays consistent across a panic elsewhere: every write is a single insert.
-        super::locked(&self.inner)
+        super::conventions::locked(&self.inner)
     }
 
     /// Records a new authenticated connection; it replaces any earlier one of the same pod.
@@ -357,16 +358,26 @@ impl Sessions {
         Ok(())
     }
 
-    /// Connected pods.
-    pub fn connected(&self) -> Vec<PodKey> {
-        self.lock()
-            .sidecars
-            .iter()
-            .filter(|(_, s)| s.connected)
-            .map(|(k, _)| k.clone())
-            .collect()
+    /// Forgets a revocation (after it was deleted).
+    pub fn forget_revocation(&self, revocation: &str) {
+        self.lock().revocations.remove(revocation);
+        self.touched();
     }
 
+    /// Number of pods with an open connection.
+    pub fn connected_count(&self) -> usize {
+        self.lock()
+            .sidecars
+            .values()
+            .filter(|s| s.connected)
+            .count()
+    }
+}
+
+/// Queries of this replica's own registry, for the tests: the controllers read every
+/// replica's sidecars merged (`ack_table::SidecarView`) instead.
+#[cfg(test)]
+impl Sessions {
     /// Whether the pod's latest connection is open and acknowledged `policy_hash`.
     pub fn in_sync(&self, pod: &PodKey, policy_hash: &str) -> bool {
         self.lock().sidecars.get(pod).is_some_and(|s| {
@@ -400,21 +411,6 @@ impl Sessions {
             }
         }
         totals
-    }
-
-    /// Forgets a revocation (after it was deleted).
-    pub fn forget_revocation(&self, revocation: &str) {
-        self.lock().revocations.remove(revocation);
-        self.touched();
-    }
-
-    /// Number of pods with an open connection.
-    pub fn connected_count(&self) -> usize {
-        self.lock()
-            .sidecars
-            .values()
-            .filter(|s| s.connected)
-            .count()
     }
 }
 

@@ -377,7 +377,7 @@ fn new_session_id() -> String {
     // The OS random source does not fail on supported platforms; a zero id would still only
     // identify a connection, not authorize anything.
     let _ = getrandom::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 #[cfg(test)]

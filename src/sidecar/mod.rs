@@ -36,7 +36,8 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | entry | `mod.rs` (`run`), `hop_server` |
+//! | entry | `mod.rs` (`run`), `startup` (its steps: ledger, replicas, state, servers, background work) |
+//! | internal hop | `hop_server` |
 //! | pipeline | `pipeline` |
 //! | handlers | `tasks`, `listen`, `client_cancel` |
 //! | relay | `relay` (everything else; `tasks` implements its `FinalStep`) |
@@ -85,6 +86,7 @@ mod respond;
 mod revocation;
 mod server_tasks;
 mod snapshot_store;
+mod startup;
 mod state;
 mod stream_registry;
 mod sweeper;
@@ -98,26 +100,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use axum::Router;
-use axum::extract::State;
-use axum::response::Response;
-use axum::routing::{get, post};
-use http::{StatusCode, Uri};
+use http::Uri;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, AuditTarget, IdentityDigester, TaskHasher};
 use crate::identity::store::KeyRegistry;
 use crate::ledger::{LedgerLocation, LedgerScope, TaskLedger};
-use crate::runtime::http::{ConnectionMetrics, ServerLimits};
+use crate::runtime::http::ServerLimits;
 use crate::runtime::workers::Workers;
 use crate::runtime::{Health, Readiness};
 use crate::telemetry::metrics::{ControlPlaneMetrics, SidecarMetrics};
 
 use control_plane::{ControlPlaneConfig, ControlPlaneSource};
 use policy_file::FilePolicySource;
-use policy_source::{PolicyChannels, PolicyPublisher, PolicySource};
-use state::{AppState, PolicyWatch};
-use upstream::Upstream;
+use policy_source::PolicySource;
+use state::AppState;
 
 pub use app_probes::{AppProbeError, AppProbes};
 pub use upstream::UpstreamHttp2;
@@ -277,254 +273,18 @@ const SNAPSHOT_SECRET: &str = "policy-snapshot-mac";
 /// Name of the ledger secret that keys idempotency hashes.
 const IDEMPOTENCY_SECRET: &str = "idempotency-key-hash";
 
-/// Where other replicas reach this one's internal hop, checked against the ledger in use.
-fn hop_address(config: &SidecarConfig, bound: Option<SocketAddr>) -> Result<Option<String>> {
-    let Some(listen) = bound else {
-        if config.internal_advertise.is_some() {
-            anyhow::bail!("--internal-advertise needs --internal-listen");
-        }
-        return Ok(None);
-    };
-    if matches!(config.ledger, LedgerLocation::Sqlite(_)) {
-        anyhow::bail!(
-            "--internal-listen needs a ledger shared by the replicas (postgres://…): with an \
-             SQLite ledger every task is answered by the replica that holds its file"
-        );
-    }
-    match &config.internal_advertise {
-        Some(address) => Ok(Some(address.clone())),
-        None if listen.ip().is_unspecified() => anyhow::bail!(
-            "--internal-listen {listen} listens on every address: say with \
-             --internal-advertise (or $LIFEGUARD_INTERNAL_ADVERTISE) which one other replicas use"
-        ),
-        // The bound address: a port of 0 says which one the system chose.
-        None => Ok(Some(listen.to_string())),
-    }
-}
-
-/// Runs the sidecar until `shutdown` fires.
+/// Runs the sidecar until `shutdown` fires: the ledger and the shared state first, then the
+/// servers, then the background work, then MCP is served. Nothing runs in the background
+/// before every port is bound.
 pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<()> {
-    if config.admin.is_none() && !config.app_probes.is_empty() {
-        anyhow::bail!("--app-probes needs --admin: the probes are answered on the admin port");
-    }
-    if config.upstream.scheme_str() != Some("http") {
-        anyhow::bail!(
-            "--upstream must be an http:// URL of the MCP container on loopback, got {}",
-            config.upstream
-        );
-    }
-    let ledger = config
-        .ledger
-        .open(config.ledger_scope.clone())
-        .await
-        .with_context(|| format!("opening the task ledger {}", config.ledger))?;
-    let hasher = TaskHasher::new(
-        ledger
-            .secret(AUDIT_HASH_SECRET)
-            .await
-            .context("reading the audit key from the ledger")?,
-    );
-    let identity_digester = IdentityDigester::new(
-        ledger
-            .secret(AUDIT_IDENTITY_SECRET)
-            .await
-            .context("reading the audit identity key from the ledger")?,
-    );
-    let idempotency_secret = ledger
-        .secret(IDEMPOTENCY_SECRET)
-        .await
-        .context("reading the idempotency key from the ledger")?;
-    // The hop's port is bound before the heartbeat says where it is.
-    let hop_listener = match config.internal_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the internal hop {addr}"))?,
-        ),
-        None => None,
-    };
-    let hop_bound = hop_listener
-        .as_ref()
-        .map(tokio::net::TcpListener::local_addr)
-        .transpose()?;
-    let advertise = hop_address(&config, hop_bound)?;
-    let hop = if ledger.is_shared() {
-        Some(
-            hop::Hop::new(
-                ledger.as_ref(),
-                config.upstream_timeout + Duration::from_secs(5),
-            )
-            .await
-            .context("reading the internal hop key from the ledger")?,
-        )
-    } else {
-        None
-    };
-    let heartbeat_ttl = config.heartbeat_ttl;
-    let home_tasks = Arc::new(home_memory::HomeMemory::default());
-    replica::beat_once(
-        ledger.as_ref(),
-        advertise.as_deref(),
-        heartbeat_ttl,
-        &home_tasks,
-    )
-    .await
-    .context("recording this replica's heartbeat in the ledger")?;
-    tokio::spawn(replica::heartbeat(
-        ledger.clone(),
-        advertise.clone(),
-        heartbeat_ttl,
-        home_tasks.clone(),
-        shutdown.clone(),
-    ));
-    let replica = replica::Replica::new(ledger.as_ref(), hop, home_tasks);
-    let initial_target = match &config.audit_file {
-        Some(path) => AuditTarget::File(path.clone()),
-        None => AuditTarget::Stdout,
-    };
-    let (audit, audit_writer) = AuditLog::open(initial_target).context("opening the audit file")?;
-    let connection_metrics = ConnectionMetrics::default();
-    let mut metrics = SidecarMetrics::new();
-    connection_metrics.register(&mut metrics.registry);
-    metrics.registry.register(
-        "audit_write_errors",
-        "Failed writes of the audit trail",
-        audit.health().write_errors.clone(),
-    );
-    metrics.registry.register(
-        "audit_dropped",
-        "Audit events dropped because the writer's queue was full or stopped",
-        audit.health().dropped.clone(),
-    );
-    let tls = crate::runtime::tls_client::client_config(&config.policy.ca_files())
-        .context("setting up outbound TLS")?;
-    let registry = Arc::new(KeyRegistry::with_tls(shutdown.clone(), tls.clone()));
-    let source = config
-        .policy
-        .clone()
-        .into_source(registry, tls, &mut metrics, &ledger)
-        .await?;
-    let metrics = Arc::new(metrics);
-    let PolicyChannels {
-        publisher,
-        policy,
-        status,
-        progress,
-    } = PolicyPublisher::channel(metrics.clone());
-    tokio::spawn(follow_audit_settings(
-        policy.clone(),
-        audit.clone(),
-        AuditFollow {
-            // Without --audit-file, the policy's audit.sink decides where the trail goes.
-            sink: config.audit_file.is_none(),
-            digester: identity_digester,
-        },
-        shutdown.clone(),
-    ));
-    tokio::spawn(source.run(publisher, shutdown.clone()));
-    let upstream = Upstream::new(
-        config.upstream.clone(),
-        config.upstream_timeout,
-        Some(metrics.upstream_seconds.clone()),
-    )
-    .with_http2(config.upstream_http2);
-    let app = Arc::new(AppState {
-        policy,
-        source: status,
-        ledger,
-        upstream,
-        audit,
-        hasher,
-        metrics,
-        idempotency_secret,
-        objects: objects::ObjectGate::default(),
-        delegation: crate::identity::delegation::DelegationKeys::new(
-            jiff::Timestamp::now().as_second(),
-        )
-        .context("generating the delegation signing key")?,
-        gate: capability::CapabilityGate::default(),
-        polls: state::PollClock::default(),
-        reconciles: state::ReconcileClock::default(),
-        denials: denials::DenialAudit::default(),
-        streams: Arc::new(stream_registry::StreamRegistry::default()),
-        in_flight: Arc::default(),
-        replica,
-        shutdown: shutdown.clone(),
-        upstream_timeout: config.upstream_timeout,
-        cancel_confirm_timeout: config.cancel_confirm_timeout,
-    });
-
-    tokio::spawn(sweeper::sweep(app.clone(), shutdown.clone()));
-    tokio::spawn(revocation::apply_revocations(
-        app.clone(),
-        app.policy.clone(),
-        progress,
-        shutdown.clone(),
-    ));
-
-    let mcp = Router::new()
-        .route("/mcp", post(pipeline::handle_mcp))
-        .route(
-            "/.well-known/oauth-protected-resource/{*path}",
-            get(protected_resource_metadata),
-        )
-        .route(
-            "/.well-known/oauth-protected-resource",
-            get(protected_resource_metadata),
-        )
-        .with_state(app.clone());
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
-    let local = listener.local_addr()?;
-    eprintln!("lifeguard: listening on http://{local}/mcp");
-    tracing::info!(%local, upstream = %config.upstream, "sidecar listening");
-
-    if let Some(admin_addr) = config.admin {
-        let probes = app_probes::router(Arc::new(config.app_probes.clone()))
-            .merge(delegation_keys_router(app.clone()));
-        crate::runtime::admin::spawn_with(admin_addr, app.clone(), probes, shutdown.clone())
-            .await?;
-    }
-
-    if let Some(hop_listener) = hop_listener {
-        let hop_local = hop_listener.local_addr()?;
-        eprintln!("lifeguard: internal hop on http://{hop_local}{}", hop::PATH);
-        let router = hop_server::router(app.clone());
-        let limits = config.limits.clone();
-        let hop_shutdown = shutdown.clone();
-        let hop_workers = config.workers.clone();
-        tokio::spawn(async move {
-            let metrics = ConnectionMetrics::default();
-            if let Err(e) = serve_placed(
-                hop_listener,
-                router,
-                limits,
-                metrics,
-                hop_shutdown,
-                hop_workers,
-            )
-            .await
-            {
-                tracing::error!(error = %e, "the internal hop stopped");
-            }
-        });
-    }
-
-    let limits = config.limits.clone();
-    serve_placed(
-        listener,
-        mcp,
-        limits,
-        connection_metrics,
-        shutdown.clone(),
-        config.workers.clone(),
-    )
-    .await
-    .context("serving MCP")?;
-    drop(app);
-    let _ = tokio::time::timeout(Duration::from_secs(5), audit_writer).await;
-    Ok(())
+    startup::check(&config)?;
+    let keys = startup::open_ledger(&config).await?;
+    let membership = startup::join_replicas(&config, &keys).await?;
+    let (mut built, background) =
+        startup::build_state(&config, keys, membership, &shutdown).await?;
+    let servers = startup::bind_servers(&config, &mut built, &shutdown).await?;
+    startup::spawn_background(&config, &built.app, background, &shutdown);
+    startup::serve(&config, servers, built, shutdown).await
 }
 
 impl Health for AppState {
@@ -561,95 +321,5 @@ impl Health for AppState {
     }
 }
 
-/// Serves `router` on the workers if there are any, else on this runtime.
-async fn serve_placed(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    limits: ServerLimits,
-    metrics: ConnectionMetrics,
-    shutdown: CancellationToken,
-    workers: Option<Workers>,
-) -> std::io::Result<()> {
-    match workers {
-        Some(workers) => {
-            crate::runtime::http::serve_on(listener, router, limits, metrics, shutdown, workers)
-                .await
-        }
-        None => crate::runtime::http::serve(listener, router, limits, metrics, shutdown).await,
-    }
-}
-
 /// Path of the delegation keys on the admin port.
 pub const DELEGATION_JWKS_PATH: &str = "/.well-known/jwks.json";
-
-/// The public keys of the sidecar's delegation assertions (`upstream.identity: delegation`),
-/// for the protected server to verify them with; served on the admin port, which only the pod
-/// reaches. Not cacheable beyond a minute: keys rotate.
-fn delegation_keys_router(app: Arc<AppState>) -> Router {
-    Router::new()
-        .route(
-            DELEGATION_JWKS_PATH,
-            get(async |State(app): State<Arc<AppState>>| {
-                let mut response = respond::json(StatusCode::OK, &app.delegation.jwks());
-                response.headers_mut().insert(
-                    http::header::CACHE_CONTROL,
-                    http::HeaderValue::from_static("max-age=60"),
-                );
-                response
-            }),
-        )
-        .with_state(app)
-}
-
-/// RFC 9728 protected resource metadata, so clients can discover which authorization servers
-/// issue tokens for this server.
-async fn protected_resource_metadata(State(app): State<Arc<AppState>>) -> Response {
-    match app.policy() {
-        Some(policy) => respond::json(
-            StatusCode::OK,
-            &serde_json::json!({
-                "resource": policy.effective.resource,
-                "authorization_servers": policy.effective.issuers.iter().map(|i| &i.issuer).collect::<Vec<_>>(),
-                "bearer_methods_supported": ["header"],
-            }),
-        ),
-        None => respond::status(StatusCode::SERVICE_UNAVAILABLE),
-    }
-}
-
-/// What of the policy's audit settings the trail follows.
-struct AuditFollow {
-    /// `audit.sink` (unless `--audit-file` fixed the target).
-    sink: bool,
-    /// Applied while `audit.identityDigests` is on.
-    digester: IdentityDigester,
-}
-
-/// Applies the policy's audit settings whenever the policy changes: the sink, and whether
-/// subjects and tenants are written as digests.
-async fn follow_audit_settings(
-    mut policy: PolicyWatch,
-    audit: AuditLog,
-    follow: AuditFollow,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let rules = policy
-            .borrow_and_update()
-            .as_ref()
-            .map(|p| p.effective.audit.clone());
-        if let Some(rules) = rules {
-            audit.set_identity_digests(rules.identity_digests.then(|| follow.digester.clone()));
-            if follow.sink {
-                audit.retarget(match (rules.sink, &rules.path) {
-                    (crate::api::AuditSink::File, Some(path)) => AuditTarget::File(path.into()),
-                    _ => AuditTarget::Stdout,
-                });
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = policy.changed() => if changed.is_err() { return },
-        }
-    }
-}

@@ -2,24 +2,22 @@
 //! admin port.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::McpServerPolicy;
 use crate::exception::approver_keys::ApproverKeys;
-use crate::runtime::admin::{Health, Readiness};
-use crate::runtime::http::{BodyBudget, ServerLimits};
-use crate::runtime::tls::{ReloadingCertificate, serve_tls};
+use crate::runtime::http::BodyBudget;
+use crate::runtime::readiness::{ReadinessTexts, SyncedAndServing};
+use crate::runtime::shell::{Shell, ShellConfig};
+use crate::runtime::watch::{WatchCaches, WatchEvent};
 
 use super::config::{SecretKeyRef, WebhookFileConfig};
 use super::metrics::WebhookMetrics;
@@ -29,15 +27,9 @@ use super::validate::ClusterView;
 /// Everything `lifeguard webhook` takes on its command line.
 #[derive(Clone, Debug)]
 pub struct WebhookConfig {
-    pub kubeconfig: Option<PathBuf>,
-    pub namespace: Option<String>,
-    pub listen: SocketAddr,
-    pub tls_cert: PathBuf,
-    pub tls_key: PathBuf,
-    pub admin: SocketAddr,
+    /// Cluster, `--listen` and `--admin`.
+    pub shell: ShellConfig,
     pub config: PathBuf,
-    /// Limits of the `--listen` port.
-    pub limits: ServerLimits,
     /// Largest AdmissionReview body read (`--max-review-bytes`).
     pub max_review_bytes: usize,
     /// Memory for review bodies being read at once (`--review-buffer-bytes`).
@@ -80,109 +72,66 @@ impl ClusterReader for Caches {
     }
 }
 
-struct WebhookHealth {
-    metrics: Arc<WebhookMetrics>,
-    synced: AtomicBool,
-    serving: AtomicBool,
-}
+/// How the webhook words its readiness.
+const READINESS: ReadinessTexts = ReadinessTexts {
+    ready: "ready: caches synced, serving admission",
+    starting: "the admission endpoint is starting",
+};
 
-impl Health for WebhookHealth {
-    fn readiness(&self) -> Readiness {
-        match (
-            self.synced.load(Ordering::Acquire),
-            self.serving.load(Ordering::Acquire),
-        ) {
-            (true, true) => Readiness::Ready("ready: caches synced, serving admission".into()),
-            (false, _) => Readiness::NotReady("watch caches are syncing".into()),
-            (true, false) => Readiness::NotReady("the admission endpoint is starting".into()),
-        }
-    }
-
-    fn metrics(&self) -> String {
-        self.metrics.encode()
-    }
-}
-
-/// A reflector over `api`, driven in the background until `shutdown`.
-fn cache<K>(api: Api<K>, config: watcher::Config, shutdown: &CancellationToken) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let driver = watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .for_each(|event| {
-            if let Err(error) = event {
-                tracing::warn!(%error, "watch error; retrying");
-            }
-            std::future::ready(())
-        })
-        .boxed();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = driver => {}
-        }
+/// The watch caches of the namespaces, the policies and (when `approverKeys` is configured)
+/// the one approver-keys Secret, not yet filling.
+fn caches(file: &WebhookFileConfig, shell: &Shell) -> (Caches, WatchCaches) {
+    let client = &shell.client;
+    let mut watches = WatchCaches::new();
+    let namespaces = watches.cache(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+        log_errors,
+    );
+    let policies = watches.cache(
+        Api::<McpServerPolicy>::all(client.clone()),
+        watcher::Config::default(),
+        log_errors,
+    );
+    // Only the one Secret: the webhook's Role can then be limited to it.
+    let secrets = file.approver_keys.clone().map(|reference| {
+        let store = watches.cache(
+            Api::<Secret>::namespaced(client.clone(), &shell.namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", reference.secret_name)),
+            log_errors,
+        );
+        (store, reference, shell.namespace.clone())
     });
-    reader
+    let caches = Caches {
+        namespaces,
+        policies,
+        secrets,
+    };
+    (caches, watches)
+}
+
+fn log_errors<K>(event: &WatchEvent<K>) {
+    if let Err(error) = event {
+        tracing::warn!(%error, "watch error; retrying");
+    }
 }
 
 /// Runs the webhook until `shutdown`.
 pub async fn run(config: WebhookConfig, shutdown: CancellationToken) -> Result<()> {
     let file = WebhookFileConfig::load(&config.config)?;
-    let certificate = Arc::new(
-        ReloadingCertificate::load(&config.tls_cert, &config.tls_key)
-            .context("loading the serving certificate (--tls-cert, --tls-key)")?,
-    );
-    let namespace = crate::runtime::cluster::own_namespace(config.namespace.as_deref());
-    let client = crate::runtime::cluster::client(config.kubeconfig.as_deref()).await?;
-
+    let shell = Shell::start(config.shell).await?;
     let metrics = Arc::new(WebhookMetrics::new());
-    let health = Arc::new(WebhookHealth {
-        metrics: metrics.clone(),
-        synced: AtomicBool::new(false),
-        serving: AtomicBool::new(false),
-    });
-    let _admin = crate::runtime::admin::spawn(config.admin, health.clone(), shutdown.clone())
-        .await
-        .context("starting the admin endpoint")?;
+    let health = Arc::new(SyncedAndServing::new(READINESS, {
+        let metrics = metrics.clone();
+        move || metrics.encode()
+    }));
+    shell.spawn_admin(health.clone(), &shutdown).await?;
 
-    let namespaces = cache(
-        Api::<Namespace>::all(client.clone()),
-        watcher::Config::default(),
-        &shutdown,
-    );
-    let policies = cache(
-        Api::<McpServerPolicy>::all(client.clone()),
-        watcher::Config::default(),
-        &shutdown,
-    );
-    // Only the one Secret: the webhook's Role can then be limited to it.
-    let secrets = file.approver_keys.clone().map(|reference| {
-        let store = cache(
-            Api::<Secret>::namespaced(client.clone(), &namespace),
-            watcher::Config::default().fields(&format!("metadata.name={}", reference.secret_name)),
-            &shutdown,
-        );
-        (store, reference, namespace.clone())
-    });
-    let caches = Arc::new(Caches {
-        namespaces,
-        policies,
-        secrets,
-    });
+    let (caches, watches) = caches(&file, &shell);
+    let caches_synced = watches.spawn(&shutdown);
+    let caches = Arc::new(caches);
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding --listen {}", config.listen))?;
+    let listener = shell.bind().await?;
     let local = listener.local_addr()?;
     eprintln!("lifeguard: webhook on https://{local}");
     let connections = metrics.connections.clone();
@@ -192,39 +141,27 @@ pub async fn run(config: WebhookConfig, shutdown: CancellationToken) -> Result<(
     );
     let state = Arc::new(WebhookState {
         config: file,
-        own_namespace: namespace,
-        cluster: caches.clone(),
+        own_namespace: shell.namespace.clone(),
+        cluster: caches,
         metrics,
         max_review_bytes: config.max_review_bytes,
         review_buffer,
     });
-    let serving = tokio::spawn(serve_tls(
+    let serving = tokio::spawn(shell.serve(
         listener,
         router(state),
-        certificate,
-        config.limits.clone(),
+        shell.limits().clone(),
         connections,
         shutdown.clone(),
     ));
-    health.serving.store(true, Ordering::Release);
+    health.mark_serving();
 
     // Ready once every cache has its first complete list.
-    let wait_synced = {
-        let caches = caches.clone();
-        async move {
-            caches.namespaces.wait_until_ready().await?;
-            caches.policies.wait_until_ready().await?;
-            if let Some((store, _, _)) = &caches.secrets {
-                store.wait_until_ready().await?;
-            }
-            Ok::<(), reflector::store::WriterDropped>(())
-        }
-    };
     tokio::select! {
         _ = shutdown.cancelled() => {}
-        synced = wait_synced => {
+        synced = caches_synced.wait() => {
             synced.context("a watch cache stopped before it synced")?;
-            health.synced.store(true, Ordering::Release);
+            health.mark_synced();
             eprintln!("lifeguard: webhook caches synced");
         }
     }

@@ -293,7 +293,7 @@ pub fn object_name(issuer: &str, jti: &str, event_index: Option<usize>) -> Strin
         hash.update(index.to_string().as_bytes());
     }
     let digest = hash.finalize();
-    let hex: String = digest.iter().take(10).map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..10]);
     format!("ssf-{hex}")
 }
 

@@ -1,18 +1,77 @@
-//! The connection limits of the control plane's HTTPS listeners (`lifeguard operator` and
-//! `lifeguard webhook` `--listen`): the flags both take, turned into the shared server's
-//! [`ServerLimits`]. Defaults and reasons: docs/operations.md, "Listener limits".
+//! The flag groups the control plane's subcommands (`lifeguard operator`, `lifeguard webhook`)
+//! share, flattened into each: the cluster ([`ClusterArgs`]), the HTTPS listener
+//! ([`ServeArgs`] and its connection limits, [`ListenerArgs`]) and the admin endpoint
+//! ([`AdminArgs`]); together they make the server shell's [`ShellConfig`]. Where a flag means
+//! something particular to one subcommand (what lives in `--namespace`, what `--listen`
+//! serves), that subcommand words its help itself with `mut_arg`. Listener defaults and
+//! reasons: docs/operations.md, "Listener limits".
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use anyhow::{Result, ensure};
 use lifeguard::api::PolicyDuration;
 use lifeguard::runtime::http::ServerLimits;
+use lifeguard::runtime::shell::ShellConfig;
+
+/// Where the cluster is, and the subcommand's own namespace.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// kubeconfig file (default: the in-cluster configuration, then $KUBECONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    // Help worded by each subcommand (what it keeps in its namespace).
+    /// The component's own namespace (default: the pod's, else lifeguard-system).
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+}
+
+/// The HTTPS listener and its certificate.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    // Help worded by each subcommand (what it serves there).
+    /// HTTPS address of the component's endpoints.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Serving certificate (PEM chain) for --listen; re-read when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// Private key (PEM) of --tls-cert; re-read when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+}
+
+/// The admin endpoint.
+#[derive(Debug, clap::Args)]
+pub struct AdminArgs {
+    /// Plain HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    pub admin: SocketAddr,
+}
+
+/// The server shell's configuration from the shared flags; `--listen` takes at most
+/// `max_connections` connections unless --max-connections is given.
+pub fn shell_config(
+    cluster: &ClusterArgs,
+    serve: &ServeArgs,
+    admin: &AdminArgs,
+    listener: &ListenerArgs,
+    max_connections: usize,
+) -> Result<ShellConfig> {
+    Ok(ShellConfig {
+        kubeconfig: cluster.kubeconfig.clone(),
+        namespace: cluster.namespace.clone(),
+        listen: serve.listen,
+        tls_cert: serve.tls_cert.clone(),
+        tls_key: serve.tls_key.clone(),
+        admin: admin.admin,
+        limits: listener.limits(max_connections)?,
+    })
+}
 
 fn default_limits() -> ServerLimits {
     ServerLimits::default()
 }
-
-/// The operator's default `--max-connections`: each sidecar holds its stream and, while it
-/// acknowledges, a second connection.
-pub const OPERATOR_MAX_CONNECTIONS: usize = 8192;
 
 /// Limits of the `--listen` HTTPS port.
 #[derive(Debug, clap::Args)]
