@@ -105,6 +105,13 @@ if [ -z "${LIFEGUARD_TEST_POSTGRES:-}" ]; then
   fi
 fi
 
+# Tests run six at a time by default, whatever the core count: almost every integration test
+# spends its time waiting on processes it started (sidecars, servers, the API emulator), so on a
+# 2-core machine six at a time finish the suite in about a third of the time two do, and every
+# wait in a test is for a state with a generous deadline, never a duration. Set
+# RUST_TEST_THREADS to choose otherwise (1 to see one test's output alone).
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+
 cargo test --locked --all-targets "$@"
 
 # The security review's evidence pack against the example server (docs/evidence-pack.md); skipped

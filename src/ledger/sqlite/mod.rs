@@ -7,6 +7,7 @@ mod counters;
 mod files;
 mod ops;
 mod replicas;
+mod rows;
 mod schema;
 mod writer;
 
@@ -242,7 +243,7 @@ impl TaskLedger for SqliteLedger {
     }
 
     async fn get(&self, id: &TaskId) -> Result<Option<TaskRecord>> {
-        self.readers.with(|conn| ops::load_task(conn, id.as_str()))
+        self.readers.with(|conn| rows::load_task(conn, id.as_str()))
     }
 
     async fn observe(

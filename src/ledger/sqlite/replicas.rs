@@ -5,7 +5,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Ctx;
-use super::ops::{TASK_COLUMNS, TASK_FROM, collect, raw_task, sql_limit};
+use super::rows::{TASK_COLUMNS, TASK_FROM, collect, raw_task, sql_limit};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, ReplicaBeat, ReplicaInfo, Result, TaskId, TaskRecord,
 };
