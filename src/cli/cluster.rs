@@ -10,7 +10,7 @@ use kube::{Client, Config};
 
 /// Which cluster to talk to: the flags every kubectl plugin takes.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ClusterArgs {
+pub struct KubectlArgs {
     /// kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster
     /// configuration).
     #[arg(long, value_name = "FILE")]
@@ -45,7 +45,7 @@ pub struct Cluster {
     pub description: String,
 }
 
-impl ClusterArgs {
+impl KubectlArgs {
     fn options(&self) -> KubeConfigOptions {
         KubeConfigOptions {
             context: self.context.clone(),

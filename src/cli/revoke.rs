@@ -23,14 +23,14 @@ use lifeguard::api::{
 };
 use sha2::{Digest, Sha256};
 
-use super::cluster::{Cluster, ClusterArgs, Output, REVOCATIONS, block_on, print_stdout};
+use super::cluster::{Cluster, KubectlArgs, Output, REVOCATIONS, block_on, print_stdout};
 use super::present::{Progress, human_duration, principal_label, progress};
 
 /// Flags of `revoke`.
 #[derive(Debug, clap::Args)]
 pub struct RevokeArgs {
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub cluster: KubectlArgs,
     /// Token issuer (`iss`) of the principal, exactly as in its tokens.
     #[arg(long, value_name = "ISSUER")]
     pub issuer: String,

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::cluster::{
-    Cluster, ClusterArgs, EXCEPTIONS, Output, POLICIES, REVOCATIONS, block_on, print_stdout,
+    Cluster, EXCEPTIONS, KubectlArgs, Output, POLICIES, REVOCATIONS, block_on, print_stdout,
 };
 use super::present::{Progress, human_duration, principal_label, progress};
 
@@ -23,7 +23,7 @@ use super::present::{Progress, human_duration, principal_label, progress};
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub cluster: KubectlArgs,
     /// Namespace of the policies and exceptions shown (default: the context's namespace).
     /// PrincipalRevocations are cluster-wide and always shown.
     #[arg(short = 'n', long, value_name = "NS")]

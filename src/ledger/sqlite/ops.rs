@@ -1,16 +1,16 @@
 //! The ledger's statements. Every function here runs on a connection the caller chose: writes
 //! inside the writer's transaction (under a savepoint), reads on a read connection.
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Ctx;
 use super::rows::{
-    RawTask, TASK_COLUMN_COUNT, TASK_COLUMNS, TASK_FROM, collect, load_task, raw_task, sql_limit,
+    RawTask, TASK_COLUMN_COUNT, TASK_COLUMNS, TASK_FROM, collect, load_task, sql_limit,
 };
 use crate::ledger::{
-    BUDGET_USE_HORIZON_MS, CancelIntent, CancelRequest, Confirmation, Confirmed, EndReason, Ending,
-    Finish, FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask,
-    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    BUDGET_USE_HORIZON_MS, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
+    FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask, QuotaScope,
+    Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
 };
 
 fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {

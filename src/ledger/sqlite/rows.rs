@@ -1,11 +1,12 @@
 //! How a task row is selected and read back: the columns every task query selects, the raw row
 //! as SQLite returns it, and its parsing into a [`TaskRecord`] (where a corrupt row is found).
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use super::Ctx;
 
 use crate::ledger::{
-    CancelRequest, EndReason, Ending, LedgerError, Owner, PendingCancel, Result, TaskId,
-    TaskRecord, TaskStatus,
+    CancelIntent, EndReason, Ending, LedgerError, Owner, Result, TaskId, TaskRecord, TaskStatus,
 };
 
 /// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
