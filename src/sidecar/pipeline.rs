@@ -61,15 +61,19 @@ pub async fn serve(
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
         // Fail closed: without a policy there is nothing to enforce, so nothing passes.
-        let message = match app.standby() {
-            Some(reason) => format!("Nothing is enabled here: {reason}"),
-            None => "No policy is loaded yet".to_owned(),
+        return match app.standby() {
+            Some(reason) => respond::rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &Value::Null,
+                &ErrorObject::new(
+                    codes::INTERNAL_ERROR,
+                    format!("Nothing is enabled here: {reason}"),
+                ),
+            ),
+            // A policy is on its way (the file is read, the first snapshot streamed): say so,
+            // and when to ask again.
+            None => respond::retry_shortly(&Value::Null, "No policy is loaded yet"),
         };
-        return respond::rpc_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &Value::Null,
-            &ErrorObject::new(codes::INTERNAL_ERROR, message),
-        );
     };
 
     if let Some(origin) = headers.get(header::ORIGIN) {

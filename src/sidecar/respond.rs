@@ -75,6 +75,22 @@ pub fn authorizer_unavailable(id: &Value) -> Response {
     response
 }
 
+/// 503 for a condition that passes by itself (a policy still loading): the message, a
+/// `data.retryable: true` a client can act on, and `Retry-After: 1`.
+pub fn retry_shortly(id: &Value, message: &str) -> Response {
+    let mut response = rpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        &ErrorObject::new(codes::INTERNAL_ERROR, message)
+            .with_data(serde_json::json!({"retryable": true})),
+    );
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    response
+}
+
 /// `https://host/path` → `https://host/.well-known/oauth-protected-resource/path` (RFC 9728).
 pub fn resource_metadata_url(resource: &str) -> String {
     match url::Url::parse(resource) {
