@@ -1,11 +1,10 @@
 //! Child processes: the example MCP server and the sidecar, killed when dropped.
 
 use super::daemon::Daemon;
-use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -20,19 +19,19 @@ pub fn profile_dir() -> PathBuf {
         .to_owned()
 }
 
-/// Path of a Cargo example binary of this build profile, built (or confirmed up to date) first,
-/// once per test binary: a plain `cargo test` builds examples, `cargo test --test NAME` does
-/// not, and a test must never run a stale example.
+/// Path of a Cargo example binary of this build profile. The first call in this process builds
+/// every example (or confirms them up to date), and later calls wait for that one build: a plain
+/// `cargo test` builds examples, `cargo test --test it NAME` does not, and a test must never run
+/// a stale example. One build before any use matters: the tests run side by side in one
+/// process, and a build re-links a binary another test may be starting at that moment.
 pub fn example_binary(name: &str) -> PathBuf {
-    static BUILT: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Err(e) = BUILT.get_or_init(build_examples) {
+        panic!("{e}");
+    }
     let path = profile_dir()
         .join("examples")
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if !built.contains(name) {
-        build_example(name);
-        built.insert(name.to_owned());
-    }
     assert!(
         path.is_file(),
         "{} is missing: build it with `cargo build --example {name}`",
@@ -41,22 +40,23 @@ pub fn example_binary(name: &str) -> PathBuf {
     path
 }
 
-fn build_example(name: &str) {
+fn build_examples() -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command
-        .args(["build", "--quiet", "--example", name, "--manifest-path"])
+        .args(["build", "--quiet", "--examples", "--manifest-path"])
         .arg(super::repo().join("Cargo.toml"));
     if profile_dir().file_name().is_some_and(|p| p == "release") {
         command.arg("--release");
     }
     match command.status() {
-        Ok(status) => assert!(
-            status.success(),
-            "cargo build --example {name} failed: {status}"
-        ),
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("cargo build --examples failed: {status}")),
         // No cargo at hand (test binary run directly): use whatever was built before.
-        Err(e) => eprintln!("could not run cargo ({e}); using the {name} built before"),
+        Err(e) => {
+            eprintln!("could not run cargo ({e}); using the examples built before");
+            Ok(())
+        }
     }
 }
 
