@@ -75,8 +75,8 @@ pub fn authorizer_unavailable(id: &Value) -> Response {
     response
 }
 
-/// 503 for a condition that passes by itself (a policy still loading): the message, a
-/// `data.retryable: true` a client can act on, and `Retry-After: 1`.
+/// 503 for a condition that passes by itself (a policy still loading, a home replica not
+/// answering): the message, a `data.retryable: true` a client can act on, and `Retry-After: 1`.
 pub fn retry_shortly(id: &Value, message: &str) -> Response {
     let mut response = rpc_error(
         StatusCode::SERVICE_UNAVAILABLE,

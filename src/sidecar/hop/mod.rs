@@ -17,17 +17,14 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode, Uri};
+use http::{Method, Request, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde_json::json;
 
 use crate::ledger::{ReplicaInfo, TaskLedger};
-use crate::mcp::codes;
-use crate::mcp::jsonrpc::ErrorObject;
 
 use self::auth::{HopClaims, HopRefusal};
 use super::context::RequestContext;
@@ -220,17 +217,8 @@ impl Hop {
 /// The answer when the home replica cannot be reached: retry later (the task is neither lost
 /// nor revealed).
 pub fn unreachable_answer(ctx: &RequestContext) -> Response {
-    let mut response = respond::rpc_error(
-        StatusCode::SERVICE_UNAVAILABLE,
+    respond::retry_shortly(
         &ctx.id(),
-        &ErrorObject::new(
-            codes::INTERNAL_ERROR,
-            "The replica running this task did not answer; try again shortly",
-        )
-        .with_data(json!({"retryable": true})),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+        "The replica running this task did not answer; try again shortly",
+    )
 }
