@@ -32,6 +32,16 @@ pub enum LedgerError {
          up to {supported} (refusing to touch a newer database)"
     )]
     UnsupportedSchema { found: i64, supported: i64 },
+    /// The ledger's database cannot be reached right now: the connection was refused or lost,
+    /// the pool found no connection in time, or the server is shutting down or starting up.
+    /// The request may be retried once the database is back; if the connection broke during a
+    /// commit, the write may or may not have landed (the ledger's reconciliation settles which).
+    #[error("ledger database unavailable: {context}: {source}")]
+    Unavailable {
+        context: String,
+        #[source]
+        source: BoxError,
+    },
     #[error("ledger is closed")]
     Closed,
     #[error("no such reservation")]
@@ -67,6 +77,20 @@ impl LedgerError {
         }
     }
 
+    /// The database could not be reached while doing `context`.
+    pub fn unavailable(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Whether the failure is the database being out of reach, so the same request may succeed
+    /// shortly (as opposed to a failure that repeats).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
     /// Stored data that the ledger itself finds malformed (no underlying error).
     pub fn corrupt(context: impl Into<String>) -> Self {
         Self::Corrupt {
@@ -87,6 +111,7 @@ impl LedgerError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Storage { .. } | Self::Internal(_) | Self::UnsupportedSchema { .. } => "storage",
+            Self::Unavailable { .. } => "unavailable",
             Self::Closed => "closed",
             Self::NoReservation => "no_reservation",
             Self::Random(_) => "random",
@@ -118,6 +143,19 @@ mod tests {
         let source = err.source().expect("the cause is the source");
         assert!(source.downcast_ref::<Cause>().is_some());
         assert_eq!(err.metric_label(), "storage");
+    }
+
+    #[test]
+    fn unavailable_errors_say_so_and_keep_the_cause() {
+        let err = LedgerError::unavailable("get a ledger database connection", Cause);
+        assert_eq!(
+            err.to_string(),
+            "ledger database unavailable: get a ledger database connection: disk on fire"
+        );
+        assert!(err.is_unavailable());
+        assert!(err.source().is_some_and(|s| s.is::<Cause>()));
+        assert_eq!(err.metric_label(), "unavailable");
+        assert!(!LedgerError::storage("insert", Cause).is_unavailable());
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::telemetry::metrics::{ReasonLabels, SidecarMetrics};
 use super::respond;
 use super::upstream::UpstreamError;
 
+/// The answer while the ledger's database is out of reach (an outage or failover).
+pub const LEDGER_UNAVAILABLE: &str = "The task ledger is unavailable; retry shortly";
+
 /// A failure while serving one request.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -55,6 +58,7 @@ impl Error {
     /// The HTTP status of the answer when the error is the whole response.
     pub fn http_status(&self) -> StatusCode {
         match self {
+            Self::Ledger(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Ledger(_) | Self::Model(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
@@ -65,6 +69,7 @@ impl Error {
     /// server did wrong.
     pub fn error_object(&self) -> ErrorObject {
         let message = match self {
+            Self::Ledger(e) if e.is_unavailable() => LEDGER_UNAVAILABLE,
             Self::Ledger(_) | Self::Model(_) => "Internal error",
             Self::Upstream(_) => "The MCP server is unavailable",
             Self::NotJson => "The MCP server's answer is not JSON",
@@ -85,7 +90,18 @@ impl Error {
             Self::NoStream => "The MCP server did not open a stream",
             Self::NoAcknowledgement => "The MCP server did not acknowledge the subscription",
         };
-        ErrorObject::new(codes::INTERNAL_ERROR, message)
+        let error = ErrorObject::new(codes::INTERNAL_ERROR, message);
+        if self.retryable() {
+            error.with_data(serde_json::json!({"retryable": true}))
+        } else {
+            error
+        }
+    }
+
+    /// Whether the same request may succeed shortly: the answer then carries
+    /// `error.data.retryable: true` and, as a whole HTTP response, `Retry-After`.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::Ledger(e) if e.is_unavailable())
     }
 
     /// Bounded label for the `errors` metric.
@@ -120,11 +136,18 @@ impl Error {
     /// The error as the whole HTTP response to the request with `id`. Logged and counted.
     pub fn respond(&self, metrics: &SidecarMetrics, id: &Value) -> Response {
         self.record(metrics);
-        respond::rpc_error(self.http_status(), id, &self.error_object())
+        let mut response = respond::rpc_error(self.http_status(), id, &self.error_object());
+        if self.retryable() {
+            respond::add_retry_after(&mut response);
+        }
+        response
     }
 
     fn record(&self, metrics: &SidecarMetrics) {
         match self {
+            Self::Ledger(e) if e.is_unavailable() => {
+                tracing::warn!(error = %self, "request failed")
+            }
             Self::Ledger(_) | Self::Model(_) => tracing::error!(error = %self, "request failed"),
             _ => tracing::warn!(error = %self, "request failed"),
         }
@@ -149,6 +172,21 @@ mod tests {
         assert_eq!(ledger.http_status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(ledger.error_object().message, "Internal error");
         assert_eq!(ledger.metric_label(), "closed");
+
+        assert!(ledger.error_object().data.is_none());
+
+        let outage = Error::from(LedgerError::unavailable(
+            "get a ledger database connection",
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        ));
+        assert_eq!(outage.http_status(), StatusCode::SERVICE_UNAVAILABLE);
+        let object = outage.error_object();
+        assert_eq!(object.message, LEDGER_UNAVAILABLE);
+        assert_eq!(object.data, Some(serde_json::json!({"retryable": true})));
+        assert_eq!(outage.metric_label(), "unavailable");
+        let response = outage.respond(&SidecarMetrics::new(), &serde_json::json!(1));
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
 
         let timeout = Error::from(UpstreamError::Timeout(Duration::from_secs(1)));
         assert_eq!(timeout.http_status(), StatusCode::BAD_GATEWAY);

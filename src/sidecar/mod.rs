@@ -283,7 +283,7 @@ pub async fn run(config: SidecarConfig, shutdown: CancellationToken) -> Result<(
     let (mut built, background) =
         startup::build_state(&config, keys, membership, &shutdown).await?;
     let servers = startup::bind_servers(&config, &mut built, &shutdown).await?;
-    startup::spawn_background(&config, &built.app, background, &shutdown);
+    startup::spawn_background(&built.app, background, &shutdown);
     startup::serve(&config, servers, built, shutdown).await
 }
 

@@ -68,10 +68,7 @@ pub fn authorizer_unavailable(id: &Value) -> Response {
             "Authorization is unavailable right now; retry",
         ),
     );
-    response.headers_mut().insert(
-        http::header::RETRY_AFTER,
-        http::HeaderValue::from_static("1"),
-    );
+    add_retry_after(&mut response);
     response
 }
 
@@ -84,11 +81,17 @@ pub fn retry_shortly(id: &Value, message: &str) -> Response {
         &ErrorObject::new(codes::INTERNAL_ERROR, message)
             .with_data(serde_json::json!({"retryable": true})),
     );
+    add_retry_after(&mut response);
+    response
+}
+
+/// `Retry-After: 1` on a retryable refusal: a second is long enough for a hop or a
+/// reconnecting pool, short enough that a client does not wait on a recovered service.
+pub fn add_retry_after(response: &mut Response) {
     response.headers_mut().insert(
         http::header::RETRY_AFTER,
         http::HeaderValue::from_static("1"),
     );
-    response
 }
 
 /// `https://host/path` → `https://host/.well-known/oauth-protected-resource/path` (RFC 9728).

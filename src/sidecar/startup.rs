@@ -26,7 +26,7 @@ use crate::telemetry::metrics::SidecarMetrics;
 
 use super::home_memory::HomeMemory;
 use super::policy_source::{PolicyChannels, PolicyPublisher, PolicySource, RevocationProgress};
-use super::replica::Replica;
+use super::replica::{OwnHeartbeat, Replica};
 use super::state::{AppState, PolicyWatch};
 use super::upstream::Upstream;
 use super::{
@@ -99,7 +99,7 @@ pub(super) struct Membership {
     hop_listener: Option<TcpListener>,
     /// Where other replicas reach this one's hop, as the heartbeat says.
     advertise: Option<String>,
-    home_tasks: Arc<HomeMemory>,
+    own_beats: Arc<OwnHeartbeat>,
 }
 
 /// Binds the hop port (before the heartbeat says where it is) and records the first
@@ -131,20 +131,18 @@ pub(super) async fn join_replicas(config: &SidecarConfig, keys: &LedgerKeys) -> 
     } else {
         None
     };
-    let home_tasks = Arc::new(HomeMemory::default());
-    replica::beat_once(
-        ledger.as_ref(),
-        advertise.as_deref(),
+    let own_beats = Arc::new(OwnHeartbeat::new(
+        Arc::new(HomeMemory::default()),
         config.heartbeat_ttl,
-        &home_tasks,
-    )
-    .await
-    .context("recording this replica's heartbeat in the ledger")?;
+    ));
+    replica::beat_once(ledger.as_ref(), advertise.as_deref(), &own_beats)
+        .await
+        .context("recording this replica's heartbeat in the ledger")?;
     Ok(Membership {
-        replica: Replica::new(ledger.as_ref(), hop, home_tasks.clone()),
+        replica: Replica::new(ledger.as_ref(), hop, own_beats.clone()),
         hop_listener,
         advertise,
-        home_tasks,
+        own_beats,
     })
 }
 
@@ -186,7 +184,7 @@ pub(super) struct Built {
 /// Work that runs beside the servers until shutdown, not started yet.
 pub(super) struct Background {
     advertise: Option<String>,
-    home_tasks: Arc<HomeMemory>,
+    own_beats: Arc<OwnHeartbeat>,
     follow: AuditFollow,
     source: Box<dyn PolicySource>,
     publisher: PolicyPublisher,
@@ -266,7 +264,7 @@ pub(super) async fn build_state(
     });
     let background = Background {
         advertise: membership.advertise,
-        home_tasks: membership.home_tasks,
+        own_beats: membership.own_beats,
         follow: AuditFollow {
             // Without --audit-file, the policy's audit.sink decides where the trail goes.
             sink: config.audit_file.is_none(),
@@ -353,14 +351,13 @@ pub(super) async fn bind_servers(
 /// Starts the heartbeat, the audit settings' follower, the policy source, the sweeper and
 /// the revocation applier, each until `shutdown`.
 pub(super) fn spawn_background(
-    config: &SidecarConfig,
     app: &Arc<AppState>,
     background: Background,
     shutdown: &CancellationToken,
 ) {
     let Background {
         advertise,
-        home_tasks,
+        own_beats,
         follow,
         source,
         publisher,
@@ -369,8 +366,7 @@ pub(super) fn spawn_background(
     tokio::spawn(replica::heartbeat(
         app.ledger.clone(),
         advertise,
-        config.heartbeat_ttl,
-        home_tasks,
+        own_beats,
         shutdown.clone(),
     ));
     tokio::spawn(follow_audit_settings(

@@ -1,9 +1,9 @@
 //! What the sidecar does on a timer, without a client asking: carrying pending cancellations
 //! to the server, ending tasks past their deadline, failing the tasks of replicas that are
 //! gone, and purging tasks past their retention. On a shared ledger the last three run on one
-//! replica at a time, the holder of the sweep lease (another takes over within
-//! [`super::replica::LEASE_TTL`] when it dies); the outbox runs on every replica for the tasks
-//! homed there.
+//! replica at a time, the holder of the sweep lease (another takes over within 15 s when it
+//! dies: its [`super::replica::LEASE_TTL`] and a second); the outbox runs on every replica for
+//! the tasks homed there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +25,8 @@ use crate::api::UpstreamTaskState;
 /// How often deadlines and retention are checked: deadlines take effect within this interval
 /// (plus one ledger write), well inside the one-second promise.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+// The documented 15 s sweep-lease takeover (tested in `replica`) counts on it.
+const _: () = assert!(SWEEP_INTERVAL.as_millis() <= 250);
 /// Most tasks handled per sweep and kind; the rest follow on the next sweep.
 const SWEEP_BATCH: usize = 200;
 
@@ -88,8 +90,13 @@ pub async fn sweep(app: Arc<AppState>, shutdown: CancellationToken) {
 
 /// Fails the unfinished tasks of replicas that stopped beating: their server state is gone.
 /// (With shared server state any replica's server still knows them: they are left alone.)
+/// Not until this replica's own heartbeats show the ledger was writable for a whole TTL: after
+/// a database outage every heartbeat has lapsed, and the live replicas need that long to beat
+/// again.
 async fn fail_orphans(app: &AppState, policy: &ActivePolicy, now: i64) {
-    if policy.effective.upstream_task_state != UpstreamTaskState::PerReplica {
+    if policy.effective.upstream_task_state != UpstreamTaskState::PerReplica
+        || !app.replica.may_declare_dead()
+    {
         return;
     }
     match app.ledger.orphaned(now, SWEEP_BATCH).await {

@@ -4,8 +4,8 @@
 //! there for its owner (zero acknowledged tasks lost), every idempotency key names one task
 //! however often it was retried across crashes (zero duplicates), and every task ends once its
 //! deadline passes (none stuck). And the database itself going away: while PostgreSQL is
-//! unreachable the sidecars create nothing (fail closed), and once it is back they work again
-//! without being restarted.
+//! unreachable the sidecars create nothing (fail closed, with a retryable 503), and once it is
+//! back they work again without being restarted.
 
 use crate::support;
 
@@ -330,7 +330,21 @@ async fn while_postgres_is_unreachable_nothing_is_created_and_afterwards_everyth
                 json!({"count": 1, "label": format!("down-{i}")}),
             )
             .await;
-        assert!(refused.status >= 500, "replica {i} while down: {refused:?}");
+        // Refused, and the answer says what is wrong and that a retry will do.
+        assert_eq!(refused.status, 503, "replica {i} while down: {refused:?}");
+        assert_eq!(
+            refused.body["error"]["message"], "The task ledger is unavailable; retry shortly",
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused.body["error"]["data"]["retryable"], true,
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused.headers.get("retry-after").map(|v| v.as_bytes()),
+            Some(&b"1"[..]),
+            "{refused:?}"
+        );
         assert!(refused.result().get("taskId").is_none(), "{refused:?}");
     }
     // Nothing reached any server while the ledger could not record it.

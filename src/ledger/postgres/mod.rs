@@ -219,6 +219,10 @@ fn redacted(e: LedgerError, redact: impl Fn(&str) -> String) -> LedgerError {
             context: redact(&context),
             source: Box::new(Redacted(redact(&source.to_string()))),
         },
+        LedgerError::Unavailable { context, source } => LedgerError::Unavailable {
+            context: redact(&context),
+            source: Box::new(Redacted(redact(&source.to_string()))),
+        },
         LedgerError::Internal(text) => LedgerError::Internal(redact(&text)),
         other => other,
     }
@@ -315,15 +319,45 @@ impl<T> Ctx<T> for std::result::Result<T, tokio_postgres::Error> {
             Some(code) if *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE => {
                 LedgerError::InvalidArgument(format!("{what}: {}", PostgresError(e)))
             }
+            _ if out_of_reach(&e) => LedgerError::unavailable(what, PostgresError(e)),
             _ => LedgerError::storage(what, PostgresError(e)),
         })
     }
 }
 
+/// Whether `e` means the database is out of reach (and may come back), rather than refusing
+/// the statement: the connection is closed or broke on the wire, or the server reports a
+/// connection exception (SQLSTATE class 08) or is shutting down or starting up (57P01–57P03).
+/// An authentication or permission failure is not this: it will not fix itself.
+fn out_of_reach(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        return code.code().starts_with("08")
+            || *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CRASH_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW;
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 async fn client(pool: &Pool) -> Result<deadpool_postgres::Client> {
     const WHAT: &str = "get a ledger database connection";
     pool.get().await.map_err(|e| match e {
+        deadpool_postgres::PoolError::Backend(e) if out_of_reach(&e) => {
+            LedgerError::unavailable(WHAT, PostgresError(e))
+        }
         deadpool_postgres::PoolError::Backend(e) => LedgerError::storage(WHAT, PostgresError(e)),
+        // No connection came free (or could be made) in time: the database is slow or gone.
+        e @ deadpool_postgres::PoolError::Timeout(_) => LedgerError::unavailable(WHAT, e),
         other => LedgerError::storage(WHAT, other),
     })
 }

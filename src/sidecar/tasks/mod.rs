@@ -219,6 +219,14 @@ async fn route_to_home(app: &AppState, ctx: &RequestContext, record: TaskRecord)
             app.replica.remember_remote(&record);
             Routed::Answered(response)
         }
+        // The home's heartbeat lapsed, but the ledger has not been writable long enough (a
+        // database outage, or this replica's own start) for that to prove it stopped: the
+        // client retries, and the task lives on if the home beats again.
+        Err(e @ ForwardError::HomeGone(_)) if !app.replica.may_declare_dead() => {
+            outcome("unreachable");
+            tracing::warn!(error = %e, "not yet declaring the home replica dead: the ledger was unreachable within a heartbeat TTL");
+            Routed::Answered(hop_unreachable(ctx))
+        }
         Err(ForwardError::HomeGone(_)) => {
             outcome("home_gone");
             app.replica.forget_remote(&record.id);
