@@ -378,3 +378,101 @@ async fn while_postgres_is_unreachable_nothing_is_created_and_afterwards_everyth
     let read = r.client(2).get_task(&alice, &before).await;
     assert_eq!(read.status, 200, "{read:?}");
 }
+
+/// Regression (issue 30): a database outage longer than `--heartbeat-ttl` lets every heartbeat
+/// lapse, because nobody can write one. That is no evidence that a replica stopped: after the
+/// database returns, polls through another replica are retryable until the home has beaten
+/// again, the sweep fails nothing, and the running task carries on.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_longer_than_the_heartbeat_ttl_fails_no_running_task() {
+    let db = TestDatabase::create().await;
+    let direct = db.url.clone();
+    let mut proxy = DatabaseProxy::start().await;
+    let url = proxy.url_for(&db.url);
+    let r = Replicas::start_on(
+        db,
+        2,
+        ReplicaOptions {
+            spec: "  tasks:\n    minPollInterval: 10ms\n".into(),
+            heartbeat_ttl: Some("2s".into()),
+            ledger_url: Some(url),
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let task = support::create_task(
+        r.client(0),
+        &alice,
+        "write_rows",
+        json!({"count": 100_000, "intervalMs": 50, "label": "outlives-the-outage"}),
+    )
+    .await;
+    let read = r.client(1).get_task(&alice, &task).await;
+    assert_eq!(read.result()["status"], "working", "{read:?}");
+
+    // The outage lasts until both heartbeats have lapsed (read past the proxy).
+    proxy.take_down();
+    let lapsed = support::eventually(Duration::from_secs(30), async || {
+        let beats = heartbeats(&direct).await;
+        let now = jiff::Timestamp::now().as_millisecond();
+        (beats.len() == 2 && beats.iter().all(|(_, expires)| *expires <= now)).then_some(())
+    })
+    .await;
+    assert!(lapsed.is_some(), "heartbeats never lapsed");
+    proxy.bring_back().await;
+
+    // Through the other replica: retryable refusals at first, then the home's answer; never
+    // a failed task.
+    let mut answers = Vec::new();
+    let working = support::eventually(Duration::from_secs(30), async || {
+        let read = r.client(1).get_task(&alice, &task).await;
+        answers.push((read.status, read.body.clone()));
+        (read.status == 200).then_some(read)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no answer after the outage: {answers:?}"));
+    assert_eq!(working.result()["status"], "working", "{working:?}");
+    for (status, body) in &answers {
+        let refused_for_now = *status == 503 && body["error"]["data"]["retryable"] == true;
+        assert!(
+            refused_for_now || (*status == 200 && body["result"]["status"] == "working"),
+            "{status} {body}"
+        );
+    }
+    // Both replicas beat again; two more TTLs of sweeps (the grace after the outage has
+    // passed) fail nothing.
+    let renewed = support::eventually(Duration::from_secs(30), async || {
+        let now = jiff::Timestamp::now().as_millisecond();
+        let beats = heartbeats(&direct).await;
+        beats
+            .iter()
+            .all(|(_, expires)| *expires > now)
+            .then_some(())
+    })
+    .await;
+    assert!(renewed.is_some(), "the replicas never beat again");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for i in 0..2 {
+        let read = r.client(i).get_task(&alice, &task).await;
+        assert_eq!(read.result()["status"], "working", "replica {i}: {read:?}");
+    }
+    assert_eq!(r.metric_sum("lifeguard_tasks_orphaned_total").await, 0.0);
+    let upstream = r.servers[0].debug("/_example/tasks").await;
+    assert_eq!(upstream[0]["status"], "working", "{upstream}");
+}
+
+/// Each replica's heartbeat expiry (ms), read directly from the database.
+async fn heartbeats(url: &str) -> Vec<(String, i64)> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .query("SELECT replica, expires_at FROM lifeguard_replicas", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
