@@ -1,0 +1,611 @@
+//! The operations a random sequence is made of, how they are drawn, and what each does to the
+//! reference [`Model`] (and what it must answer).
+//!
+//! Arguments come from small domains (four owners, two keys each, three upstream IDs, two
+//! replicas, a handful of durations) so that keys, upstream IDs, quotas and deadlines collide.
+//! Task arguments are reservation numbers, up to one past the last reservation (an ID never
+//! reserved).
+
+use proptest::prelude::*;
+use proptest::sample::select;
+use proptest_state_machine::ReferenceStateMachine;
+use serde_json::json;
+
+use super::model::{
+    Beat, End, Entry, Expect, Filter, Held, Intent, KEYS, Limits, Model, OWNERS, REPLICAS, Task,
+    UPSTREAMS,
+};
+use crate::ledger::{EndReason, TaskStatus};
+
+/// One step of a sequence. `via` is the replica (ledger instance) it runs through.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The clock moves forward.
+    Advance(i64),
+    /// `reserve` for `owner`, optionally with idempotency key `key` (window `window`), void
+    /// after `life`; identity lease and delegation `lease`/`delegation` from now.
+    Reserve {
+        owner: usize,
+        key: Option<usize>,
+        window: i64,
+        life: i64,
+        lease: Option<i64>,
+        delegation: Option<i64>,
+    },
+    /// `confirm` of reservation `task` with upstream ID `upstream`, through replica `via`.
+    Confirm {
+        task: usize,
+        upstream: usize,
+        status: TaskStatus,
+        ttl: i64,
+        deadline: i64,
+        via: usize,
+    },
+    Release { task: usize },
+    Get { task: usize, via: usize },
+    Observe { task: usize, status: TaskStatus, message: Option<u8> },
+    Finish {
+        task: usize,
+        status: TaskStatus,
+        reason: EndReason,
+        by: Option<usize>,
+        payload: bool,
+    },
+    RequestCancel {
+        task: usize,
+        reason: EndReason,
+        by: Option<usize>,
+        give_up: i64,
+    },
+    /// `cancels_due` (every home) or `cancels_due_for(home)`.
+    CancelsDue { home: Option<usize>, limit: usize },
+    NoteCancelAttempt { task: usize, next: i64 },
+    NoteResultRead { task: usize },
+    /// A read-once result: `note_result_read`, `forget_payload`, then `get`.
+    ReadOnce { task: usize },
+    ForgetPayload { task: usize },
+    PastDeadline { limit: usize },
+    /// The deadline sweep: `past_deadline`, then a `request_cancel` for each task listed.
+    Expire,
+    RenewIdentity {
+        task: usize,
+        lease: Option<i64>,
+        delegation: Option<i64>,
+    },
+    /// `purge_expired` (limit large enough for everything).
+    Purge,
+    ActiveFor(Filter),
+    /// A revocation: `active_for`, then a `request_cancel` (revocation) for each task listed.
+    Revoke(Filter),
+    Heartbeat { via: usize, life: i64, address: bool },
+    Replica { replica: usize },
+    Orphaned { limit: usize },
+    TryLease { via: usize, life: i64 },
+    /// The orphan sweep of replica `via`: the sweep lease; if granted, `orphaned` and a
+    /// `finish` (failed, upstream lost) of each task listed.
+    Sweep { via: usize, life: i64 },
+}
+
+/// The task (if any) an operation addresses.
+pub fn task_of(op: &Op) -> Option<usize> {
+    match op {
+        Op::Confirm { task, .. }
+        | Op::Release { task }
+        | Op::Get { task, .. }
+        | Op::Observe { task, .. }
+        | Op::Finish { task, .. }
+        | Op::RequestCancel { task, .. }
+        | Op::NoteCancelAttempt { task, .. }
+        | Op::NoteResultRead { task }
+        | Op::ReadOnce { task }
+        | Op::ForgetPayload { task }
+        | Op::RenewIdentity { task, .. } => Some(*task),
+        _ => None,
+    }
+}
+
+/// Given as the intent's pending message and give-up delay by the sweeps.
+pub const SWEEP_GIVE_UP: i64 = 100;
+
+pub fn pending_message(reason: EndReason) -> String {
+    format!("cancelling ({})", reason.as_str())
+}
+
+/// The stored payload of a finish with `payload` set.
+pub fn payload(status: TaskStatus, at: i64) -> Option<serde_json::Value> {
+    match status {
+        TaskStatus::Completed => Some(json!({"content": [{"type": "text", "text": "ok"}], "at": at})),
+        TaskStatus::Failed => Some(json!({"code": -32603, "message": "failed", "at": at})),
+        _ => None,
+    }
+}
+
+fn short() -> impl Strategy<Value = i64> {
+    select(vec![1_i64, 10, 100, 1_000])
+}
+
+fn opt_short() -> impl Strategy<Value = Option<i64>> {
+    prop::option::of(short())
+}
+
+fn filter() -> impl Strategy<Value = Filter> {
+    (
+        0..2_usize,
+        prop::option::of(0..3_usize),
+        prop::option::of(0..2_usize),
+        prop::option::of(0..3_usize),
+    )
+        .prop_map(|(issuer, subject, tenant, client)| Filter {
+            issuer,
+            subject,
+            tenant,
+            client,
+        })
+}
+
+fn nonterminal() -> impl Strategy<Value = TaskStatus> {
+    // Mostly valid; now and then a terminal one, which must be refused.
+    prop_oneof![
+        6 => Just(TaskStatus::Working),
+        3 => Just(TaskStatus::InputRequired),
+        1 => Just(TaskStatus::Completed),
+    ]
+}
+
+fn reason() -> impl Strategy<Value = EndReason> {
+    select(vec![
+        EndReason::Upstream,
+        EndReason::OwnerCancel,
+        EndReason::AdminCancel,
+        EndReason::Revocation,
+        EndReason::Deadline,
+        EndReason::UpstreamLost,
+        EndReason::IdentityLeaseExpired,
+    ])
+}
+
+fn cancellation() -> impl Strategy<Value = EndReason> {
+    prop_oneof![
+        9 => select(vec![
+            EndReason::OwnerCancel,
+            EndReason::AdminCancel,
+            EndReason::Revocation,
+            EndReason::Deadline,
+            EndReason::IdentityLeaseExpired,
+        ]),
+        1 => Just(EndReason::Upstream),
+    ]
+}
+
+fn ending_status() -> impl Strategy<Value = TaskStatus> {
+    prop_oneof![
+        4 => Just(TaskStatus::Completed),
+        3 => Just(TaskStatus::Failed),
+        3 => Just(TaskStatus::Cancelled),
+        1 => Just(TaskStatus::Working),
+    ]
+}
+
+/// One operation for a model that made `next` reservations so far.
+pub fn op(next: usize) -> BoxedStrategy<Op> {
+    let task = 0..=next;
+    let owner = 0..OWNERS.len();
+    let replica = 0..REPLICAS;
+    prop_oneof![
+        4 => short().prop_map(Op::Advance),
+        8 => (owner.clone(), prop::option::of(0..KEYS), select(vec![0_i64, 30, 500]),
+              select(vec![5_i64, 60, 5_000]), opt_short(), opt_short())
+            .prop_map(|(owner, key, window, life, lease, delegation)| Op::Reserve {
+                owner, key, window, life, lease, delegation,
+            }),
+        7 => (task.clone(), 0..UPSTREAMS, nonterminal(), select(vec![40_i64, 300, 5_000]),
+              select(vec![20_i64, 200, 3_000]), replica.clone())
+            .prop_map(|(task, upstream, status, ttl, deadline, via)| Op::Confirm {
+                task, upstream, status, ttl, deadline, via,
+            }),
+        1 => task.clone().prop_map(|task| Op::Release { task }),
+        2 => (task.clone(), replica.clone()).prop_map(|(task, via)| Op::Get { task, via }),
+        2 => (task.clone(), nonterminal(), prop::option::of(0..2_u8))
+            .prop_map(|(task, status, message)| Op::Observe { task, status, message }),
+        4 => (task.clone(), ending_status(), reason(), prop::option::of(owner.clone()), any::<bool>())
+            .prop_map(|(task, status, reason, by, payload)| Op::Finish {
+                task, status, reason, by, payload,
+            }),
+        3 => (task.clone(), cancellation(), prop::option::of(owner), select(vec![-1_i64, 0, 100]))
+            .prop_map(|(task, reason, by, give_up)| Op::RequestCancel { task, reason, by, give_up }),
+        2 => (prop::option::of(replica.clone()), select(vec![1_usize, 100]))
+            .prop_map(|(home, limit)| Op::CancelsDue { home, limit }),
+        1 => (task.clone(), short()).prop_map(|(task, next)| Op::NoteCancelAttempt { task, next }),
+        1 => task.clone().prop_map(|task| Op::NoteResultRead { task }),
+        2 => task.clone().prop_map(|task| Op::ReadOnce { task }),
+        1 => task.clone().prop_map(|task| Op::ForgetPayload { task }),
+        1 => select(vec![1_usize, 100]).prop_map(|limit| Op::PastDeadline { limit }),
+        2 => Just(Op::Expire),
+        2 => (task, opt_short(), opt_short())
+            .prop_map(|(task, lease, delegation)| Op::RenewIdentity { task, lease, delegation }),
+        2 => Just(Op::Purge),
+        1 => filter().prop_map(Op::ActiveFor),
+        1 => filter().prop_map(Op::Revoke),
+        2 => (replica.clone(), short(), any::<bool>())
+            .prop_map(|(via, life, address)| Op::Heartbeat { via, life, address }),
+        1 => replica.clone().prop_map(|replica| Op::Replica { replica }),
+        1 => select(vec![1_usize, 100]).prop_map(|limit| Op::Orphaned { limit }),
+        1 => (replica.clone(), short()).prop_map(|(via, life)| Op::TryLease { via, life }),
+        1 => (replica, short()).prop_map(|(via, life)| Op::Sweep { via, life }),
+    ]
+    .boxed()
+}
+
+/// The reference state machine for proptest: quotas drawn per case, then operations.
+pub struct LedgerModel;
+
+impl ReferenceStateMachine for LedgerModel {
+    type State = Model;
+    type Transition = Op;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        (1..=3_u32, 2..=4_u32, 1..=3_u32, 2..=6_u32)
+            .prop_map(|(principal, tenant, client, server)| {
+                Model::new(Limits {
+                    principal,
+                    tenant,
+                    client,
+                    server,
+                })
+            })
+            .boxed()
+    }
+
+    fn transitions(state: &Model) -> BoxedStrategy<Op> {
+        op(state.next)
+    }
+
+    fn apply(mut state: Model, op: &Op) -> Model {
+        state.apply(op);
+        state
+    }
+
+    fn preconditions(state: &Model, op: &Op) -> bool {
+        task_of(op).is_none_or(|k| k <= state.next)
+    }
+}
+
+impl Model {
+    /// Applies `op`, leaving its answer in `self.expect`.
+    pub fn apply(&mut self, op: &Op) {
+        self.expect = self.step(op);
+    }
+
+    fn step(&mut self, op: &Op) -> Expect {
+        let now = self.now;
+        match *op {
+            Op::Advance(ms) => {
+                self.now += ms;
+                Expect::Done
+            }
+            Op::Reserve {
+                owner,
+                key,
+                window,
+                life,
+                lease,
+                delegation,
+            } => {
+                let k = self.next;
+                self.next += 1;
+                self.sweep_reservations();
+                if let Some(key) = key
+                    && let Some((holder, until)) = self.key_holder(owner, key)
+                {
+                    if until > now {
+                        return match &self.entries[&holder] {
+                            Entry::Reserved(_) => Expect::InFlight(holder),
+                            Entry::Task(t) => Expect::Existing((holder, t.clone())),
+                        };
+                    }
+                    self.clear_key(holder);
+                }
+                if let Some(scope) = self.exhausted(owner) {
+                    return Expect::OverQuota(scope);
+                }
+                let held = Held {
+                    owner,
+                    key,
+                    key_until: key.map(|_| now + window),
+                    window,
+                    expires_at: now + life,
+                    lease_until: lease.map(|d| now + d),
+                    delegated_until: delegation.map(|d| now + d),
+                };
+                self.entries.insert(k, Entry::Reserved(held));
+                Expect::Reserved
+            }
+            Op::Confirm {
+                task,
+                upstream,
+                status,
+                ttl,
+                deadline,
+                via,
+            } => {
+                if status.is_terminal() {
+                    return Expect::InvalidArgument;
+                }
+                let Some(Entry::Reserved(held)) = self.entries.get(&task).cloned() else {
+                    return Expect::NoReservation;
+                };
+                if let Some(holder) = self.upstream_holder(upstream) {
+                    self.entries.remove(&task);
+                    let existing = self.snap(holder).expect("holder");
+                    return if existing.1.owner == held.owner {
+                        Expect::SameOwner(existing)
+                    } else {
+                        Expect::HeldByAnotherOwner
+                    };
+                }
+                let t = Task {
+                    owner: held.owner,
+                    upstream,
+                    status,
+                    message: None,
+                    created_at: now,
+                    last_updated_at: now,
+                    ttl,
+                    deadline_at: now + deadline,
+                    ended: None,
+                    reads: 0,
+                    lease_until: held.lease_until,
+                    delegated_until: held.delegated_until,
+                    cancel: None,
+                    home: via,
+                    key: held.key,
+                    key_until: held.key_until.map(|u| u.max(now + held.window)),
+                };
+                self.entries.insert(task, Entry::Task(t.clone()));
+                Expect::New((task, t))
+            }
+            Op::Release { task } => {
+                if matches!(self.entries.get(&task), Some(Entry::Reserved(_))) {
+                    self.entries.remove(&task);
+                }
+                Expect::Done
+            }
+            Op::Get { task, .. } => Expect::Record(self.snap(task)),
+            Op::Observe {
+                task,
+                status,
+                message,
+            } => {
+                if status.is_terminal() {
+                    return Expect::InvalidArgument;
+                }
+                if let Some(t) = self.task_mut(task)
+                    && t.active()
+                {
+                    t.status = status;
+                    t.last_updated_at = now;
+                    if t.cancel.is_none() {
+                        t.message = message.map(|m| format!("progress {m}"));
+                    }
+                }
+                Expect::Done
+            }
+            Op::Finish {
+                task,
+                status,
+                reason,
+                by,
+                payload: with_payload,
+            } => {
+                if !status.is_terminal() {
+                    return Expect::InvalidArgument;
+                }
+                self.finish(task, status, reason, by, with_payload)
+            }
+            Op::RequestCancel {
+                task,
+                reason,
+                by,
+                give_up,
+            } => self.request_cancel(task, reason, by, give_up),
+            Op::CancelsDue { home, limit } => {
+                let due = self.cancels_due(home, limit);
+                Expect::Due(due.into_iter().filter_map(|k| self.snap(k)).collect())
+            }
+            Op::NoteCancelAttempt { task, next } => {
+                if let Some(c) = self.task_mut(task).and_then(|t| t.cancel.as_mut()) {
+                    c.attempts += 1;
+                    c.next_attempt_at = now + next;
+                }
+                Expect::Done
+            }
+            Op::NoteResultRead { task } => Expect::Count(self.note_read(task)),
+            Op::ReadOnce { task } => {
+                let reads = self.note_read(task);
+                self.forget(task);
+                Expect::Steps(vec![Expect::Count(reads), Expect::Record(self.snap(task))])
+            }
+            Op::ForgetPayload { task } => {
+                self.forget(task);
+                Expect::Done
+            }
+            Op::PastDeadline { limit } => {
+                let mut due = self.past_deadline();
+                due.truncate(limit);
+                self.list(due)
+            }
+            Op::Expire => {
+                let due = self.past_deadline();
+                let mut steps = vec![self.list(due.clone())];
+                for k in due {
+                    let t = self.task(k).expect("listed");
+                    let reason = if t.deadline_at <= now {
+                        EndReason::Deadline
+                    } else {
+                        EndReason::IdentityLeaseExpired
+                    };
+                    steps.push(self.request_cancel(k, reason, None, SWEEP_GIVE_UP));
+                }
+                Expect::Steps(steps)
+            }
+            Op::RenewIdentity {
+                task,
+                lease,
+                delegation,
+            } => {
+                let Some(t) = self.task_mut(task).filter(|t| t.active()) else {
+                    return Expect::Flag(false);
+                };
+                let mut changed = false;
+                for (stored, given) in [(&mut t.lease_until, lease), (&mut t.delegated_until, delegation)] {
+                    if let Some(d) = given
+                        && stored.is_none_or(|s| now + d > s)
+                    {
+                        *stored = Some(now + d);
+                        changed = true;
+                    }
+                }
+                Expect::Flag(changed)
+            }
+            Op::Purge => {
+                self.sweep_reservations();
+                let gone: Vec<usize> = self
+                    .tasks()
+                    .filter(|(_, t)| t.created_at + t.ttl <= now)
+                    .map(|(k, _)| k)
+                    .collect();
+                for k in &gone {
+                    self.entries.remove(k);
+                }
+                Expect::Purged(gone)
+            }
+            Op::ActiveFor(f) => self.list(self.active_for(&f)),
+            Op::Revoke(f) => {
+                let found = self.active_for(&f);
+                let mut steps = vec![self.list(found.clone())];
+                for k in found {
+                    steps.push(self.request_cancel(k, EndReason::Revocation, None, SWEEP_GIVE_UP));
+                }
+                Expect::Steps(steps)
+            }
+            Op::Heartbeat { via, life, address } => {
+                let beat = Beat {
+                    address: address.then(|| super::sut::address(via)),
+                    at: now,
+                    expires_at: now + life,
+                };
+                self.replicas.insert(via, beat);
+                Expect::Done
+            }
+            Op::Replica { replica } => {
+                Expect::Replica(self.replicas.get(&replica).map(|b| (replica, b.clone())))
+            }
+            Op::Orphaned { limit } => {
+                let mut gone = self.orphaned();
+                gone.truncate(limit);
+                self.list(gone)
+            }
+            Op::TryLease { via, life } => Expect::Flag(self.try_lease(via, life)),
+            Op::Sweep { via, life } => {
+                if !self.try_lease(via, life) {
+                    return Expect::Steps(vec![Expect::Flag(false)]);
+                }
+                let gone = self.orphaned();
+                let mut steps = vec![Expect::Flag(true), self.list(gone.clone())];
+                for k in gone {
+                    steps.push(self.finish(k, TaskStatus::Failed, EndReason::UpstreamLost, None, false));
+                }
+                Expect::Steps(steps)
+            }
+        }
+    }
+
+    fn finish(
+        &mut self,
+        k: usize,
+        status: TaskStatus,
+        reason: EndReason,
+        by: Option<usize>,
+        with_payload: bool,
+    ) -> Expect {
+        let now = self.now;
+        let Some(t) = self.task_mut(k) else {
+            return Expect::NotFound;
+        };
+        if t.ended.is_some() {
+            return Expect::AlreadyTerminal((k, t.clone()));
+        }
+        t.status = status;
+        t.message = Some(format!("ended: {}", reason.as_str()));
+        t.last_updated_at = now;
+        t.cancel = None;
+        t.ended = Some(End {
+            reason,
+            by,
+            payload: if with_payload { payload(status, now) } else { None },
+            at: now,
+        });
+        Expect::Applied((k, t.clone()))
+    }
+
+    fn request_cancel(
+        &mut self,
+        k: usize,
+        reason: EndReason,
+        by: Option<usize>,
+        give_up: i64,
+    ) -> Expect {
+        if !reason.is_cancellation() || give_up < 0 {
+            return Expect::InvalidArgument;
+        }
+        let now = self.now;
+        let Some(t) = self.task_mut(k) else {
+            return Expect::NotFound;
+        };
+        if t.ended.is_some() {
+            return Expect::AlreadyTerminal((k, t.clone()));
+        }
+        if t.cancel.is_some() {
+            return Expect::AlreadyRequested((k, t.clone()));
+        }
+        let message = pending_message(reason);
+        t.message = Some(message.clone());
+        t.last_updated_at = now;
+        t.cancel = Some(Intent {
+            reason,
+            by,
+            message,
+            requested_at: now,
+            give_up_at: now + give_up,
+            attempts: 0,
+            next_attempt_at: now,
+        });
+        Expect::Recorded((k, t.clone()))
+    }
+
+    fn note_read(&mut self, k: usize) -> u32 {
+        match self.task_mut(k) {
+            Some(t) => {
+                t.reads += 1;
+                t.reads
+            }
+            None => 0,
+        }
+    }
+
+    fn forget(&mut self, k: usize) {
+        if let Some(end) = self.task_mut(k).and_then(|t| t.ended.as_mut()) {
+            end.payload = None;
+        }
+    }
+
+    fn try_lease(&mut self, via: usize, life: i64) -> bool {
+        let granted = self
+            .lease
+            .is_none_or(|(holder, until)| holder == via || until <= self.now);
+        if granted {
+            self.lease = Some((via, self.now + life));
+        }
+        granted
+    }
+}

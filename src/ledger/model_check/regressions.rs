@@ -1,0 +1,65 @@
+//! Named sequences replayed on every backend by [`super::ledger_model_tests!`]: shrunk
+//! counterexamples of real defects the random cases found, and a smoke sequence that walks a
+//! task through its whole life.
+
+use super::model::Limits;
+use super::ops::Op;
+use crate::ledger::{EndReason, TaskStatus};
+
+const ROOMY: Limits = Limits {
+    principal: 3,
+    tenant: 4,
+    client: 3,
+    server: 6,
+};
+
+/// A task is reserved with a key, confirmed, found again by its key, cancelled, finished,
+/// read once, and purged when retention ends (not before).
+pub fn model_regression_smoke() -> (Limits, Vec<Op>) {
+    let reserve = |key| Op::Reserve {
+        owner: 0,
+        key,
+        window: 500,
+        life: 60,
+        lease: Some(100),
+        delegation: None,
+    };
+    let ops = vec![
+        reserve(Some(0)),
+        reserve(Some(0)),
+        Op::Confirm {
+            task: 0,
+            upstream: 0,
+            status: TaskStatus::Working,
+            ttl: 300,
+            deadline: 200,
+            via: 1,
+        },
+        reserve(Some(0)),
+        Op::RequestCancel {
+            task: 0,
+            reason: EndReason::OwnerCancel,
+            by: Some(0),
+            give_up: 100,
+        },
+        Op::CancelsDue {
+            home: Some(1),
+            limit: 100,
+        },
+        Op::Finish {
+            task: 0,
+            status: TaskStatus::Completed,
+            reason: EndReason::Upstream,
+            by: None,
+            payload: true,
+        },
+        Op::ReadOnce { task: 0 },
+        Op::Get { task: 0, via: 0 },
+        Op::Advance(100),
+        Op::Purge,
+        Op::Advance(200),
+        Op::Purge,
+        Op::Get { task: 0, via: 1 },
+    ];
+    (ROOMY, ops)
+}
