@@ -45,6 +45,9 @@ pub trait Storage: Send + Sync {
     /// shared storage, and whatever must outlive them.
     async fn open(&self, server: &str) -> (Vec<Box<dyn TaskLedger>>, Box<dyn Any + Send>);
 
+    /// Whether replicas' `confirm_in_replica` upstream IDs live in separate spaces.
+    fn replica_spaces(&self) -> bool;
+
     /// Whether to compare every task with the model after every step (cheap on SQLite); if
     /// not, only after the last step.
     fn check_every_step(&self) -> bool;
@@ -68,8 +71,8 @@ macro_rules! ledger_model_tests {
         #[tokio::test(flavor = "multi_thread")]
         async fn $name() {
             let storage = ($storage)().await;
-            let (limits, ops) = $crate::ledger::model_check::regressions::$name();
-            $crate::ledger::model_check::replay(&storage, limits, &ops).await;
+            let (initial, ops) = $crate::ledger::model_check::regressions::$name();
+            $crate::ledger::model_check::replay(&storage, initial, &ops).await;
         }
     )*};
 }
@@ -88,6 +91,7 @@ pub async fn run_case(
     let (ledgers, guard) = storage.open(&names.server()).await;
     assert_eq!(ledgers.len(), REPLICAS);
     let mut model = initial;
+    model.spaces = storage.replica_spaces();
     let mut watch = Watch::default();
     let result = async {
         for (i, op) in ops.iter().enumerate() {
@@ -98,6 +102,12 @@ pub async fn run_case(
             let got = execute(&ledgers, &names, &model, op).await;
             let got = got.map_err(|e| format!("step {i} {op:?}: {e}"))?;
             let want = names.expect_for(op, &model.expect);
+            if std::env::var("MODEL_STATS").is_ok() {
+                let d = format!("{:?}", model.expect);
+                let head: String = d.chars().take_while(|c| c.is_alphanumeric()).collect();
+                let inner = if let model::Expect::Steps(s) = &model.expect { format!("{}", s.len()) } else { String::new() };
+                eprintln!("STAT {head}{inner}");
+            }
             if got != want {
                 return Err(format!(
                     "step {i} {op:?}:\nthe ledger answered {got:#?}\nthe model expects {want:#?}"
@@ -119,8 +129,8 @@ pub async fn run_case(
 }
 
 /// Replays a recorded sequence (a regression test), panicking on the first disagreement.
-pub async fn replay(storage: &dyn Storage, limits: Limits, ops: &[Op]) {
-    if let Err(e) = run_case(storage, Model::new(limits), ops, None).await {
+pub async fn replay(storage: &dyn Storage, (limits, per_replica): (Limits, bool), ops: &[Op]) {
+    if let Err(e) = run_case(storage, Model::new(limits, per_replica), ops, None).await {
         panic!("{e}");
     }
 }

@@ -91,6 +91,9 @@ pub struct Task {
     pub delegated_until: Option<i64>,
     pub cancel: Option<Intent>,
     pub home: usize,
+    /// The replica whose space of upstream IDs holds `upstream` (per-replica server state on
+    /// a backend that keeps replicas' spaces apart); `None`: the server's one space.
+    pub space: Option<usize>,
     pub key: Option<usize>,
     pub key_until: Option<i64>,
 }
@@ -152,6 +155,11 @@ pub enum Expect {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Model {
     pub limits: Limits,
+    /// The server keeps task state per replica: confirms go through `confirm_in_replica`.
+    pub per_replica: bool,
+    /// The backend keeps the replicas' upstream ID spaces apart (set from the backend before a
+    /// case runs: PostgreSQL does, one SQLite file is one space).
+    pub spaces: bool,
     pub now: i64,
     /// Reservations made so far (the next one is number `next`).
     pub next: usize,
@@ -165,9 +173,11 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(limits: Limits) -> Self {
+    pub fn new(limits: Limits, per_replica: bool) -> Self {
         Self {
             limits,
+            per_replica,
+            spaces: false,
             now: T0,
             next: 0,
             entries: BTreeMap::new(),
@@ -189,6 +199,11 @@ impl Model {
             Some(Entry::Task(t)) => Some(t),
             _ => None,
         }
+    }
+
+    /// Whether `k` is a reservation still stored (what `wait_settled` waits on).
+    pub fn pending(&self, k: usize) -> bool {
+        matches!(self.entries.get(&k), Some(Entry::Reserved(_)))
     }
 
     pub fn snap(&self, k: usize) -> Option<Snap> {
@@ -268,9 +283,16 @@ impl Model {
         }
     }
 
-    /// The confirmed task holding upstream ID `upstream`, if one is retained.
-    pub fn upstream_holder(&self, upstream: usize) -> Option<usize> {
-        self.tasks().find(|(_, t)| t.upstream == upstream).map(|(k, _)| k)
+    /// The space a confirmation through replica `via` records its upstream ID in.
+    pub fn space(&self, via: usize) -> Option<usize> {
+        (self.per_replica && self.spaces).then_some(via)
+    }
+
+    /// The confirmed task holding upstream ID `upstream` in `space`, if one is retained.
+    pub fn upstream_holder(&self, space: Option<usize>, upstream: usize) -> Option<usize> {
+        self.tasks()
+            .find(|(_, t)| t.space == space && t.upstream == upstream)
+            .map(|(k, _)| k)
     }
 
     /// Non-terminal tasks past their deadline or identity lease without a pending intent,

@@ -42,6 +42,8 @@ pub enum Op {
         via: usize,
     },
     Release { task: usize },
+    /// `wait_settled` on a task that is not a pending reservation: returns at once.
+    WaitSettled { task: usize },
     Get { task: usize, via: usize },
     Observe { task: usize, status: TaskStatus, message: Option<u8> },
     Finish {
@@ -91,6 +93,7 @@ pub fn task_of(op: &Op) -> Option<usize> {
     match op {
         Op::Confirm { task, .. }
         | Op::Release { task }
+        | Op::WaitSettled { task }
         | Op::Get { task, .. }
         | Op::Observe { task, .. }
         | Op::Finish { task, .. }
@@ -186,42 +189,68 @@ fn ending_status() -> impl Strategy<Value = TaskStatus> {
     ]
 }
 
-/// One operation for a model that made `next` reservations so far.
-pub fn op(next: usize) -> BoxedStrategy<Op> {
-    let task = 0..=next;
+/// A task argument: mostly one of `preferred` (when there are any), else any number up to
+/// one past the last reservation.
+fn pick(preferred: Vec<usize>, next: usize) -> BoxedStrategy<usize> {
+    if preferred.is_empty() {
+        (0..=next).boxed()
+    } else {
+        prop_oneof![4 => select(preferred), 1 => 0..=next].boxed()
+    }
+}
+
+/// One operation for the state `m`: task arguments favour reservations (for confirms and
+/// releases) and stored tasks (for the rest), so most steps act on something.
+pub fn op(m: &Model) -> BoxedStrategy<Op> {
+    let next = m.next;
+    let reserved: Vec<usize> = m
+        .entries
+        .iter()
+        .filter(|(_, e)| matches!(e, Entry::Reserved(_)))
+        .map(|(k, _)| *k)
+        .collect();
+    let tasks: Vec<usize> = m.tasks().map(|(k, _)| k).collect();
+    // Weights: operations on reservations (tasks) are rare while there are none.
+    let (r, t) = (u32::from(!reserved.is_empty()), u32::from(!tasks.is_empty()));
+    let pending: Vec<usize> = reserved.clone();
+    let held = pick(reserved, next);
+    let task = pick(tasks, next);
     let owner = 0..OWNERS.len();
     let replica = 0..REPLICAS;
     prop_oneof![
         4 => short().prop_map(Op::Advance),
-        8 => (owner.clone(), prop::option::of(0..KEYS), select(vec![0_i64, 30, 500]),
+        8 => (owner.clone(), prop::option::weighted(0.7, 0..KEYS), select(vec![0_i64, 30, 500]),
               select(vec![5_i64, 60, 5_000]), opt_short(), opt_short())
             .prop_map(|(owner, key, window, life, lease, delegation)| Op::Reserve {
                 owner, key, window, life, lease, delegation,
             }),
-        7 => (task.clone(), 0..UPSTREAMS, nonterminal(), select(vec![40_i64, 300, 5_000]),
+        1 + 11 * r => (held.clone(), 0..UPSTREAMS, nonterminal(), select(vec![40_i64, 300, 5_000]),
               select(vec![20_i64, 200, 3_000]), replica.clone())
             .prop_map(|(task, upstream, status, ttl, deadline, via)| Op::Confirm {
                 task, upstream, status, ttl, deadline, via,
             }),
-        1 => task.clone().prop_map(|task| Op::Release { task }),
-        2 => (task.clone(), replica.clone()).prop_map(|(task, via)| Op::Get { task, via }),
-        2 => (task.clone(), nonterminal(), prop::option::of(0..2_u8))
+        1 => held.prop_map(|task| Op::Release { task }),
+        1 => (0..=next)
+            .prop_filter("a pending reservation", move |k| !pending.contains(k))
+            .prop_map(|task| Op::WaitSettled { task }),
+        1 + 3 * t => (task.clone(), replica.clone()).prop_map(|(task, via)| Op::Get { task, via }),
+        1 + 3 * t => (task.clone(), nonterminal(), prop::option::of(0..2_u8))
             .prop_map(|(task, status, message)| Op::Observe { task, status, message }),
-        4 => (task.clone(), ending_status(), reason(), prop::option::of(owner.clone()), any::<bool>())
+        1 + 7 * t => (task.clone(), ending_status(), reason(), prop::option::of(owner.clone()), any::<bool>())
             .prop_map(|(task, status, reason, by, payload)| Op::Finish {
                 task, status, reason, by, payload,
             }),
-        3 => (task.clone(), cancellation(), prop::option::of(owner), select(vec![-1_i64, 0, 100]))
+        1 + 5 * t => (task.clone(), cancellation(), prop::option::of(owner), prop_oneof![1 => Just(-1_i64), 6 => select(vec![0_i64, 100])])
             .prop_map(|(task, reason, by, give_up)| Op::RequestCancel { task, reason, by, give_up }),
         2 => (prop::option::of(replica.clone()), select(vec![1_usize, 100]))
             .prop_map(|(home, limit)| Op::CancelsDue { home, limit }),
-        1 => (task.clone(), short()).prop_map(|(task, next)| Op::NoteCancelAttempt { task, next }),
-        1 => task.clone().prop_map(|task| Op::NoteResultRead { task }),
-        2 => task.clone().prop_map(|task| Op::ReadOnce { task }),
-        1 => task.clone().prop_map(|task| Op::ForgetPayload { task }),
+        1 + t => (task.clone(), short()).prop_map(|(task, next)| Op::NoteCancelAttempt { task, next }),
+        1 + t => task.clone().prop_map(|task| Op::NoteResultRead { task }),
+        1 + 3 * t => task.clone().prop_map(|task| Op::ReadOnce { task }),
+        1 + t => task.clone().prop_map(|task| Op::ForgetPayload { task }),
         1 => select(vec![1_usize, 100]).prop_map(|limit| Op::PastDeadline { limit }),
         2 => Just(Op::Expire),
-        2 => (task, opt_short(), opt_short())
+        1 + 3 * t => (task, opt_short(), opt_short())
             .prop_map(|(task, lease, delegation)| Op::RenewIdentity { task, lease, delegation }),
         2 => Just(Op::Purge),
         1 => filter().prop_map(Op::ActiveFor),
@@ -244,20 +273,21 @@ impl ReferenceStateMachine for LedgerModel {
     type Transition = Op;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (1..=3_u32, 2..=4_u32, 1..=3_u32, 2..=6_u32)
-            .prop_map(|(principal, tenant, client, server)| {
-                Model::new(Limits {
+        (1..=4_u32, 2..=5_u32, 1..=4_u32, 2..=8_u32, any::<bool>())
+            .prop_map(|(principal, tenant, client, server, per_replica)| {
+                let limits = Limits {
                     principal,
                     tenant,
                     client,
                     server,
-                })
+                };
+                Model::new(limits, per_replica)
             })
             .boxed()
     }
 
     fn transitions(state: &Model) -> BoxedStrategy<Op> {
-        op(state.next)
+        op(state)
     }
 
     fn apply(mut state: Model, op: &Op) -> Model {
@@ -267,6 +297,7 @@ impl ReferenceStateMachine for LedgerModel {
 
     fn preconditions(state: &Model, op: &Op) -> bool {
         task_of(op).is_none_or(|k| k <= state.next)
+            && !matches!(op, Op::WaitSettled { task } if state.pending(*task))
     }
 }
 
@@ -334,7 +365,8 @@ impl Model {
                 let Some(Entry::Reserved(held)) = self.entries.get(&task).cloned() else {
                     return Expect::NoReservation;
                 };
-                if let Some(holder) = self.upstream_holder(upstream) {
+                let space = self.space(via);
+                if let Some(holder) = self.upstream_holder(space, upstream) {
                     self.entries.remove(&task);
                     let existing = self.snap(holder).expect("holder");
                     return if existing.1.owner == held.owner {
@@ -358,6 +390,7 @@ impl Model {
                     delegated_until: held.delegated_until,
                     cancel: None,
                     home: via,
+                    space,
                     key: held.key,
                     key_until: held.key_until.map(|u| u.max(now + held.window)),
                 };
@@ -370,6 +403,7 @@ impl Model {
                 }
                 Expect::Done
             }
+            Op::WaitSettled { .. } => Expect::Done,
             Op::Get { task, .. } => Expect::Record(self.snap(task)),
             Op::Observe {
                 task,

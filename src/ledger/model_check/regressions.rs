@@ -15,7 +15,7 @@ const ROOMY: Limits = Limits {
 
 /// A task is reserved with a key, confirmed, found again by its key, cancelled, finished,
 /// read once, and purged when retention ends (not before).
-pub fn model_regression_smoke() -> (Limits, Vec<Op>) {
+pub fn model_regression_smoke() -> ((Limits, bool), Vec<Op>) {
     let reserve = |key| Op::Reserve {
         owner: 0,
         key,
@@ -61,5 +61,5 @@ pub fn model_regression_smoke() -> (Limits, Vec<Op>) {
         Op::Purge,
         Op::Get { task: 0, via: 1 },
     ];
-    (ROOMY, ops)
+    ((ROOMY, false), ops)
 }

@@ -1,8 +1,9 @@
 //! The system under test: runs a model [`Op`] on real ledgers, and renders the model's
 //! [`Expect`] as the real answer it stands for, so the two compare with `==`.
 //!
-//! Every name a case writes (task, upstream and key IDs, issuers, the server) carries a
-//! random nonce of the case, so cases can share one PostgreSQL database.
+//! Task IDs and the server's name carry a random nonce of the case, so cases can share one
+//! PostgreSQL database; everything else (owners, keys, upstream IDs, replica and lease names)
+//! is the same in every case, so a query not scoped by server would show.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,9 @@ use crate::ledger::{
     ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord,
     TaskStatus,
 };
+
+/// How long an operation that must return at once may take before the case fails as hung.
+const HANG: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where replica `r` says its hop listens.
 pub fn address(r: usize) -> String {
@@ -68,8 +72,10 @@ impl Names {
         TaskId::from_string(format!("task-{}-{k:04}", self.nonce))
     }
 
+    /// Upstream IDs, issuers, subjects and keys are the same in every case: cases sharing a
+    /// PostgreSQL database are different servers, which must not see each other's.
     fn upstream(&self, u: usize) -> String {
-        format!("up-{}-{u}", self.nonce)
+        format!("upstream-{u}")
     }
 
     pub fn owner(&self, o: usize) -> Owner {
@@ -83,14 +89,13 @@ impl Names {
     }
 
     fn issuer(&self, i: usize) -> String {
-        format!("https://{}.{}.test/", ISSUERS[i], self.nonce)
+        format!("https://{}.test/", ISSUERS[i])
     }
 
-    fn key(&self, o: usize, key: usize) -> [u8; 32] {
+    fn key(o: usize, key: usize) -> [u8; 32] {
         let mut hash = [0u8; 32];
-        hash[..12].copy_from_slice(self.nonce.as_bytes());
-        hash[12] = o as u8;
-        hash[13] = key as u8;
+        hash[0] = o as u8;
+        hash[1] = key as u8;
         hash
     }
 
@@ -271,7 +276,7 @@ pub async fn execute(
                 tool: "reports.generate".into(),
                 scopes: vec!["tasks".into()],
                 idempotency: key.map(|key| IdempotencyClaim {
-                    key_hash: names.key(owner, key),
+                    key_hash: Names::key(owner, key),
                     window_ms: window,
                 }),
                 limits: QuotaLimits {
@@ -307,9 +312,22 @@ pub async fn execute(
                 deadline_at: now + deadline,
                 poll_interval_ms: Some(1_000),
             };
-            answer(ledgers[via].confirm(&names.id(task), c).await, Answer::Confirm)?
+            let (ledger, id) = (&ledgers[via], names.id(task));
+            let confirmed = if model.per_replica {
+                ledger.confirm_in_replica(&id, c).await
+            } else {
+                ledger.confirm(&id, c).await
+            };
+            answer(confirmed, Answer::Confirm)?
         }
         Op::Release { task } => answer(l.release(&names.id(task)).await, |()| Answer::Done)?,
+        Op::WaitSettled { task } => {
+            // Not pending, so it must return at once; the timeout only keeps a defect from
+            // hanging the run.
+            let settled = tokio::time::timeout(HANG, l.wait_settled(&names.id(task))).await;
+            let settled = settled.map_err(|_| "wait_settled on a settled ID did not return")?;
+            answer(settled, |()| Answer::Done)?
+        }
         Op::Get { task, via } => answer(ledgers[via].get(&names.id(task)).await, Answer::Record)?,
         Op::Observe {
             task,

@@ -42,6 +42,10 @@ impl model_check::Storage for Files {
         (ledgers, Box::new(dir))
     }
 
+    fn replica_spaces(&self) -> bool {
+        false
+    }
+
     fn check_every_step(&self) -> bool {
         true
     }

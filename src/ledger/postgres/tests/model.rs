@@ -26,6 +26,10 @@ impl model_check::Storage for Shared {
         (ledgers, Box::new(()))
     }
 
+    fn replica_spaces(&self) -> bool {
+        true
+    }
+
     fn check_every_step(&self) -> bool {
         false
     }
