@@ -65,6 +65,7 @@ macro_rules! ledger_model_tests {
 
         $crate::ledger::model_check::ledger_model_tests!(@each $storage;
             model_regression_smoke,
+            model_regression_purge_limit,
         );
     };
     (@each $storage:expr; $($name:ident),* $(,)?) => {$(
@@ -102,18 +103,14 @@ pub async fn run_case(
             let got = execute(&ledgers, &names, &model, op).await;
             let got = got.map_err(|e| format!("step {i} {op:?}: {e}"))?;
             let want = names.expect_for(op, &model.expect);
-            if std::env::var("MODEL_STATS").is_ok() {
-                let d = format!("{:?}", model.expect);
-                let head: String = d.chars().take_while(|c| c.is_alphanumeric()).collect();
-                let inner = if let model::Expect::Steps(s) = &model.expect { format!("{}", s.len()) } else { String::new() };
-                eprintln!("STAT {head}{inner}");
-            }
             if got != want {
                 return Err(format!(
                     "step {i} {op:?}:\nthe ledger answered {got:#?}\nthe model expects {want:#?}"
                 ));
             }
-            watch.answer(&got).map_err(|e| format!("step {i} {op:?}: {e}"))?;
+            watch
+                .answer(&got)
+                .map_err(|e| format!("step {i} {op:?}: {e}"))?;
             if storage.check_every_step() {
                 let checked = watch.everything(&ledgers, &names, &model).await;
                 checked.map_err(|e| format!("after step {i} {op:?}: {e}"))?;
@@ -161,10 +158,13 @@ where
     };
     let mut runner = TestRunner::new(config);
     let strategy = LedgerModel::sequential_strategy(1..MAX_STEPS);
-    let result = runner.run(&strategy, |(initial, ops, seen): (Model, Vec<Op>, Option<Arc<AtomicUsize>>)| {
-        let outcome = runtime.block_on(run_case(&storage, initial, &ops, seen.as_deref()));
-        outcome.map_err(TestCaseError::fail)
-    });
+    let result = runner.run(
+        &strategy,
+        |(initial, ops, seen): (Model, Vec<Op>, Option<Arc<AtomicUsize>>)| {
+            let outcome = runtime.block_on(run_case(&storage, initial, &ops, seen.as_deref()));
+            outcome.map_err(TestCaseError::fail)
+        },
+    );
     drop(storage);
     if let Err(e) = result {
         panic!("the ledger disagrees with the model: {e}");

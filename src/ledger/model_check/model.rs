@@ -25,7 +25,8 @@ pub const UPSTREAMS: usize = 3;
 /// [`TENANTS`] and [`CLIENTS`]: owners 0 and 1 share issuer, tenant and client; owner 2 has
 /// the same tenant name and subject as owner 0 under another issuer and no client; owner 3
 /// has no tenant.
-pub const OWNERS: [(usize, usize, usize, usize); 4] = [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 0, 2), (0, 2, 1, 1)];
+pub const OWNERS: [(usize, usize, usize, usize); 4] =
+    [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 0, 2), (0, 2, 1, 1)];
 pub const ISSUERS: [&str; 2] = ["a", "b"];
 pub const SUBJECTS: [&str; 3] = ["s0", "s1", "s2"];
 pub const TENANTS: [&str; 2] = ["t0", ""];
@@ -108,7 +109,7 @@ impl Task {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Entry {
     Reserved(Held),
-    Task(Task),
+    Task(Box<Task>),
 }
 
 /// A replica's last heartbeat.
@@ -217,7 +218,7 @@ impl Model {
     /// Confirmed tasks, by number.
     pub fn tasks(&self) -> impl Iterator<Item = (usize, &Task)> {
         self.entries.iter().filter_map(|(k, e)| match e {
-            Entry::Task(t) => Some((*k, t)),
+            Entry::Task(t) => Some((*k, &**t)),
             Entry::Reserved(_) => None,
         })
     }
@@ -251,10 +252,14 @@ impl Model {
         if count(&|o| OWNERS[o].0 == iss && OWNERS[o].1 == sub) >= l.principal {
             return Some(QuotaScope::Principal);
         }
-        if !TENANTS[ten].is_empty() && count(&|o| OWNERS[o].0 == iss && OWNERS[o].2 == ten) >= l.tenant {
+        if !TENANTS[ten].is_empty()
+            && count(&|o| OWNERS[o].0 == iss && OWNERS[o].2 == ten) >= l.tenant
+        {
             return Some(QuotaScope::Tenant);
         }
-        if !CLIENTS[cli].is_empty() && count(&|o| OWNERS[o].0 == iss && OWNERS[o].3 == cli) >= l.client {
+        if !CLIENTS[cli].is_empty()
+            && count(&|o| OWNERS[o].0 == iss && OWNERS[o].3 == cli) >= l.client
+        {
             return Some(QuotaScope::Client);
         }
         if count(&|_| true) >= l.server {
@@ -314,7 +319,11 @@ impl Model {
         let mut gone: Vec<(i64, usize)> = self
             .tasks()
             .filter(|(_, t)| t.active())
-            .filter(|(_, t)| self.replicas.get(&t.home).is_none_or(|b| b.expires_at <= self.now))
+            .filter(|(_, t)| {
+                self.replicas
+                    .get(&t.home)
+                    .is_none_or(|b| b.expires_at <= self.now)
+            })
             .map(|(k, t)| (t.created_at, k))
             .collect();
         gone.sort();

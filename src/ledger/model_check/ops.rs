@@ -36,16 +36,29 @@ pub enum Op {
     Confirm {
         task: usize,
         upstream: usize,
+        /// The server says it created the task this long before now.
+        age: i64,
         status: TaskStatus,
         ttl: i64,
         deadline: i64,
         via: usize,
     },
-    Release { task: usize },
+    Release {
+        task: usize,
+    },
     /// `wait_settled` on a task that is not a pending reservation: returns at once.
-    WaitSettled { task: usize },
-    Get { task: usize, via: usize },
-    Observe { task: usize, status: TaskStatus, message: Option<u8> },
+    WaitSettled {
+        task: usize,
+    },
+    Get {
+        task: usize,
+        via: usize,
+    },
+    Observe {
+        task: usize,
+        status: TaskStatus,
+        message: Option<u8>,
+    },
     Finish {
         task: usize,
         status: TaskStatus,
@@ -60,13 +73,27 @@ pub enum Op {
         give_up: i64,
     },
     /// `cancels_due` (every home) or `cancels_due_for(home)`.
-    CancelsDue { home: Option<usize>, limit: usize },
-    NoteCancelAttempt { task: usize, next: i64 },
-    NoteResultRead { task: usize },
+    CancelsDue {
+        home: Option<usize>,
+        limit: usize,
+    },
+    NoteCancelAttempt {
+        task: usize,
+        next: i64,
+    },
+    NoteResultRead {
+        task: usize,
+    },
     /// A read-once result: `note_result_read`, `forget_payload`, then `get`.
-    ReadOnce { task: usize },
-    ForgetPayload { task: usize },
-    PastDeadline { limit: usize },
+    ReadOnce {
+        task: usize,
+    },
+    ForgetPayload {
+        task: usize,
+    },
+    PastDeadline {
+        limit: usize,
+    },
     /// The deadline sweep: `past_deadline`, then a `request_cancel` for each task listed.
     Expire,
     RenewIdentity {
@@ -74,18 +101,34 @@ pub enum Op {
         lease: Option<i64>,
         delegation: Option<i64>,
     },
-    /// `purge_expired` (limit large enough for everything).
-    Purge,
+    /// `purge_expired` with `limit`, called again until fewer than `limit` come back.
+    Purge {
+        limit: usize,
+    },
     ActiveFor(Filter),
     /// A revocation: `active_for`, then a `request_cancel` (revocation) for each task listed.
     Revoke(Filter),
-    Heartbeat { via: usize, life: i64, address: bool },
-    Replica { replica: usize },
-    Orphaned { limit: usize },
-    TryLease { via: usize, life: i64 },
+    Heartbeat {
+        via: usize,
+        life: i64,
+        address: bool,
+    },
+    Replica {
+        replica: usize,
+    },
+    Orphaned {
+        limit: usize,
+    },
+    TryLease {
+        via: usize,
+        life: i64,
+    },
     /// The orphan sweep of replica `via`: the sweep lease; if granted, `orphaned` and a
     /// `finish` (failed, upstream lost) of each task listed.
-    Sweep { via: usize, life: i64 },
+    Sweep {
+        via: usize,
+        life: i64,
+    },
 }
 
 /// The task (if any) an operation addresses.
@@ -117,7 +160,9 @@ pub fn pending_message(reason: EndReason) -> String {
 /// The stored payload of a finish with `payload` set.
 pub fn payload(status: TaskStatus, at: i64) -> Option<serde_json::Value> {
     match status {
-        TaskStatus::Completed => Some(json!({"content": [{"type": "text", "text": "ok"}], "at": at})),
+        TaskStatus::Completed => {
+            Some(json!({"content": [{"type": "text", "text": "ok"}], "at": at}))
+        }
         TaskStatus::Failed => Some(json!({"code": -32603, "message": "failed", "at": at})),
         _ => None,
     }
@@ -211,7 +256,10 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
         .collect();
     let tasks: Vec<usize> = m.tasks().map(|(k, _)| k).collect();
     // Weights: operations on reservations (tasks) are rare while there are none.
-    let (r, t) = (u32::from(!reserved.is_empty()), u32::from(!tasks.is_empty()));
+    let (r, t) = (
+        u32::from(!reserved.is_empty()),
+        u32::from(!tasks.is_empty()),
+    );
     let pending: Vec<usize> = reserved.clone();
     let held = pick(reserved, next);
     let task = pick(tasks, next);
@@ -224,10 +272,10 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
             .prop_map(|(owner, key, window, life, lease, delegation)| Op::Reserve {
                 owner, key, window, life, lease, delegation,
             }),
-        1 + 11 * r => (held.clone(), 0..UPSTREAMS, nonterminal(), select(vec![40_i64, 300, 5_000]),
-              select(vec![20_i64, 200, 3_000]), replica.clone())
-            .prop_map(|(task, upstream, status, ttl, deadline, via)| Op::Confirm {
-                task, upstream, status, ttl, deadline, via,
+        1 + 11 * r => (held.clone(), 0..UPSTREAMS, select(vec![0_i64, 0, 30]), nonterminal(),
+              select(vec![40_i64, 300, 5_000]), select(vec![20_i64, 200, 3_000]), replica.clone())
+            .prop_map(|(task, upstream, age, status, ttl, deadline, via)| Op::Confirm {
+                task, upstream, age, status, ttl, deadline, via,
             }),
         1 => held.prop_map(|task| Op::Release { task }),
         1 => (0..=next)
@@ -252,7 +300,7 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
         2 => Just(Op::Expire),
         1 + 3 * t => (task, opt_short(), opt_short())
             .prop_map(|(task, lease, delegation)| Op::RenewIdentity { task, lease, delegation }),
-        2 => Just(Op::Purge),
+        2 => select(vec![1_usize, 2, 1_000]).prop_map(|limit| Op::Purge { limit }),
         1 => filter().prop_map(Op::ActiveFor),
         1 => filter().prop_map(Op::Revoke),
         2 => (replica.clone(), short(), any::<bool>())
@@ -331,7 +379,7 @@ impl Model {
                     if until > now {
                         return match &self.entries[&holder] {
                             Entry::Reserved(_) => Expect::InFlight(holder),
-                            Entry::Task(t) => Expect::Existing((holder, t.clone())),
+                            Entry::Task(t) => Expect::Existing((holder, (**t).clone())),
                         };
                     }
                     self.clear_key(holder);
@@ -354,6 +402,7 @@ impl Model {
             Op::Confirm {
                 task,
                 upstream,
+                age,
                 status,
                 ttl,
                 deadline,
@@ -375,15 +424,16 @@ impl Model {
                         Expect::HeldByAnotherOwner
                     };
                 }
+                let created_at = now - age;
                 let t = Task {
                     owner: held.owner,
                     upstream,
                     status,
                     message: None,
-                    created_at: now,
-                    last_updated_at: now,
+                    created_at,
+                    last_updated_at: created_at,
                     ttl,
-                    deadline_at: now + deadline,
+                    deadline_at: created_at + deadline,
                     ended: None,
                     reads: 0,
                     lease_until: held.lease_until,
@@ -392,9 +442,9 @@ impl Model {
                     home: via,
                     space,
                     key: held.key,
-                    key_until: held.key_until.map(|u| u.max(now + held.window)),
+                    key_until: held.key_until.map(|u| u.max(created_at + held.window)),
                 };
-                self.entries.insert(task, Entry::Task(t.clone()));
+                self.entries.insert(task, Entry::Task(Box::new(t.clone())));
                 Expect::New((task, t))
             }
             Op::Release { task } => {
@@ -491,7 +541,10 @@ impl Model {
                     return Expect::Flag(false);
                 };
                 let mut changed = false;
-                for (stored, given) in [(&mut t.lease_until, lease), (&mut t.delegated_until, delegation)] {
+                for (stored, given) in [
+                    (&mut t.lease_until, lease),
+                    (&mut t.delegated_until, delegation),
+                ] {
                     if let Some(d) = given
                         && stored.is_none_or(|s| now + d > s)
                     {
@@ -501,7 +554,7 @@ impl Model {
                 }
                 Expect::Flag(changed)
             }
-            Op::Purge => {
+            Op::Purge { .. } => {
                 self.sweep_reservations();
                 let gone: Vec<usize> = self
                     .tasks()
@@ -547,7 +600,13 @@ impl Model {
                 let gone = self.orphaned();
                 let mut steps = vec![Expect::Flag(true), self.list(gone.clone())];
                 for k in gone {
-                    steps.push(self.finish(k, TaskStatus::Failed, EndReason::UpstreamLost, None, false));
+                    steps.push(self.finish(
+                        k,
+                        TaskStatus::Failed,
+                        EndReason::UpstreamLost,
+                        None,
+                        false,
+                    ));
                 }
                 Expect::Steps(steps)
             }
@@ -576,7 +635,11 @@ impl Model {
         t.ended = Some(End {
             reason,
             by,
-            payload: if with_payload { payload(status, now) } else { None },
+            payload: if with_payload {
+                payload(status, now)
+            } else {
+                None
+            },
             at: now,
         });
         Expect::Applied((k, t.clone()))

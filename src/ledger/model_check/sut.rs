@@ -7,9 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::model::{
-    CLIENTS, Expect, Filter, ISSUERS, Model, OWNERS, SUBJECTS, Snap, T0, TENANTS,
-};
+use super::model::{CLIENTS, Expect, Filter, ISSUERS, Model, OWNERS, SUBJECTS, Snap, T0, TENANTS};
 use super::ops::{Op, SWEEP_GIVE_UP, pending_message};
 use crate::ledger::{
     CancelIntent, CancelRequest, Confirmation, Confirmed, Ending, Finish, FinishOutcome,
@@ -133,7 +131,7 @@ impl Names {
             token_issued_at: Some(T0 / 1000),
             home: replica(t.home),
             correlation_id: format!("request-{k}"),
-            object: (k % 2 == 0).then(|| format!("projects/p-{k}")),
+            object: k.is_multiple_of(2).then(|| format!("projects/p-{k}")),
             lease_until: t.lease_until,
             delegated_until: t.delegated_until,
             cancel: t.cancel.as_ref().map(|c| CancelIntent {
@@ -212,7 +210,9 @@ impl Names {
     /// (`AlreadyTerminal`, `NotFound`) are [`CancelRequest`]s.
     pub fn expect_for(&self, op: &Op, e: &Expect) -> Answer {
         let cancel = |e: &Expect| match e {
-            Expect::AlreadyTerminal(s) => Answer::Cancel(CancelRequest::AlreadyTerminal(self.boxed(s))),
+            Expect::AlreadyTerminal(s) => {
+                Answer::Cancel(CancelRequest::AlreadyTerminal(self.boxed(s)))
+            }
             Expect::NotFound => Answer::Cancel(CancelRequest::NotFound),
             other => self.render(other),
         };
@@ -230,7 +230,10 @@ impl Names {
     }
 }
 
-fn answer<T>(result: crate::ledger::Result<T>, f: impl FnOnce(T) -> Answer) -> Result<Answer, String> {
+fn answer<T>(
+    result: crate::ledger::Result<T>,
+    f: impl FnOnce(T) -> Answer,
+) -> Result<Answer, String> {
     match result {
         Ok(v) => Ok(f(v)),
         Err(LedgerError::NoReservation) => Ok(Answer::NoReservation),
@@ -239,7 +242,12 @@ fn answer<T>(result: crate::ledger::Result<T>, f: impl FnOnce(T) -> Answer) -> R
     }
 }
 
-fn intent(reason: crate::ledger::EndReason, by: Option<Owner>, now: i64, give_up: i64) -> CancelIntent {
+fn intent(
+    reason: crate::ledger::EndReason,
+    by: Option<Owner>,
+    now: i64,
+    give_up: i64,
+) -> CancelIntent {
     CancelIntent {
         reason,
         by,
@@ -289,7 +297,7 @@ pub async fn execute(
                 reservation_expires_at: now + life,
                 token_issued_at: Some(T0 / 1000),
                 correlation_id: format!("request-{k}"),
-                object: (k % 2 == 0).then(|| format!("projects/p-{k}")),
+                object: k.is_multiple_of(2).then(|| format!("projects/p-{k}")),
                 lease_until: lease.map(|d| now + d),
                 delegated_until: delegation.map(|d| now + d),
             };
@@ -298,6 +306,7 @@ pub async fn execute(
         Op::Confirm {
             task,
             upstream,
+            age,
             status,
             ttl,
             deadline,
@@ -307,9 +316,9 @@ pub async fn execute(
                 upstream_id: names.upstream(upstream),
                 status,
                 status_message: None,
-                created_at: now,
+                created_at: now - age,
                 ttl_ms: ttl,
-                deadline_at: now + deadline,
+                deadline_at: now - age + deadline,
                 poll_interval_ms: Some(1_000),
             };
             let (ledger, id) = (&ledgers[via], names.id(task));
@@ -335,7 +344,10 @@ pub async fn execute(
             message,
         } => {
             let message = message.map(|m| format!("progress {m}"));
-            answer(l.observe(&names.id(task), status, message, now).await, |()| Answer::Done)?
+            answer(
+                l.observe(&names.id(task), status, message, now).await,
+                |()| Answer::Done,
+            )?
         }
         Op::Finish {
             task,
@@ -367,7 +379,9 @@ pub async fn execute(
             l.note_cancel_attempt(&names.id(task), now + next).await,
             |()| Answer::Done,
         )?,
-        Op::NoteResultRead { task } => answer(l.note_result_read(&names.id(task)).await, Answer::Count)?,
+        Op::NoteResultRead { task } => {
+            answer(l.note_result_read(&names.id(task)).await, Answer::Count)?
+        }
         Op::ReadOnce { task } => {
             let id = names.id(task);
             let reads = answer(l.note_result_read(&id).await, Answer::Count)?;
@@ -380,7 +394,10 @@ pub async fn execute(
         }
         Op::PastDeadline { limit } => answer(l.past_deadline(now, limit).await, Answer::Tasks)?,
         Op::Expire => {
-            let due = l.past_deadline(now, 1_000).await.map_err(|e| e.to_string())?;
+            let due = l
+                .past_deadline(now, 1_000)
+                .await
+                .map_err(|e| e.to_string())?;
             let mut steps = vec![Answer::Tasks(due.clone())];
             for t in due {
                 let reason = if t.deadline_at <= now {
@@ -398,25 +415,56 @@ pub async fn execute(
             lease,
             delegation,
         } => answer(
-            l.renew_identity(&names.id(task), lease.map(|d| now + d), delegation.map(|d| now + d))
-                .await,
+            l.renew_identity(
+                &names.id(task),
+                lease.map(|d| now + d),
+                delegation.map(|d| now + d),
+            )
+            .await,
             Answer::Flag,
         )?,
-        Op::Purge => answer(l.purge_expired(now, 1_000).await, |mut purged| {
+        Op::Purge { limit } => {
+            let mut purged = Vec::new();
+            loop {
+                let batch = l
+                    .purge_expired(now, limit)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (n, last) = (batch.len(), batch.len() < limit);
+                if n > limit {
+                    return Err(format!("purge_expired deleted {n} tasks, limit {limit}"));
+                }
+                purged.extend(batch);
+                if last {
+                    break;
+                }
+            }
             purged.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
             Answer::Purged(purged)
-        })?,
+        }
         Op::ActiveFor(f) => answer(l.active_for(&names.filter(&f)).await, Answer::Tasks)?,
         Op::Revoke(f) => {
-            let found = l.active_for(&names.filter(&f)).await.map_err(|e| e.to_string())?;
+            let found = l
+                .active_for(&names.filter(&f))
+                .await
+                .map_err(|e| e.to_string())?;
             let mut steps = vec![Answer::Tasks(found.clone())];
             for t in found {
-                let i = intent(crate::ledger::EndReason::Revocation, None, now, SWEEP_GIVE_UP);
+                let i = intent(
+                    crate::ledger::EndReason::Revocation,
+                    None,
+                    now,
+                    SWEEP_GIVE_UP,
+                );
                 steps.push(answer(l.request_cancel(&t.id, i).await, Answer::Cancel)?);
             }
             Answer::Steps(steps)
         }
-        Op::Heartbeat { via, life, address: with_address } => {
+        Op::Heartbeat {
+            via,
+            life,
+            address: with_address,
+        } => {
             let beat = ReplicaBeat {
                 address: with_address.then(|| address(via)),
                 now,
@@ -427,7 +475,9 @@ pub async fn execute(
         Op::Replica { replica: r } => answer(l.replica(&replica(r)).await, Answer::Replica)?,
         Op::Orphaned { limit } => answer(l.orphaned(now, limit).await, Answer::Tasks)?,
         Op::TryLease { via, life } => answer(
-            ledgers[via].try_lease("sweep", &replica(via), now, now + life).await,
+            ledgers[via]
+                .try_lease("sweep", &replica(via), now, now + life)
+                .await,
             Answer::Flag,
         )?,
         Op::Sweep { via, life } => {
@@ -438,7 +488,10 @@ pub async fn execute(
                 .map_err(|e| e.to_string())?;
             let mut steps = vec![Answer::Flag(granted)];
             if granted {
-                let gone = ledger.orphaned(now, 1_000).await.map_err(|e| e.to_string())?;
+                let gone = ledger
+                    .orphaned(now, 1_000)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 steps.push(Answer::Tasks(gone.clone()));
                 for t in gone {
                     let f = finishing(
@@ -472,7 +525,11 @@ fn finishing(
         ending: Ending {
             reason,
             by: by.map(|o| names.owner(o)),
-            payload: if with_payload { super::ops::payload(status, now) } else { None },
+            payload: if with_payload {
+                super::ops::payload(status, now)
+            } else {
+                None
+            },
             at: now,
         },
     }
@@ -502,10 +559,8 @@ impl Watch {
                 let mut same = r.clone();
                 let forgotten = first.ended.as_ref().is_some_and(|e| e.payload.is_some())
                     && r.ended.as_ref().is_some_and(|e| e.payload.is_none());
-                if forgotten {
-                    if let Some(e) = first.ended.as_mut() {
-                        e.payload = None;
-                    }
+                if forgotten && let Some(e) = first.ended.as_mut() {
+                    e.payload = None;
                 }
                 if r.result_reads < first.result_reads {
                     return Err(format!("result reads went back: {first:#?} then {r:#?}"));
@@ -546,7 +601,12 @@ impl Watch {
         let limits = model.limits;
         let mut server = 0;
         for issuer in 0..ISSUERS.len() {
-            let filter = |subject, tenant, client| Filter { issuer, subject, tenant, client };
+            let filter = |subject, tenant, client| Filter {
+                issuer,
+                subject,
+                tenant,
+                client,
+            };
             let count = |tasks: Vec<TaskRecord>| tasks.len() as u32;
             let all = l.active_for(&names.filter(&filter(None, None, None))).await;
             server += count(all.map_err(|e| e.to_string())?);
@@ -556,9 +616,15 @@ impl Watch {
                 .chain((0..2).map(|c| (None, None, Some(c), limits.client)))
             {
                 let f = filter(subject, tenant, client);
-                let n = count(l.active_for(&names.filter(&f)).await.map_err(|e| e.to_string())?);
+                let n = count(
+                    l.active_for(&names.filter(&f))
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
                 if n > limit {
-                    return Err(format!("{n} active tasks for {f:?}, over the quota of {limit}"));
+                    return Err(format!(
+                        "{n} active tasks for {f:?}, over the quota of {limit}"
+                    ));
                 }
             }
         }

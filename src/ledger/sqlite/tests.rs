@@ -26,7 +26,10 @@ struct Files;
 
 #[async_trait::async_trait]
 impl model_check::Storage for Files {
-    async fn open(&self, server: &str) -> (Vec<Box<dyn TaskLedger>>, Box<dyn std::any::Any + Send>) {
+    async fn open(
+        &self,
+        server: &str,
+    ) -> (Vec<Box<dyn TaskLedger>>, Box<dyn std::any::Any + Send>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("ledger.db");
         let ledgers = (0..model_check::model::REPLICAS)
