@@ -7,12 +7,13 @@
 //! the sweep lease and orphan sweeps, over two ledger instances (replicas) sharing storage.
 //! After every step the ledger's answer must equal the model's; on top of that, independent of
 //! the model, a terminal task must never change (but for its payload going and its read count
-//! growing) and no quota may ever be exceeded. A failing case is shrunk by proptest to a
+//! growing). After the last step (after every step with `LIFEGUARD_MODEL_EVERY_STEP=1`) every
+//! task the case made is compared with the model and no quota may be exceeded. A failing case is shrunk by proptest to a
 //! minimal sequence; a real defect's sequence becomes a named test in [`regressions`].
 //!
 //! A backend runs it all by invoking [`ledger_model_tests!`] with a [`Storage`] and its
 //! default number of cases. `PROPTEST_CASES` overrides the number of cases (e.g.
-//! `PROPTEST_CASES=5000 cargo test --lib model_`). Failing seeds are persisted in
+//! `PROPTEST_CASES=5000 cargo test --lib model_random_sequences`). Failing seeds are persisted in
 //! `src/ledger/model_check/mod.regressions` and replayed first on later runs.
 //!
 //! [`TaskLedger`]: crate::ledger::TaskLedger
@@ -35,6 +36,10 @@ use self::ops::{LedgerModel, Op};
 use self::sut::{Names, Watch, execute};
 use crate::ledger::TaskLedger;
 
+/// Set, every task and the quotas are compared with the model after every step, not only
+/// after the last (about three times slower).
+const EVERY_STEP: &str = "LIFEGUARD_MODEL_EVERY_STEP";
+
 /// Longest random sequence.
 const MAX_STEPS: usize = 60;
 
@@ -47,10 +52,6 @@ pub trait Storage: Send + Sync {
 
     /// Whether replicas' `confirm_in_replica` upstream IDs live in separate spaces.
     fn replica_spaces(&self) -> bool;
-
-    /// Whether to compare every task with the model after every step (cheap on SQLite); if
-    /// not, only after the last step.
-    fn check_every_step(&self) -> bool;
 }
 
 /// Expands to `model_random_sequences` (random cases, `cases` of them unless `PROPTEST_CASES`
@@ -94,6 +95,7 @@ pub async fn run_case(
     let mut model = initial;
     model.spaces = storage.replica_spaces();
     let mut watch = Watch::default();
+    let every_step = std::env::var_os(EVERY_STEP).is_some();
     let result = async {
         for (i, op) in ops.iter().enumerate() {
             if let Some(seen) = seen {
@@ -111,7 +113,7 @@ pub async fn run_case(
             watch
                 .answer(&got)
                 .map_err(|e| format!("step {i} {op:?}: {e}"))?;
-            if storage.check_every_step() {
+            if every_step {
                 let checked = watch.everything(&ledgers, &names, &model).await;
                 checked.map_err(|e| format!("after step {i} {op:?}: {e}"))?;
             }

@@ -29,10 +29,6 @@ impl model_check::Storage for Shared {
     fn replica_spaces(&self) -> bool {
         true
     }
-
-    fn check_every_step(&self) -> bool {
-        false
-    }
 }
 
-model_check::ledger_model_tests!(async || Shared(TestDb::create().await), 24);
+model_check::ledger_model_tests!(async || Shared(TestDb::create().await), 64);
