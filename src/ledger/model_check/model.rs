@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ledger::{EndReason, QuotaScope, TaskStatus};
+use crate::ledger::{BudgetOutcome, EndReason, QuotaScope, TaskStatus};
 
 /// The model's clock starts here (2030) and only moves forward.
 pub const T0: i64 = 1_900_000_000_000;
@@ -120,6 +120,16 @@ pub struct Beat {
     pub expires_at: i64,
 }
 
+/// One recorded use of an exception's budgets (by decision: a decision is recorded once, under
+/// the grant it was last spent under).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Use {
+    pub grant: usize,
+    pub scope: usize,
+    pub task: Option<usize>,
+    pub at: i64,
+}
+
 /// A task as an answer shows it: its number and state at that moment.
 pub type Snap = (usize, Task);
 
@@ -148,6 +158,7 @@ pub enum Expect {
     Tasks(Vec<Snap>),
     Purged(Vec<usize>),
     Replica(Option<(usize, Beat)>),
+    Budget(BudgetOutcome),
     /// A composite operation's answers, in order.
     Steps(Vec<Expect>),
 }
@@ -169,6 +180,9 @@ pub struct Model {
     pub replicas: BTreeMap<usize, Beat>,
     /// The sweep lease: holder and until.
     pub lease: Option<(usize, i64)>,
+    /// Budget uses by decision, and each grant's spent cost with how long it is kept.
+    pub uses: BTreeMap<usize, Use>,
+    pub costs: BTreeMap<usize, (u64, i64)>,
     /// The answer of the last operation applied.
     pub expect: Expect,
 }
@@ -184,6 +198,8 @@ impl Model {
             entries: BTreeMap::new(),
             replicas: BTreeMap::new(),
             lease: None,
+            uses: BTreeMap::new(),
+            costs: BTreeMap::new(),
             expect: Expect::Done,
         }
     }

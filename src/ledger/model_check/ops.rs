@@ -13,9 +13,9 @@ use serde_json::json;
 
 use super::model::{
     Beat, End, Entry, Expect, Filter, Held, Intent, KEYS, Limits, Model, OWNERS, REPLICAS, Task,
-    UPSTREAMS,
+    UPSTREAMS, Use,
 };
-use crate::ledger::{EndReason, TaskStatus};
+use crate::ledger::{BUDGET_USE_HORIZON_MS, BudgetOutcome, EndReason, TaskStatus};
 
 /// One step of a sequence. `via` is the replica (ledger instance) it runs through.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +123,20 @@ pub enum Op {
         via: usize,
         life: i64,
     },
+    /// `spend_budget` of decision `decision` in scope `scope` (of task `task`, if given) under
+    /// grant `grant`; the cost budget's grant expires `cost_life` from now.
+    Spend {
+        grant: usize,
+        scope: usize,
+        decision: usize,
+        task: Option<usize>,
+        max_iterations: u32,
+        window: Option<i64>,
+        max_per_minute: u32,
+        cost: u64,
+        max_cost: Option<u64>,
+        cost_life: i64,
+    },
     /// The orphan sweep of replica `via`: the sweep lease; if granted, `orphaned` and a
     /// `finish` (failed, upstream lost) of each task listed.
     Sweep {
@@ -146,6 +160,7 @@ pub fn task_of(op: &Op) -> Option<usize> {
         | Op::ReadOnce { task }
         | Op::ForgetPayload { task }
         | Op::RenewIdentity { task, .. } => Some(*task),
+        Op::Spend { task, .. } => *task,
         _ => None,
     }
 }
@@ -266,7 +281,8 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
     let owner = 0..OWNERS.len();
     let replica = 0..REPLICAS;
     prop_oneof![
-        4 => short().prop_map(Op::Advance),
+        4 => prop_oneof![20 => short(), 1 => Just(30_000_i64), 1 => Just(BUDGET_USE_HORIZON_MS)]
+            .prop_map(Op::Advance),
         8 => (owner.clone(), prop::option::weighted(0.7, 0..KEYS), select(vec![0_i64, 30, 500]),
               select(vec![5_i64, 60, 5_000]), opt_short(), opt_short())
             .prop_map(|(owner, key, window, life, lease, delegation)| Op::Reserve {
@@ -298,7 +314,7 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
         1 + t => task.clone().prop_map(|task| Op::ForgetPayload { task }),
         1 => select(vec![1_usize, 100]).prop_map(|limit| Op::PastDeadline { limit }),
         2 => Just(Op::Expire),
-        1 + 3 * t => (task, opt_short(), opt_short())
+        1 + 3 * t => (task.clone(), opt_short(), opt_short())
             .prop_map(|(task, lease, delegation)| Op::RenewIdentity { task, lease, delegation }),
         2 => select(vec![1_usize, 2, 1_000]).prop_map(|limit| Op::Purge { limit }),
         1 => filter().prop_map(Op::ActiveFor),
@@ -309,6 +325,14 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
         1 => select(vec![1_usize, 100]).prop_map(|limit| Op::Orphaned { limit }),
         1 => (replica.clone(), short()).prop_map(|(via, life)| Op::TryLease { via, life }),
         1 => (replica, short()).prop_map(|(via, life)| Op::Sweep { via, life }),
+        4 => (
+            (0..2_usize, 0..2_usize, 0..4_usize, prop::option::of(task)),
+            (1..=3_u32, prop::option::of(select(vec![100_i64, 1_000])), 1..=4_u32),
+            (select(vec![1_u64, 4]), prop::option::of(select(vec![4_u64, 6])), select(vec![100_i64, 100_000])),
+        )
+            .prop_map(|((grant, scope, decision, task), (max_iterations, window, max_per_minute), (cost, max_cost, cost_life))| {
+                Op::Spend { grant, scope, decision, task, max_iterations, window, max_per_minute, cost, max_cost, cost_life }
+            }),
     ]
     .boxed()
 }
@@ -564,6 +588,11 @@ impl Model {
                 for k in &gone {
                     self.entries.remove(k);
                 }
+                self.uses.retain(|_, u| match u.task {
+                    Some(k) => !gone.contains(&k),
+                    None => u.at > now - BUDGET_USE_HORIZON_MS,
+                });
+                self.costs.retain(|_, (_, until)| *until > now);
                 Expect::Purged(gone)
             }
             Op::ActiveFor(f) => self.list(self.active_for(&f)),
@@ -593,6 +622,7 @@ impl Model {
                 self.list(gone)
             }
             Op::TryLease { via, life } => Expect::Flag(self.try_lease(via, life)),
+            Op::Spend { .. } => Expect::Budget(self.spend(op)),
             Op::Sweep { via, life } => {
                 if !self.try_lease(via, life) {
                     return Expect::Steps(vec![Expect::Flag(false)]);
@@ -693,6 +723,64 @@ impl Model {
     fn forget(&mut self, k: usize) {
         if let Some(end) = self.task_mut(k).and_then(|t| t.ended.as_mut()) {
             end.payload = None;
+        }
+    }
+
+    fn spend(&mut self, op: &Op) -> BudgetOutcome {
+        let Op::Spend {
+            grant,
+            scope,
+            decision,
+            task,
+            max_iterations,
+            window,
+            max_per_minute,
+            cost,
+            max_cost,
+            cost_life,
+        } = *op
+        else {
+            unreachable!("a spend")
+        };
+        let now = self.now;
+        if self.uses.get(&decision).is_some_and(|u| u.grant == grant) {
+            return BudgetOutcome::Repeated;
+        }
+        let of_grant = || self.uses.values().filter(|u| u.grant == grant);
+        let since = window.map_or(i64::MIN, |w| now - w);
+        let iterations = of_grant()
+            .filter(|u| u.scope == scope && u.at > since)
+            .count() as u32;
+        if iterations >= max_iterations {
+            return BudgetOutcome::IterationBudget;
+        }
+        let last_minute = of_grant().filter(|u| u.at > now - 60_000).count() as u32;
+        if last_minute >= max_per_minute {
+            return BudgetOutcome::Rate;
+        }
+        let cost_left = match max_cost {
+            None => None,
+            Some(max) => {
+                let (spent, until) = self.costs.get(&grant).copied().unwrap_or((0, i64::MIN));
+                if spent + cost > max {
+                    return BudgetOutcome::CostBudget;
+                }
+                self.costs
+                    .insert(grant, (spent + cost, until.max(now + cost_life)));
+                Some(max - spent - cost)
+            }
+        };
+        let used = Use {
+            grant,
+            scope,
+            task,
+            at: now,
+        };
+        self.uses.insert(decision, used);
+        BudgetOutcome::Spent {
+            iterations_left: max_iterations - iterations - 1,
+            per_minute_left: max_per_minute - last_minute - 1,
+            cost_left,
         }
     }
 

@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use super::model::{CLIENTS, Expect, Filter, ISSUERS, Model, OWNERS, SUBJECTS, Snap, T0, TENANTS};
 use super::ops::{Op, SWEEP_GIVE_UP, pending_message};
 use crate::ledger::{
-    CancelIntent, CancelRequest, Confirmation, Confirmed, Ending, Finish, FinishOutcome,
-    IdempotencyClaim, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask, QuotaLimits,
-    ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord,
-    TaskStatus,
+    BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Ending,
+    Finish, FinishOutcome, IdempotencyClaim, LedgerError, Owner, PendingCancel, PrincipalFilter,
+    PurgedTask, QuotaLimits, ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, TaskId,
+    TaskLedger, TaskRecord, TaskStatus,
 };
 
 /// How long an operation that must return at once may take before the case fails as hung.
@@ -45,6 +45,7 @@ pub enum Answer {
     Tasks(Vec<TaskRecord>),
     Purged(Vec<PurgedTask>),
     Replica(Option<ReplicaInfo>),
+    Budget(BudgetOutcome),
     Steps(Vec<Answer>),
 }
 
@@ -202,6 +203,7 @@ impl Names {
                 last_beat_at: b.at,
                 expires_at: b.expires_at,
             })),
+            Expect::Budget(b) => Answer::Budget(*b),
             Expect::Steps(steps) => Answer::Steps(steps.iter().map(|s| self.render(s)).collect()),
         }
     }
@@ -480,6 +482,34 @@ pub async fn execute(
                 .await,
             Answer::Flag,
         )?,
+        Op::Spend {
+            grant,
+            scope,
+            decision,
+            task,
+            max_iterations,
+            window,
+            max_per_minute,
+            cost,
+            max_cost,
+            cost_life,
+        } => {
+            let spend = BudgetSpend {
+                exception: "ns/exception".into(),
+                grant: format!("grant-{grant}"),
+                scope: format!("scope-{scope}"),
+                decision: format!("decision-{decision}"),
+                task: task.map(|k| names.id(k)),
+                max_iterations,
+                iteration_window_ms: window,
+                max_per_minute,
+                cost,
+                max_cost,
+                cost_until: now + cost_life,
+                now,
+            };
+            answer(l.spend_budget(&spend).await, Answer::Budget)?
+        }
         Op::Sweep { via, life } => {
             let ledger = &*ledgers[via];
             let granted = ledger
