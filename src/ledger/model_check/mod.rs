@@ -18,6 +18,7 @@
 //!
 //! [`TaskLedger`]: crate::ledger::TaskLedger
 
+pub mod draw;
 pub mod model;
 pub mod ops;
 pub mod regressions;
@@ -31,8 +32,9 @@ use async_trait::async_trait;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use proptest_state_machine::ReferenceStateMachine;
 
+use self::draw::LedgerModel;
 use self::model::{Limits, Model, REPLICAS};
-use self::ops::{LedgerModel, Op};
+use self::ops::Op;
 use self::sut::{Names, Watch, execute};
 use crate::ledger::TaskLedger;
 
