@@ -8,7 +8,8 @@
 //! non-terminal and keeps its quota slot), and the task ends only once the server confirmed it
 //! stopped or the sidecar gave up. Backends: embedded SQLite (default, one pod) and PostgreSQL
 //! (replicas of one MCP server share it). Both pass the same conformance suite
-//! (`conformance`, compiled for tests only).
+//! (`conformance`, compiled for tests only) and the model-based tests (`model_check`: random
+//! operation sequences checked against a reference model, also tests only).
 //!
 //! [`LedgerLocation`] names where a ledger lives and opens the backend that holds it.
 //!
@@ -19,6 +20,8 @@ mod checks;
 pub mod conformance;
 mod error;
 mod location;
+#[cfg(test)]
+pub mod model_check;
 pub mod postgres;
 mod settlements;
 pub mod sqlite;

@@ -305,10 +305,15 @@ pub(super) async fn purge_expired(
     // (or a purge and a finish) never wait on each other in opposite orders.
     let voided = void_expired(tx, server, now).await?;
     notify_settled(tx, server, &voided).await?;
-    // Their cancellation intents go with them (ON DELETE CASCADE).
-    let sql = "DELETE FROM lifeguard_tasks WHERE server = $1 AND id IN (SELECT id \
-               FROM lifeguard_tasks WHERE server = $1 AND confirmed AND expires_at <= $2 \
-               ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, correlation_id";
+    // Their cancellation intents go with them (ON DELETE CASCADE). The victims are chosen once,
+    // in a materialized CTE: as `id IN (SELECT … LIMIT $3 FOR UPDATE SKIP LOCKED)` the planner
+    // may rescan the subquery for every row it deletes (a nested-loop semi join), and each
+    // rescan, skipping the rows just deleted, picks the next ones, so LIMIT bounded nothing.
+    let sql = "WITH doomed AS MATERIALIZED (SELECT id FROM lifeguard_tasks \
+               WHERE server = $1 AND confirmed AND expires_at <= $2 \
+               ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+               DELETE FROM lifeguard_tasks AS t USING doomed WHERE t.server = $1 AND t.id = doomed.id \
+               RETURNING t.id, t.correlation_id";
     let purged = rows(
         tx,
         sql,

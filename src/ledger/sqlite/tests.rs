@@ -7,8 +7,9 @@ use tempfile::TempDir;
 
 use super::SqliteLedger;
 use crate::ledger::conformance::{self, NOW, UNLIMITED, confirmation, fresh_owner, reservation};
+use crate::ledger::model_check;
 use crate::ledger::{
-    CancelRequest, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError,
+    CancelRequest, Confirmed, EndReason, Ending, Finish, FinishOutcome, LedgerError, LedgerScope,
     ReserveOutcome, TaskId, TaskLedger, TaskStatus,
 };
 
@@ -19,6 +20,44 @@ fn fresh() -> (TempDir, SqliteLedger) {
 }
 
 conformance::ledger_conformance_tests!(async || fresh());
+
+/// The model-based tests' storage: a file per case, opened once per replica.
+struct Files;
+
+#[async_trait::async_trait]
+impl model_check::Storage for Files {
+    async fn open(
+        &self,
+        server: &str,
+    ) -> (Vec<Box<dyn TaskLedger>>, Box<dyn std::any::Any + Send>) {
+        // In memory where there is a tmpfs: the cases fsync thousands of commits.
+        let shm = Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        };
+        let dir = dir.expect("temp dir");
+        let path = dir.path().join("ledger.db");
+        let ledgers = (0..model_check::model::REPLICAS)
+            .map(|r| {
+                let scope = LedgerScope {
+                    server: server.into(),
+                    replica: model_check::sut::replica(r),
+                };
+                let ledger = SqliteLedger::open_scoped(&path, scope).expect("open ledger");
+                Box::new(ledger) as Box<dyn TaskLedger>
+            })
+            .collect();
+        (ledgers, Box::new(dir))
+    }
+
+    fn replica_spaces(&self) -> bool {
+        false
+    }
+}
+
+model_check::ledger_model_tests!(async || Files, 256);
 
 /// Waiters leave nothing behind, whether their reservation settles or they give up.
 #[tokio::test(flavor = "multi_thread")]

@@ -3,6 +3,7 @@
 //! a reachable server these tests fail, saying how to start one.
 
 mod isolation;
+mod model;
 mod multi_writer;
 mod recovery;
 mod support;
