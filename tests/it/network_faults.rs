@@ -60,6 +60,13 @@ async fn create(
     }
 }
 
+/// `request`'s answer; a request that does not answer within [`HANG`] fails the test as hung.
+async fn answered<T>(what: &str, request: impl Future<Output = T>) -> T {
+    tokio::time::timeout(HANG, request)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer for {HANG:?} (hung)"))
+}
+
 /// Asserts that `reply` is the ledger-unavailable refusal (or the unreachable-home one: same
 /// status, shape and retry advice).
 fn assert_retryable_503(reply: &support::client::Reply, what: &str) {

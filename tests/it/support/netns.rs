@@ -211,13 +211,12 @@ impl Lab {
             ],
         );
         must("ip", &["-n", &self.hub, "link", "set", &hub_end, "up"]);
-        let link = Link {
+        Link {
             ip,
             node: node.map(str::to_owned),
             node_end,
             hub_end,
-        };
-        link
+        }
     }
 
     /// Runs `args` of `tc` on the node's end and then on the hub's end of `link`: `{dev}` in
