@@ -111,16 +111,7 @@ impl Lab {
     /// `CI` is unset; under `CI` that refusal fails the test.
     pub fn new(test: &str) -> Option<Lab> {
         if let Err(why) = support() {
-            if std::env::var_os("CI").is_some() {
-                panic!(
-                    "{test}: network namespaces are needed and refused here ({why}); CI runs \
-                     these fault tests as root with iproute2 installed"
-                );
-            }
-            eprintln!(
-                "\n*** SKIPPED {test}: network namespaces refused ({why}); run as root to test \
-                 network faults (CI fails here) ***\n"
-            );
+            refused(test, "network namespaces", why);
             return None;
         }
         let id = format!(
@@ -329,6 +320,22 @@ impl Lab {
         command.args(["netns", "exec", ns]).arg(program);
         command
     }
+}
+
+/// What a fault test does where the kernel refuses it `what` (not root, a restricted
+/// container): under `CI` it fails, elsewhere it prints a loud SKIPPED line (the caller then
+/// returns).
+pub fn refused(test: &str, what: &str, why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{test}: {what} needed and refused here ({why}); CI runs these fault tests as root \
+             with iproute2 installed"
+        );
+    }
+    eprintln!(
+        "\n*** SKIPPED {test}: {what} refused ({why}); run as root to test these faults (CI \
+         fails here) ***\n"
+    );
 }
 
 impl Drop for Lab {
