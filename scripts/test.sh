@@ -22,8 +22,8 @@ if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
     echo "installing iproute2" >&2
     apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
   else
-    echo "scripts/test.sh: the network fault tests need ip and tc (iproute2); install them" >&2
-    exit 1
+    echo "scripts/test.sh: the network fault tests need ip and tc (iproute2) and root; they are" \
+      "skipped without (and fail under CI)" >&2
   fi
 fi
 

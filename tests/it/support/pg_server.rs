@@ -143,6 +143,6 @@ impl Drop for PgServer {
         command
             .args(["stop", "-m", "immediate", "-D"])
             .arg(self.data());
-        let _ = command.status();
+        let _ = command.output();
     }
 }
