@@ -15,6 +15,18 @@ if ! command -v openssl >/dev/null; then
   fi
 fi
 
+# iproute2 (ip, tc): tests/it/network_faults.rs puts sidecars, PostgreSQL and the control plane in
+# network namespaces and cuts the links between them (as root; CI fails them without it).
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing iproute2" >&2
+    apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
+  else
+    echo "scripts/test.sh: the network fault tests need ip and tc (iproute2) and root; they are" \
+      "skipped without (and fail under CI)" >&2
+  fi
+fi
+
 # The Python and Node peers install in the background while the tests build (below); each
 # writes its log to target/ and the tests wait for both before they start.
 mkdir -p target

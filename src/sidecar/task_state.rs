@@ -115,6 +115,33 @@ pub async fn settle_terminal_as(
     finish: Finish,
     event: &'static str,
 ) -> Option<Settled> {
+    try_settle_terminal_as(app, policy, correlation_id, record, finish, event)
+        .await
+        .unwrap_or(None)
+}
+
+/// [`settle_terminal`], with the ledger's failure to record the end returned (after logging
+/// it) rather than folded into `None`: `Ok(None)` means the task is not in the ledger, which a
+/// caller may tell its owner; a failure must not be told as that.
+pub async fn try_settle_terminal(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    finish: Finish,
+) -> Result<Option<Settled>, LedgerError> {
+    let event = lifecycle_event(finish.status, finish.ending.reason);
+    try_settle_terminal_as(app, policy, correlation_id, record, finish, event).await
+}
+
+async fn try_settle_terminal_as(
+    app: &AppState,
+    policy: &ActivePolicy,
+    correlation_id: &str,
+    record: &TaskRecord,
+    finish: Finish,
+    event: &'static str,
+) -> Result<Option<Settled>, LedgerError> {
     // A server's report that lands after the owner was revoked keeps nothing for the owner
     // (the policy in force now, not the one the caller started with, decides).
     let current = app.policy();
@@ -137,7 +164,7 @@ pub async fn settle_terminal_as(
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::error!(error = %e, "recording a terminal task state failed");
-            return None;
+            return Err(e);
         }
     };
     let audit = |event: &'static str, why: &'static str| {
@@ -175,10 +202,10 @@ pub async fn settle_terminal_as(
                     app.audit.log(event);
                 }
             }
-            Some(Settled {
+            Ok(Some(Settled {
                 record: *after,
                 applied: true,
-            })
+            }))
         }
         FinishOutcome::AlreadyTerminal(existing) => {
             // A server reporting a different end than the one recorded breaks terminal
@@ -192,12 +219,12 @@ pub async fn settle_terminal_as(
                         .detail("reported", status.as_str()),
                 );
             }
-            Some(Settled {
+            Ok(Some(Settled {
                 record: *existing,
                 applied: false,
-            })
+            }))
         }
-        FinishOutcome::NotFound => None,
+        FinishOutcome::NotFound => Ok(None),
     }
 }
 

@@ -22,6 +22,7 @@ mod kube_emulator;
 mod kube_emulator_admission;
 mod kubectl_plugin;
 mod monitoring;
+mod network_faults;
 mod operator_ca_distribution;
 mod operator_cli;
 mod operator_cluster;

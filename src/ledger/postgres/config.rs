@@ -32,6 +32,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time unless `keepalives_idle` says otherwise (the kernel's default, two
 /// hours, would leave a dead peer unnoticed for that long).
 const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+/// How long sent data may stay unacknowledged before the connection is given up unless
+/// `tcp_user_timeout` says otherwise (Linux `TCP_USER_TIMEOUT`). Without it a database cut off
+/// by a silent partition (no RST, no ICMP) holds every statement in flight, and the request
+/// waiting on it, for the kernel's retransmission limit, about fifteen minutes; with it the
+/// statement fails as "out of reach" (a retryable 503) and the pool opens a new connection.
+/// A slow server still acknowledges at the TCP level, so this never cuts a long query.
+const DEFAULT_TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The PostgreSQL port when the URL names none.
 const DEFAULT_PORT: u16 = 5432;
 
@@ -411,6 +418,9 @@ impl FromStr for PostgresLocation {
         };
         if !given("keepalives_idle") {
             pg.keepalives_idle(DEFAULT_KEEPALIVES_IDLE);
+        }
+        if !given("tcp_user_timeout") {
+            pg.tcp_user_timeout(DEFAULT_TCP_USER_TIMEOUT);
         }
         Ok(Self {
             pg: Box::new(pg),

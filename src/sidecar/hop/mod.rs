@@ -44,6 +44,15 @@ pub const KEY_SECRET: &str = "internal-hop-key";
 /// and requests older than that are refused as stale by their time anyway.
 const MAX_NONCES: usize = 100_000;
 
+/// How long a forwarded request may go unacknowledged by the home's TCP stack before the hop
+/// gives its connection up (Linux `TCP_USER_TIMEOUT`). The whole request may take the upstream
+/// timeout, since the home may wait on its server; but a home behind a silent partition (no
+/// RST, no ICMP) never acknowledges the bytes, and without this a poll sent over a pooled
+/// connection would wait that whole timeout (5 min by default) for its retryable 503. A slow
+/// home acknowledges at once and answers later, so this never cuts a long answer.
+#[cfg(target_os = "linux")]
+const UNACKNOWLEDGED_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The hop as this replica uses it: the shared key, a pooled client, and the memory of the
 /// nonces it has accepted.
 pub struct Hop {
@@ -71,6 +80,8 @@ impl Hop {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        #[cfg(target_os = "linux")]
+        connector.set_tcp_user_timeout(Some(UNACKNOWLEDGED_TIMEOUT));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);

@@ -23,7 +23,7 @@ use super::super::objects::Action;
 use super::super::respond;
 use super::super::state::AppState;
 use super::super::task_state::{
-    end_for_server_report, now_ms, observe_if_changed, settle_terminal,
+    end_for_server_report, now_ms, observe_if_changed, settle_terminal, try_settle_terminal,
 };
 use super::super::upstream::{Answer, UpstreamError, response_message};
 use super::{authorized_task, forwarded_task_message};
@@ -91,10 +91,13 @@ async fn answer_on_the_wire(
     let translated = translate_poll_answer(bytes, &terms)?;
     if let Some(finish) = end_for_server_report(app, record, Report::State(&translated.state)).await
     {
-        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
+        let settled =
+            try_settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
         return Some(match settled {
-            Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
-            None => respond::task_not_found(&ctx.id()),
+            Ok(Some(settled)) => answer_from_ledger(app, ctx, &settled.record).await,
+            Ok(None) => respond::task_not_found(&ctx.id()),
+            // Not recorded (the ledger out of reach): the task is there, the answer is not.
+            Err(e) => Error::from(e).respond(&app.metrics, &ctx.id()),
         });
     }
     app.polls.touch(&record.id, now_ms());
@@ -139,10 +142,13 @@ async fn answer_from_reply(
         }
     };
     if let Some(finish) = end_for_server_report(app, record, Report::State(&state)).await {
-        let settled = settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
+        let settled =
+            try_settle_terminal(app, &ctx.policy, &ctx.correlation_id, record, finish).await;
         return match settled {
-            Some(settled) => answer_from_ledger(app, ctx, &settled.record).await,
-            None => respond::task_not_found(&ctx.id()),
+            Ok(Some(settled)) => answer_from_ledger(app, ctx, &settled.record).await,
+            Ok(None) => respond::task_not_found(&ctx.id()),
+            // Not recorded (the ledger out of reach): the task is there, the answer is not.
+            Err(e) => Error::from(e).respond(&app.metrics, &ctx.id()),
         };
     }
     // An unchanged poll only updates the in-memory poll clock that paces the next one.

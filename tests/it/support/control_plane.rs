@@ -4,7 +4,7 @@
 //! with their bearer, acks) as an ordered event log, and can drop its streams, go down and come
 //! back on the same port.
 
-use super::tls::{mint_tls, serve};
+use super::tls::{mint_tls_for, serve};
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -88,8 +88,18 @@ pub struct FakeControlPlane {
 impl FakeControlPlane {
     /// Starts the fake with nothing to send: streams stay open and silent until `push`.
     pub async fn start() -> Self {
+        let loopback = std::net::Ipv4Addr::LOCALHOST;
+        Self::start_on(loopback, loopback).await
+    }
+
+    /// [`FakeControlPlane::start`] with the distribution endpoint on `stream` and the JWKS
+    /// endpoint on `jwks` (addresses of the test's namespace, e.g. on two `support::netns`
+    /// networks, so a test can cut one and keep the other).
+    pub async fn start_on(stream: std::net::Ipv4Addr, jwks: std::net::Ipv4Addr) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (ca_pem, tls) = mint_tls();
+        let names = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+        let (ca_pem, tls) =
+            mint_tls_for(&[&names[..], &[stream.to_string(), jwks.to_string()]].concat());
         let ca_path = dir.path().join("ca.pem");
         std::fs::write(&ca_path, ca_pem).unwrap();
         let app = Arc::new(App {
@@ -97,10 +107,10 @@ impl FakeControlPlane {
             pushed: watch::channel(0).0,
             drops: watch::channel(0).0,
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind((stream, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let running = serve(listener, tls.clone(), router(app.clone()));
-        let jwks_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let jwks_listener = tokio::net::TcpListener::bind((jwks, 0)).await.unwrap();
         let jwks_addr = jwks_listener.local_addr().unwrap();
         let jwks = std::fs::read_to_string(super::fixture("keys/issuer-jwks.json")).unwrap();
         let jwks_router = Router::new().route(

@@ -194,7 +194,17 @@ impl ExampleServer {
 
     /// Starts the example server with `args` added to its command line.
     pub fn start_with(args: &[&str]) -> Self {
-        let mut command = Command::new(example_binary("example_server"));
+        Self::launch(Command::new(example_binary("example_server")), args)
+    }
+
+    /// Starts the example server on the loopback of network namespace `netns` (its URLs are
+    /// that namespace's: for a sidecar there, not for the test).
+    pub fn start_in(netns: &str) -> Self {
+        let binary = example_binary("example_server");
+        Self::launch(super::netns::Lab::command(netns, binary), &[])
+    }
+
+    fn launch(mut command: Command, args: &[&str]) -> Self {
         command.args(["--listen", "127.0.0.1:0"]).args(args);
         let (child, output, rx) = spawn_collecting(command);
         let url = wait_for_line(&rx, "listening on ", "example server", &output);
@@ -278,6 +288,16 @@ pub struct SidecarOptions {
     pub args: Vec<String>,
     /// `--ledger` instead of the SQLite file in the sidecar's directory (e.g. `postgres://…`).
     pub ledger: Option<String>,
+    /// Run in a network namespace instead of the test's own, listening there.
+    pub place: Option<Place>,
+}
+
+/// Where a sidecar runs: a network namespace (`support::netns`) and the address it listens on
+/// there (its client and admin ports; its `--upstream` must be that namespace's loopback).
+#[derive(Clone, Debug)]
+pub struct Place {
+    pub netns: String,
+    pub host: std::net::Ipv4Addr,
 }
 
 pub struct Sidecar {
@@ -302,6 +322,8 @@ struct Launch {
     env: Vec<(String, String)>,
     /// `--ledger`, when not the SQLite file in the sidecar's directory.
     ledger: Option<String>,
+    /// A network namespace to run in, instead of the test's own loopback.
+    place: Option<Place>,
 }
 
 /// Options of a test sidecar in cluster mode (`--control-plane`).
@@ -349,6 +371,7 @@ impl Sidecar {
             source_args: policy_args(&policy_path),
             extra_args,
             ledger: options.ledger.clone(),
+            place: options.place.clone(),
             ..Launch::default()
         };
         let sidecar = Self::spawn(dir, policy_path, upstream, launch);
@@ -359,6 +382,11 @@ impl Sidecar {
     /// Starts a sidecar in cluster mode on a fresh directory. Returns once it listens: it is not
     /// ready before its first snapshot, so this does not wait for that.
     pub fn start_cluster(upstream: &str, options: ClusterOptions) -> Self {
+        Self::start_cluster_at(upstream, options, None)
+    }
+
+    /// [`Sidecar::start_cluster`] in `place` (a network namespace) when given.
+    pub fn start_cluster_at(upstream: &str, options: ClusterOptions, place: Option<Place>) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let policy_path = dir.path().join("no-policy-file-in-cluster-mode");
         let mut source_args = vec!["--control-plane".to_owned(), options.control_plane];
@@ -379,6 +407,7 @@ impl Sidecar {
             extra_args: options.args,
             env: options.env,
             ledger: None,
+            place,
         };
         Self::spawn(dir, policy_path, upstream, launch)
     }
@@ -386,7 +415,15 @@ impl Sidecar {
     fn spawn(dir: Arc<TempDir>, policy_path: PathBuf, upstream: &str, launch: Launch) -> Self {
         let ledger_path = dir.path().join("ledger.db");
         let audit_path = dir.path().join("audit.jsonl");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_lifeguard"));
+        let binary = env!("CARGO_BIN_EXE_lifeguard");
+        let (mut command, host) = match &launch.place {
+            Some(place) => (
+                super::netns::Lab::command(&place.netns, binary),
+                place.host.to_string(),
+            ),
+            None => (Command::new(binary), "127.0.0.1".to_owned()),
+        };
+        let listen = format!("{host}:0");
         command
             .arg("sidecar")
             .args(&launch.source_args)
@@ -394,9 +431,9 @@ impl Sidecar {
                 "--upstream",
                 upstream,
                 "--listen",
-                "127.0.0.1:0",
+                &listen,
                 "--admin",
-                "127.0.0.1:0",
+                &listen,
             ])
             .arg("--ledger")
             .arg(match &launch.ledger {

@@ -13,6 +13,11 @@ use tokio::task::JoinSet;
 /// A fresh CA (its PEM, for the client to trust) and a server configuration whose certificate
 /// it signed, offering HTTP/2 and HTTP/1.1.
 pub fn mint_tls() -> (String, Arc<rustls::ServerConfig>) {
+    mint_tls_for(&["127.0.0.1".to_owned(), "localhost".to_owned()])
+}
+
+/// [`mint_tls`] with a certificate for `names` (host names or IP addresses).
+pub fn mint_tls_for(names: &[String]) -> (String, Arc<rustls::ServerConfig>) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -23,8 +28,7 @@ pub fn mint_tls() -> (String, Arc<rustls::ServerConfig>) {
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let leaf_key = KeyPair::generate().unwrap();
-    let leaf_params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let leaf_params = CertificateParams::new(names.to_vec()).unwrap();
     let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
     let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());

@@ -22,6 +22,16 @@ fn urls_parse_with_libpq_defaults() {
     let own = parse("postgres://h/db?keepalives_idle=600&keepalives=0");
     assert_eq!(own.pg().get_keepalives_idle(), Duration::from_secs(600));
     assert!(!own.pg().get_keepalives());
+    // A silent partition gives up a statement in flight after this, not the kernel's 15 min.
+    assert_eq!(
+        l.pg().get_tcp_user_timeout(),
+        Some(&DEFAULT_TCP_USER_TIMEOUT)
+    );
+    let own = parse("postgres://h/db?tcp_user_timeout=30");
+    assert_eq!(
+        own.pg().get_tcp_user_timeout(),
+        Some(&Duration::from_secs(30))
+    );
 
     let l = parse(
         "PostgreSQL://u@h1:1,h2:2/db?sslmode=verify-full&sslrootcert=/ca.pem\
