@@ -25,6 +25,8 @@ use tokio::sync::mpsc;
 
 use crate::model::{Owner, TaskId};
 
+mod writer;
+
 /// Decision recorded with an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -260,7 +262,8 @@ pub struct AuditLog {
 /// How the trail is doing, shared by every handle and the writer.
 #[derive(Default)]
 pub struct AuditHealth {
-    /// The last write failed (cleared by the next successful one).
+    /// The last write failed (cleared by the next successful one; the writer retries on its
+    /// own while it fails).
     failing: AtomicBool,
     /// An event was dropped because the queue was full, since the last successful write.
     dropping: AtomicBool,
@@ -307,47 +310,11 @@ fn open_target(target: &AuditTarget) -> std::io::Result<Box<dyn Write + Send>> {
 impl AuditLog {
     /// Starts the writer on `target`. Fails when the file cannot be opened.
     pub fn open(target: AuditTarget) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
-        let mut out = open_target(&target)?;
-        let mut current = target;
+        let out = open_target(&target)?;
         let (tx, mut rx) = mpsc::channel::<Message>(QUEUE_CAPACITY);
         let health = Arc::new(AuditHealth::default());
-        let writer_health = health.clone();
-        let writer = tokio::task::spawn_blocking(move || {
-            let health = writer_health;
-            let mut buffer = Vec::with_capacity(8192);
-            while let Some(first) = rx.blocking_recv() {
-                let mut next = Some(first);
-                while let Some(message) = next.take().or_else(|| rx.try_recv().ok()) {
-                    match message {
-                        Message::Event(event) => write_line(&mut buffer, &event),
-                        Message::Retarget(target) if target != current => {
-                            flush(&mut out, &mut buffer, &health);
-                            match open_target(&target) {
-                                Ok(new) => {
-                                    tracing::info!(
-                                        ?target,
-                                        "audit trail now written to a new target"
-                                    );
-                                    out = new;
-                                    current = target;
-                                }
-                                Err(e) => tracing::error!(
-                                    ?target,
-                                    error = %e,
-                                    "cannot open the new audit target; keeping the current one"
-                                ),
-                            }
-                        }
-                        Message::Retarget(_) => {}
-                    }
-                }
-                flush(&mut out, &mut buffer, &health);
-                // Let the next batch gather: under load the writer then wakes a few hundred
-                // times a second instead of once per event (each wake is a context switch on
-                // a request thread's core).
-                std::thread::sleep(WRITE_LINGER);
-            }
-        });
+        let writer = writer::Writer::new(out, target, health.clone());
+        let writer = tokio::task::spawn_blocking(move || writer.run(&mut rx));
         let log = Self {
             tx,
             health,
@@ -398,31 +365,6 @@ impl AuditLog {
     }
 }
 
-fn flush(out: &mut Box<dyn Write + Send>, buffer: &mut Vec<u8>, health: &AuditHealth) {
-    if buffer.is_empty() {
-        return;
-    }
-    match out.write_all(buffer).and_then(|()| out.flush()) {
-        Ok(()) => {
-            health.failing.store(false, Ordering::Relaxed);
-            health.dropping.store(false, Ordering::Relaxed);
-        }
-        Err(e) => {
-            health.write_errors.inc();
-            if !health.failing.swap(true, Ordering::Relaxed) {
-                tracing::error!(error = %e, "writing the audit trail failed");
-            }
-        }
-    }
-    buffer.clear();
-}
-
-fn write_line(buffer: &mut Vec<u8>, event: &AuditEvent) {
-    if serde_json::to_writer(&mut *buffer, event).is_ok() {
-        buffer.push(b'\n');
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,36 +373,6 @@ mod tests {
         name: "ns/p",
         hash: "h1",
     };
-
-    struct Flaky(std::sync::Arc<AtomicBool>);
-
-    impl Write for Flaky {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if self.0.load(Ordering::SeqCst) {
-                Err(std::io::Error::other("disk full"))
-            } else {
-                Ok(buf.len())
-            }
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_failed_write_makes_the_trail_unhealthy_until_one_succeeds() {
-        let broken = std::sync::Arc::new(AtomicBool::new(true));
-        let mut out: Box<dyn Write + Send> = Box::new(Flaky(broken.clone()));
-        let health = AuditHealth::default();
-        let mut buffer = b"line\n".to_vec();
-        flush(&mut out, &mut buffer, &health);
-        assert!(!health.is_healthy());
-        assert_eq!(health.write_errors.get(), 1);
-        broken.store(false, Ordering::SeqCst);
-        buffer.extend_from_slice(b"line\n");
-        flush(&mut out, &mut buffer, &health);
-        assert!(health.is_healthy());
-    }
 
     #[cfg(unix)]
     #[test]
