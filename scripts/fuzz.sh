@@ -50,6 +50,11 @@ cargo metadata --locked --format-version 1 >/dev/null
 cargo fuzz build "${BUILD_FLAGS[@]}"
 
 mkdir -p work/logs
+# With -jobs libFuzzer writes each process's output to fuzz-N.log: only when asked for.
+PARALLEL=()
+if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then
+  PARALLEL=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS")
+fi
 FAILED=()
 for target in "${TARGETS[@]}"; do
   mkdir -p "work/corpus/$target" "artifacts/$target"
@@ -59,7 +64,7 @@ for target in "${TARGETS[@]}"; do
   # parser that grows without bound is a finding too.
   if cargo fuzz run "${BUILD_FLAGS[@]}" "$target" "work/corpus/$target" "corpus/$target" -- \
     -max_total_time="$SECONDS_PER_TARGET" -timeout=30 -rss_limit_mb=2048 \
-    -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" -print_final_stats=1 >"$log" 2>&1; then
+    "${PARALLEL[@]}" -print_final_stats=1 >"$log" 2>&1; then
     grep -E '^stat::(number_of_executed_units|new_units_added)' "$log" | tr '\n' ' ' >&2 || true
     echo >&2
   else
