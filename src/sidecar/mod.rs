@@ -116,7 +116,7 @@ use policy_source::PolicySource;
 use state::AppState;
 
 pub use app_probes::{AppProbeError, AppProbes};
-pub use upstream::UpstreamHttp2;
+pub use upstream::{UpstreamHttp2, largest_upstream_event};
 
 /// Which source feeds the sidecar's policy.
 #[derive(Clone, Debug)]

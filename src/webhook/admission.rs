@@ -33,7 +33,14 @@ impl InjectOutcome {
     }
 }
 
+/// The only AdmissionReview version the webhooks are registered for
+/// (`admissionReviewVersions: [v1]` in the chart).
+pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
 /// Parses an AdmissionReview body; `Err` carries the response for a body that is not one.
+/// Only `admission.k8s.io/v1` `AdmissionReview`s are accepted: the answer repeats the review's
+/// `apiVersion` and `kind`, so any other pair would be answered as something the API server
+/// does not read.
 pub fn parse_review(
     body: &[u8],
 ) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
@@ -42,6 +49,13 @@ pub fn parse_review(
             "not an AdmissionReview: {e}"
         )))
     })?;
+    if review.types.api_version != REVIEW_API_VERSION || review.types.kind != "AdmissionReview" {
+        return Err(Box::new(AdmissionResponse::invalid(format!(
+            "not an AdmissionReview: expected apiVersion {REVIEW_API_VERSION} and kind \
+             AdmissionReview, found {:?} and {:?}",
+            review.types.api_version, review.types.kind
+        ))));
+    }
     review.try_into().map_err(|_| {
         Box::new(AdmissionResponse::invalid(
             "the AdmissionReview carries no request",
@@ -181,4 +195,54 @@ pub fn validate_response(
         );
     }
     (response, kind, verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn review(api_version: &str, kind: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": api_version, "kind": kind,
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "team-a", "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}},
+                "oldObject": null, "dryRun": false,
+            }
+        }))
+        .unwrap()
+    }
+
+    /// Found by the `admission_review` fuzz target: a body of another kind (or AdmissionReview
+    /// version) was decoded as a review and answered with that kind and version, which the API
+    /// server does not read; it is refused as not an AdmissionReview.
+    #[test]
+    fn a_review_of_another_kind_or_version_was_answered_as_that_kind() {
+        let v1 = parse_review(&review(REVIEW_API_VERSION, "AdmissionReview")).unwrap();
+        let answer = review_json(AdmissionResponse::from(&v1));
+        assert_eq!(answer["apiVersion"], REVIEW_API_VERSION);
+        assert_eq!(answer["kind"], "AdmissionReview");
+        for (api_version, kind) in [
+            (REVIEW_API_VERSION, "AkmissionReview"),
+            ("admission.k8s.io/v1beta1", "AdmissionReview"),
+            ("v1", "Pod"),
+        ] {
+            let refusal = parse_review(&review(api_version, kind)).unwrap_err();
+            let answer = review_json(*refusal);
+            assert_eq!(answer["kind"], "AdmissionReview", "{api_version} {kind}");
+            assert_eq!(answer["apiVersion"], REVIEW_API_VERSION);
+            assert_eq!(answer["response"]["allowed"], false);
+            let message = answer["response"]["status"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("not an AdmissionReview") && message.contains(kind),
+                "{message}"
+            );
+        }
+    }
 }

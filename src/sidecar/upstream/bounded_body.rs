@@ -85,6 +85,28 @@ impl EventBoundaries {
     }
 }
 
+impl EventBoundaries {
+    /// At the start of a stream: before any line.
+    fn new() -> Self {
+        Self {
+            line_empty: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// The largest event size [`BoundedEvents`] sees in a stream that arrives as `chunks` (what
+/// it compares with [`StreamBounds::per_event`]). Public for the `upstream_sse` fuzz target
+/// (fuzz/), which checks that it does not depend on where the stream is cut into chunks.
+pub fn largest_upstream_event<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    let mut boundaries = EventBoundaries::new();
+    chunks
+        .into_iter()
+        .map(|chunk| boundaries.scan(chunk))
+        .max()
+        .unwrap_or(0)
+}
+
 /// An [`Incoming`] body that fails once it breaks its [`StreamBounds`].
 pub struct BoundedEvents {
     inner: Incoming,
@@ -101,10 +123,7 @@ impl BoundedEvents {
         Self {
             inner,
             bounds,
-            boundaries: EventBoundaries {
-                line_empty: true,
-                ..Default::default()
-            },
+            boundaries: EventBoundaries::new(),
             total: 0,
             failed: false,
             _lease: None,

@@ -20,7 +20,7 @@ use sse_stream::SseStream;
 
 use crate::mcp::jsonrpc::{MessageKind, classify};
 
-pub use bounded_body::{BoundedEvents, StreamBounds, broke_bound};
+pub use bounded_body::{BoundedEvents, StreamBounds, broke_bound, largest_upstream_event};
 pub use multiplexed::MultiplexedPool;
 
 /// Which requests reach the protected server over HTTP/2 (cleartext, prior knowledge) instead
