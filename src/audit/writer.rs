@@ -215,17 +215,12 @@ mod tests {
             name: "ns/p",
             hash: "h1",
         };
-        AuditEvent::new("task.created", "req", stamp, Decision::Allow, "owner")
-            .detail("n", n)
+        AuditEvent::new("task.created", "req", stamp, Decision::Allow, "owner").detail("n", n)
     }
 
     fn writer(disk: &Disk) -> (Writer, Arc<AuditHealth>) {
         let health = Arc::new(AuditHealth::default());
-        let writer = Writer::new(
-            Box::new(disk.clone()),
-            AuditTarget::Stdout,
-            health.clone(),
-        );
+        let writer = Writer::new(Box::new(disk.clone()), AuditTarget::Stdout, health.clone());
         (writer, health)
     }
 
@@ -245,7 +240,11 @@ mod tests {
         disk.free(usize::MAX);
         assert!(w.flush());
         assert!(health.is_healthy());
-        let ns: Vec<_> = disk.lines().iter().map(|l| l["detail"]["n"].clone()).collect();
+        let ns: Vec<_> = disk
+            .lines()
+            .iter()
+            .map(|l| l["detail"]["n"].clone())
+            .collect();
         assert_eq!(ns, [0, 1, 2], "each line once, whole, in order");
     }
 
@@ -267,7 +266,11 @@ mod tests {
         w.add(&event(n + 2));
         assert!(w.flush());
         let lines = disk.lines();
-        assert_eq!(lines.len(), n + 2, "every held event, the mark, the next event");
+        assert_eq!(
+            lines.len(),
+            n + 2,
+            "every held event, the mark, the next event"
+        );
         assert_eq!(lines[n - 1]["detail"]["n"], n - 1);
         assert_eq!(lines[n]["event"], "audit.events_lost");
         assert_eq!(lines[n]["count"], 2);
