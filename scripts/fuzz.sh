@@ -18,6 +18,7 @@
 # fuzz/work/logs/TARGET.log, shown when the target fails. Environment:
 #   FUZZ_TARGET_DIR  build directory (default fuzz/target)
 #   FUZZ_JOBS        parallel fuzzing processes per target (default 1)
+#   FUZZ_PROFILE     release (default) or dev (unoptimized, quicker to build; what .ci/run uses)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,17 @@ fi
 
 export RUSTC_BOOTSTRAP=1
 TARGET_DIR=${FUZZ_TARGET_DIR:-$PWD/fuzz/target}
-BUILD_FLAGS=(--sanitizer none --debug-assertions --codegen-units 16 --target-dir "$TARGET_DIR")
+BUILD_FLAGS=(--sanitizer none --debug-assertions --target-dir "$TARGET_DIR")
+# FUZZ_PROFILE=release (default: optimized, many times the executions per second, for long runs)
+# or dev (unoptimized: a third of the build time, for the short run in .ci/run).
+case "${FUZZ_PROFILE:-release}" in
+  release) BUILD_FLAGS+=(--codegen-units 16) ;;
+  dev) BUILD_FLAGS+=(--dev) ;;
+  *)
+    echo "scripts/fuzz.sh: FUZZ_PROFILE must be release or dev, not ${FUZZ_PROFILE}" >&2
+    exit 2
+    ;;
+esac
 
 cd fuzz
 if [ "$#" -gt 0 ]; then
