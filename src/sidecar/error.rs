@@ -21,11 +21,20 @@ use super::upstream::UpstreamError;
 /// The answer while the ledger's database is out of reach (an outage or failover).
 pub const LEDGER_UNAVAILABLE: &str = "The task ledger is unavailable; retry shortly";
 
+/// The answer when the server accepted a task the ledger then could not record: the sidecar
+/// cancelled it at the server, which may have started its work, so a blind retry may repeat it.
+pub const NOT_RECORDED: &str = "The task could not be recorded, so it was cancelled at the MCP server, which may have \
+     started its work";
+
 /// A failure while serving one request.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("task ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The server accepted a task but the ledger could not record it, so the sidecar cancelled
+    /// it at the server. Not retryable as such: the server may have started its work.
+    #[error("the task could not be recorded (cancelled at the server): {0}")]
+    NotRecorded(LedgerError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -58,8 +67,12 @@ impl Error {
     /// The HTTP status of the answer when the error is the whole response.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::Ledger(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Ledger(_) | Self::Model(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Ledger(e) | Self::NotRecorded(e) if e.is_unavailable() => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Ledger(_) | Self::NotRecorded(_) | Self::Model(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
@@ -71,6 +84,7 @@ impl Error {
         let message = match self {
             Self::Ledger(e) if e.is_unavailable() => LEDGER_UNAVAILABLE,
             Self::Ledger(_) | Self::Model(_) => "Internal error",
+            Self::NotRecorded(_) => NOT_RECORDED,
             Self::Upstream(_) => "The MCP server is unavailable",
             Self::NotJson => "The MCP server's answer is not JSON",
             Self::NotJsonRpc => "The MCP server returned a response that is not JSON-RPC",
@@ -107,7 +121,7 @@ impl Error {
     /// Bounded label for the `errors` metric.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Ledger(e) => e.metric_label(),
+            Self::Ledger(e) | Self::NotRecorded(e) => e.metric_label(),
             Self::Model(ModelError::Random(_)) => "random",
             Self::Upstream(UpstreamError::Timeout(_)) => "upstream_timeout",
             Self::Upstream(UpstreamError::Unreachable(_)) => "upstream_unreachable",
@@ -148,7 +162,9 @@ impl Error {
             Self::Ledger(e) if e.is_unavailable() => {
                 tracing::warn!(error = %self, "request failed")
             }
-            Self::Ledger(_) | Self::Model(_) => tracing::error!(error = %self, "request failed"),
+            Self::Ledger(_) | Self::NotRecorded(_) | Self::Model(_) => {
+                tracing::error!(error = %self, "request failed")
+            }
             _ => tracing::warn!(error = %self, "request failed"),
         }
         metrics
@@ -187,6 +203,17 @@ mod tests {
         let response = outage.respond(&SidecarMetrics::new(), &serde_json::json!(1));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
+
+        // After the server accepted the task: unavailable still, but not "retry shortly".
+        let lost = Error::NotRecorded(LedgerError::unavailable(
+            "confirm",
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        ));
+        assert_eq!(lost.http_status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(lost.error_object().message, NOT_RECORDED);
+        assert!(lost.error_object().data.is_none());
+        let response = lost.respond(&SidecarMetrics::new(), &serde_json::json!(1));
+        assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
 
         let timeout = Error::from(UpstreamError::Timeout(Duration::from_secs(1)));
         assert_eq!(timeout.http_status(), StatusCode::BAD_GATEWAY);

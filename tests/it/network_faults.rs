@@ -67,6 +67,39 @@ async fn answered<T>(what: &str, request: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: no answer for {HANG:?} (hung)"))
 }
 
+/// How a creation was refused while the ledger was out of reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Before anything reached the server: the retryable 503.
+    Retryable,
+    /// After the server accepted the task, which the ledger then could not record: cancelled
+    /// at the server, and said so (a 503 without retry advice: the server may have started).
+    NotRecorded,
+}
+
+/// Asserts that `reply` refused a creation in one of the two honest ways (never with a task ID)
+/// and says which.
+fn refusal(reply: &support::client::Reply, what: &str) -> Refusal {
+    if reply.body["error"]["message"]
+        == "The task could not be recorded, so it was cancelled at the MCP server, which may have started its work"
+    {
+        assert_eq!(reply.status, 503, "{what}: {reply:?}");
+        assert!(
+            reply.body["error"]["data"]["retryable"].is_null(),
+            "{what}: {reply:?}"
+        );
+        assert!(
+            reply.headers.get("retry-after").is_none(),
+            "{what}: {reply:?}"
+        );
+        assert!(reply.result().get("taskId").is_none(), "{what}: {reply:?}");
+        Refusal::NotRecorded
+    } else {
+        assert_retryable_503(reply, what);
+        Refusal::Retryable
+    }
+}
+
 /// Asserts that `reply` is the ledger-unavailable refusal (or the unreachable-home one: same
 /// status, shape and retry advice).
 fn assert_retryable_503(reply: &support::client::Reply, what: &str) {

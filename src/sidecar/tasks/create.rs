@@ -477,7 +477,7 @@ impl TaskCreation {
                     &ctx.correlation_id,
                     "ledger_failure",
                 );
-                return Err(e.into());
+                return Err(Error::NotRecorded(e));
             }
         };
         pending.armed = false;
