@@ -25,6 +25,12 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn new(dir: &std::path::Path) -> Self {
+        Self::for_ips(dir, &[])
+    }
+
+    /// [`TestCa::new`] whose serving certificate is also valid for `ips` (addresses of a
+    /// `support::netns` network).
+    pub fn for_ips(dir: &std::path::Path, ips: &[std::net::Ipv4Addr]) -> Self {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -38,6 +44,11 @@ impl TestCa {
         leaf_params
             .subject_alt_names
             .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        for ip in ips {
+            leaf_params
+                .subject_alt_names
+                .push(SanType::IpAddress((*ip).into()));
+        }
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
         let ca_path = dir.join("ca.crt");
@@ -52,6 +63,24 @@ impl TestCa {
             cert_path,
             key_path,
         }
+    }
+
+    /// A TLS server configuration presenting the serving certificate (for a test's own HTTPS
+    /// endpoints that clients trusting this CA must reach).
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(&self.cert_path)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&self.key_path).unwrap();
+        let mut config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(config)
     }
 
     /// An HTTPS client that trusts this CA.
@@ -152,6 +181,30 @@ impl Operator {
             args.iter().map(|a| (*a).to_owned()).collect(),
         )
         .await
+    }
+
+    /// An operator whose distribution endpoint listens on `ip` (an address of a
+    /// `support::netns` network, so a test can cut the sidecars off from it), its certificate
+    /// valid for `ip` and for `also` (e.g. where the test serves a JWKS over this CA).
+    pub async fn start_on(
+        emulator: &KubeEmulator,
+        config: Option<&str>,
+        ip: std::net::Ipv4Addr,
+        also: &[std::net::Ipv4Addr],
+    ) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let ca = Arc::new(TestCa::for_ips(dir.path(), &[&[ip][..], also].concat()));
+        let config = config.map(|text| {
+            let path = dir.path().join("operator.yaml");
+            std::fs::write(&path, text).unwrap();
+            path
+        });
+        let listen = std::net::TcpListener::bind((ip, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let kubeconfig = emulator.kubeconfig_path().to_owned();
+        Self::launch(dir, ca, listen, kubeconfig, config, Vec::new()).await
     }
 
     async fn launch(
