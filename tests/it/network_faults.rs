@@ -95,25 +95,9 @@ fn refusal(reply: &support::client::Reply, what: &str) -> Refusal {
         assert!(reply.result().get("taskId").is_none(), "{what}: {reply:?}");
         Refusal::NotRecorded
     } else {
-        assert_retryable_503(reply, what);
+        reply.assert_retryable_503(what);
         Refusal::Retryable
     }
-}
-
-/// Asserts that `reply` is the ledger-unavailable refusal (or the unreachable-home one: same
-/// status, shape and retry advice).
-fn assert_retryable_503(reply: &support::client::Reply, what: &str) {
-    assert_eq!(reply.status, 503, "{what}: {reply:?}");
-    assert_eq!(
-        reply.body["error"]["data"]["retryable"], true,
-        "{what}: {reply:?}"
-    );
-    assert_eq!(
-        reply.headers.get("retry-after").map(|v| v.as_bytes()),
-        Some(&b"1"[..]),
-        "{what}: {reply:?}"
-    );
-    assert!(reply.result().get("taskId").is_none(), "{what}: {reply:?}");
 }
 
 /// Every acknowledged task: its owner reads it to the end through `clients` (any of them), and

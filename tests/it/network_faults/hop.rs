@@ -4,7 +4,7 @@
 //! get the retryable 503 (counted as `reason="unreachable"`), nothing is lost or revealed, its
 //! own clients are served throughout, and the hop works again once healed.
 
-use super::{SPEC, answered, assert_retryable_503};
+use super::{SPEC, answered};
 use crate::support;
 
 use std::time::Duration;
@@ -94,7 +94,7 @@ async fn a_home_cut_off_from_its_peers_costs_a_retryable_503_and_nothing_else() 
             elsewhere.get_task(&alice, &homed),
         )
         .await;
-        assert_retryable_503(&cut, "a poll for a task homed behind the partition");
+        cut.assert_retryable_503("a poll for a task homed behind the partition");
         assert!(cut.result().get("status").is_none(), "{cut:?}");
     }
     // Nothing revealed to anyone else, and the home's own clients are served as before.

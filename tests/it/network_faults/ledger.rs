@@ -2,9 +2,7 @@
 //! bridge: its link delayed, lossy and cut (a silent partition) while owners create and poll,
 //! and the server restarted mid-run.
 
-use super::{
-    Acked, Refusal, SPEC, assert_retryable_503, create, owners_only_and_none_lost, refusal,
-};
+use super::{Acked, Refusal, SPEC, create, owners_only_and_none_lost, refusal};
 use crate::support;
 
 use std::sync::{Arc, Mutex};
@@ -94,6 +92,27 @@ impl Setup {
     }
 
     /// The rows the example servers wrote for `label`, across replicas.
+    /// One task created through each replica once the database is back (retried for up to
+    /// 30 s: no replica is restarted); fails naming the replica that never recovered.
+    async fn each_replica_creates_again(&self) -> Vec<Acked> {
+        let mut created = Vec::new();
+        for (i, client) in self.clients.iter().enumerate() {
+            let label = format!("after-{i}");
+            let id = support::eventually(Duration::from_secs(30), async || {
+                create(client, &alice().token(), &label).await.ok()
+            })
+            .await
+            .unwrap_or_else(|| panic!("replica {i} never recovered:\n{}", self.logs()));
+            created.push(Acked {
+                id,
+                label,
+                owner: alice().token(),
+                other: bob().token(),
+            });
+        }
+        created
+    }
+
     async fn rows(&self, label: &str) -> usize {
         let mut rows = 0;
         for server in &self.servers {
@@ -203,20 +222,8 @@ async fn a_partitioned_slow_or_lossy_database_fails_closed_and_loses_nothing() {
 
     // Healed: both replicas create again, without a restart.
     s.lab.heal(&s.db_link);
-    for (i, client) in s.clients.iter().enumerate() {
-        let label = format!("after-{i}");
-        let created = support::eventually(Duration::from_secs(30), async || {
-            create(client, &alice().token(), &label).await.ok()
-        })
-        .await;
-        let id = created.unwrap_or_else(|| panic!("replica {i} never recovered:\n{}", s.logs()));
-        tasks.lock().unwrap().push(Acked {
-            id,
-            label,
-            owner: alice().token(),
-            other: bob().token(),
-        });
-    }
+    let after = s.each_replica_creates_again().await;
+    tasks.lock().unwrap().extend(after);
     stop.cancel();
     let polls = load.await.unwrap();
     assert!(polls > 0, "the poll load never ran");
@@ -282,20 +289,8 @@ async fn postgres_restarted_mid_run_loses_nothing_and_is_rejoined_without_restar
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.pg.restart();
     // Back: each replica creates again, without a restart of its own.
-    for (i, client) in s.clients.iter().enumerate() {
-        let label = format!("after-{i}");
-        let created = support::eventually(Duration::from_secs(30), async || {
-            create(client, &alice().token(), &label).await.ok()
-        })
-        .await;
-        let id = created.unwrap_or_else(|| panic!("replica {i} never recovered:\n{}", s.logs()));
-        tasks.lock().unwrap().push(Acked {
-            id,
-            label,
-            owner: alice().token(),
-            other: bob().token(),
-        });
-    }
+    let after = s.each_replica_creates_again().await;
+    tasks.lock().unwrap().extend(after);
     stop.cancel();
     let refused = creator.await.unwrap();
     load.await.unwrap();
@@ -361,7 +356,7 @@ async fn an_end_the_ledger_cannot_record_is_a_retryable_503_not_a_lost_task() {
     assert!(ended.is_some(), "the server's task never completed");
     proxy.take_down();
     let during = client.get_task(&token, &id).await;
-    assert_retryable_503(&during, "a poll while the ledger cannot record the end");
+    during.assert_retryable_503("a poll while the ledger cannot record the end");
     assert_eq!(
         during.body["error"]["message"], "The task ledger is unavailable; retry shortly",
         "{during:?}"

@@ -52,6 +52,23 @@ impl Reply {
         self.body["error"]["code"].as_i64()
     }
 
+    /// Asserts that this is the sidecar's retryable refusal (no policy yet, ledger out of
+    /// reach, home replica unreachable): 503, `error.data.retryable: true`, `Retry-After: 1`,
+    /// and no result.
+    pub fn assert_retryable_503(&self, what: &str) {
+        assert_eq!(self.status, 503, "{what}: {self:?}");
+        assert_eq!(
+            self.body["error"]["data"]["retryable"], true,
+            "{what}: {self:?}"
+        );
+        assert_eq!(
+            self.headers.get("retry-after").map(|v| v.as_bytes()),
+            Some(&b"1"[..]),
+            "{what}: {self:?}"
+        );
+        assert!(self.body.get("result").is_none(), "{what}: {self:?}");
+    }
+
     /// The body without the id, to compare denials byte for byte.
     pub fn body_without_id(&self) -> Value {
         let mut b = self.body.clone();
