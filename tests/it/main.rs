@@ -11,6 +11,7 @@ mod architecture;
 mod bench_smoke;
 mod crash_harness;
 mod crds_up_to_date;
+mod demo_cluster;
 mod evidence_pack;
 mod example_server;
 mod example_server_streams;
