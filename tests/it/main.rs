@@ -21,6 +21,7 @@ mod interop_conformance;
 mod interop_fastmcp;
 mod kube_emulator;
 mod kube_emulator_admission;
+mod kube_emulator_kubectl;
 mod kubectl_plugin;
 mod monitoring;
 mod network_faults;

@@ -23,7 +23,7 @@ reflector, `Controller` and status writer rely on:
   itself leave `.status` alone (for resources that have the subresource);
 - `authentication.k8s.io/v1` TokenReviews answered from a token table;
 - admission webhooks on every write (`admission.py`): the mutated object is what is stored;
-- discovery (`discovery.py`).
+- discovery (`discovery.py`), OpenAPI v3 (`openapi.py`) and Tables for `kubectl get` (`tables.py`).
 
 Admission calls webhooks, which may read from this server meanwhile, so a write is prepared
 under the lock, admitted without it, then committed under the lock again if the object did not
@@ -55,8 +55,10 @@ import kmock
 import yaml
 
 import admission
+import tables
 from common import api_error, bad_request, header, parse_namespace_paths
 from discovery import RESOURCE_VERBS, Discovery
+from openapi import OpenApi
 
 # The audience a TokenReview without `spec.audiences` is checked against, as the API server's own.
 API_SERVER_AUDIENCE = 'https://kubernetes.default.svc.cluster.local'
@@ -218,7 +220,7 @@ class Change:
 
 
 @attrs.define(kw_only=True)
-class ApiServer(Discovery, kmock.KubernetesEmulator):
+class ApiServer(Discovery, OpenApi, kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with the semantics described in the module docstring."""
 
     # token -> {username, uid, groups, extra, audiences}
@@ -256,6 +258,8 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
         self['get /__emulator/services'] << (lambda: self.webhooks.services)
         self['post /__emulator/services'] << self.webhooks.update_services
         self['get /__emulator/admissions'] << self.webhooks.calls_log
+        self['get /openapi/v3'] << self._serve_openapi_index
+        self['get', re.compile(r'/openapi/v3/.+')] << self._serve_openapi_document
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -319,6 +323,14 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
             namespaced=namespaced_hint,
             status_subresource=False,
         )
+
+    def crd_version(self, resource: kmock.resource) -> dict[str, Any] | None:
+        """The served version of the CRD that declares `resource` (`spec.versions[]`), if any."""
+        crd = self._current((CRDS, None, f'{resource.plural}.{resource.group}')) if resource.group else None
+        for version in ((crd or {}).get('spec') or {}).get('versions') or []:
+            if version.get('name') == resource.version and version.get('served', True):
+                return version
+        return None
 
     def _kind_of(self, request: kmock.Request) -> Kind:
         assert request.resource is not None
@@ -406,6 +418,8 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
         async with self._lock:
             items = [obj for _, obj in self._live_objects(kind.resource) if self._selects(terms, obj)]
             rv = self._rv
+        if tables.wants_table(request):
+            return tables.render(request, self._table_columns(kind), items, str(rv))
         if metadata_only:
             return {
                 'apiVersion': 'meta.k8s.io/v1', 'kind': 'PartialObjectMetadataList',
@@ -425,12 +439,18 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
         if obj is None:
             raise api_error(404, 'NotFound', f'{kind.qualified} "{request.name}" not found',
                             **kind.details(request.name or ''))
+        if tables.wants_table(request):
+            return tables.render(request, self._table_columns(kind), [obj], version_of(obj))
         return self._as_metadata(obj) if self._metadata_only(request) else obj
+
+    def _table_columns(self, kind: Kind) -> list[tables.Column]:
+        return tables.columns_for(kind.resource, self.crd_version(kind.resource))
 
     async def _serve_watch(self, request: kmock.Request) -> Any:
         kind = self._kind_of(request)
         terms = self._selection(request)
         metadata_only = self._metadata_only(request)
+        columns = self._table_columns(kind) if tables.wants_table(request) else None
         params = request.params
         try:
             timeout = min(float(params.get('timeoutSeconds') or 1800), 3600.0)
@@ -462,6 +482,8 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
             marker = await bus.mark()
 
         def event(type_: str, obj: dict[str, Any]) -> dict[str, Any]:
+            if columns is not None and type_ != 'BOOKMARK':
+                return {'type': type_, 'object': tables.render(request, columns, [obj], version_of(obj))}
             shown = self._as_metadata(obj) if metadata_only and type_ != 'BOOKMARK' else obj
             return {'type': type_, 'object': shown}
 
@@ -502,6 +524,10 @@ class ApiServer(Discovery, kmock.KubernetesEmulator):
     # --- writing --------------------------------------------------------------------------------
 
     def _body(self, request: kmock.Request) -> Any:
+        if 'protobuf' in header(request, 'Content-Type'):
+            raise api_error(415, 'UnsupportedMediaType',
+                            'the Lifeguard kube emulator does not decode protobuf (kubectl create/run send '
+                            'it for built-in kinds): write the object as YAML and use kubectl apply -f')
         if isinstance(request.data, (dict, list)):
             return request.data
         try:
