@@ -370,7 +370,8 @@ def label_selector_text(selector: dict[str, Any] | None) -> str:
         return '<none>'
     terms = [f'{k}={v}' for k, v in sorted((selector.get('matchLabels') or {}).items())]
     for expression in selector.get('matchExpressions') or []:
-        key, operator, values = expression.get('key', ''), expression.get('operator', ''), expression.get('values') or []
+        key, operator = expression.get('key', ''), expression.get('operator', '')
+        values = expression.get('values') or []
         if operator == 'In':
             terms.append(f'{key} in ({",".join(values)})')
         elif operator == 'NotIn':
