@@ -27,7 +27,9 @@ use super::rules;
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Policy", type_ = "string", json_path = ".spec.policyRef.name"),
     printcolumn(name = "Capability", type_ = "string", json_path = ".spec.capability"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".spec.expiresAt"),
+    // `string`, not `date`: kubectl shows a `date` column as the time since it, and a future
+    // expiry as `<invalid>`.
+    printcolumn(name = "Expires", type_ = "string", json_path = ".spec.expiresAt"),
     printcolumn(
         name = "Approver",
         type_ = "string",

@@ -57,9 +57,10 @@ use super::rules;
         json_path = ".status.propagationMillis",
         priority = 1
     ),
+    // `string`, not `date`: kubectl shows a future `date` as `<invalid>`.
     printcolumn(
         name = "Expires",
-        type_ = "date",
+        type_ = "string",
         json_path = ".spec.expiresAt",
         priority = 1
     ),
