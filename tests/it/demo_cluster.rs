@@ -82,3 +82,87 @@ fn the_cluster_demo_tells_the_whole_story_and_exits_0() {
     assert_eq!(column("PODS"), "2");
     assert_eq!(column("IN-SYNC"), "2");
 }
+
+/// Ctrl-C (SIGINT to the demo alone, so it cannot rely on the terminal signalling its
+/// children) stops every process the demo started: the emulator, the operator and webhook
+/// replicas, and each pod's sidecar and server.
+#[test]
+fn an_interrupt_stops_every_process_the_demo_started() {
+    use std::io::BufRead;
+
+    let state = tempfile::tempdir().unwrap();
+    let mut demo = Command::new(support::repo().join("scripts/demo-cluster.sh"))
+        .arg("--keep")
+        .arg("--state")
+        .arg(state.path())
+        .env("LIFEGUARD_DEMO_PREBUILT", "1")
+        .current_dir(support::repo())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run scripts/demo-cluster.sh");
+    // Interrupted mid-story, once the workload's pods run.
+    let mut seen = Vec::new();
+    let mut lines = std::io::BufReader::new(demo.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("✓ injected:") {
+            break;
+        }
+    }
+    // Keep reading what it prints, as a terminal would.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    assert!(
+        seen.last().is_some_and(|l| l.contains("✓ injected:")),
+        "the demo ended before its pods ran:\n{}",
+        seen.join("\n")
+    );
+    let state_path = state.path().to_str().unwrap().to_owned();
+    assert!(
+        !processes_mentioning(&state_path).is_empty(),
+        "no process of the demo found by its state directory"
+    );
+    let status = Command::new("kill")
+        .args(["-INT", &demo.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = demo.wait().unwrap();
+    let rest = rest.join().unwrap();
+    assert_eq!(
+        exit.code(),
+        Some(130),
+        "Ctrl-C exits 130:\n{}",
+        rest.join("\n")
+    );
+
+    // Killed processes disappear once reaped; give them a generous moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut left = processes_mentioning(&state_path);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        left = processes_mentioning(&state_path);
+    }
+    assert!(left.is_empty(), "still running after Ctrl-C: {left:#?}");
+}
+
+/// Processes whose command line or environment names `path` (every process the demo starts
+/// has the state directory in one: the emulator's `--crds`, each container's `KUBECONFIG`).
+fn processes_mentioning(path: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let read = |file: &str| std::fs::read(entry.path().join(file)).unwrap_or_default();
+        let cmdline = read("cmdline");
+        let mentions = |bytes: &[u8]| bytes.windows(path.len()).any(|w| w == path.as_bytes());
+        if mentions(&cmdline) || mentions(&read("environ")) {
+            let shown = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push(format!("{name}: {shown}"));
+        }
+    }
+    found
+}
