@@ -143,7 +143,13 @@ impl Stream {
     }
 }
 
-/// Posts `ack` with `token` as the bearer.
+/// Posts `ack` with `token` as the bearer, on a connection of its own (`Connection: close`).
+///
+/// Only the operator replica holding this pod's stream accepts the acknowledgement (409
+/// `no_stream` elsewhere). The chart's Service keeps a pod on one replica (`sessionAffinity:
+/// ClientIP`); where a balancer does not, a kept-alive connection to another replica would
+/// carry every retry to the same refusal, while a fresh connection per attempt is balanced
+/// again. Acknowledgements are one per snapshot, so the extra handshakes are few.
 pub async fn post_ack(
     http: &reqwest::Client,
     url: Url,
@@ -155,6 +161,7 @@ pub async fn post_ack(
         .post(url)
         .bearer_auth(token)
         .header(CONTENT_TYPE, "application/json")
+        .header(reqwest::header::CONNECTION, "close")
         .body(body)
         .timeout(ACK_TIMEOUT)
         .send()
@@ -222,5 +229,85 @@ mod tests {
             Err(OpenError::Token { .. })
         ));
         assert!(read_token(&dir.path().join("missing")).await.is_err());
+    }
+
+    /// A replica that refuses an acknowledgement (it does not hold the pod's stream) keeps its
+    /// connection open, as the operator does; the retry must still open a connection of its own,
+    /// so that a balancer can send it to another replica.
+    #[tokio::test]
+    async fn every_ack_attempt_opens_its_own_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = requests.clone();
+        let server = tokio::spawn(async move {
+            let mut connections = 0;
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                connections += 1;
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    // Answer every request on the connection with a 409, keeping it open.
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = socket.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buffer).into_owned();
+                        let Some(head_end) = text.find("\r\n\r\n") else {
+                            continue;
+                        };
+                        let length: usize = text[..head_end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if buffer.len() < head_end + 4 + length {
+                            continue;
+                        }
+                        seen.lock()
+                            .unwrap()
+                            .push(text[..head_end].to_ascii_lowercase());
+                        buffer.clear();
+                        let answer = "HTTP/1.1 409 Conflict\r\ncontent-length: 9\r\n\r\nno_stream";
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                if connections == 2 {
+                    return connections;
+                }
+            }
+        });
+        let ack = Ack {
+            session: "s".into(),
+            version: 1,
+            policy_hash: None,
+            revocations: Vec::new(),
+        };
+        let http = reqwest::Client::new();
+        for _ in 0..2 {
+            let refused = post_ack(&http, ack_url(&url), "token", &ack).await;
+            assert_eq!(refused.unwrap_err(), "409 Conflict: no_stream");
+        }
+        let connections = tokio::time::timeout(std::time::Duration::from_secs(10), server)
+            .await
+            .expect("the second attempt came on a second connection")
+            .unwrap();
+        assert_eq!(connections, 2);
+        let requests = requests.lock().unwrap();
+        assert_eq!(requests.len(), 2);
+        assert!(
+            requests.iter().all(|r| r.contains("\r\nconnection: close")),
+            "{requests:?}"
+        );
     }
 }
