@@ -352,6 +352,22 @@ impl Story<'_> {
             if error.is_null() {
                 bail!("bob could read {user}'s task on {pod}: {stranger}");
             }
+            let made_up = "lgt_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+            let unknown = self
+                .mcp(pod, &bob, "tasks/get", made_up, json!({"taskId": made_up}))
+                .await?;
+            println!(
+                "POST {} tasks/get of a made-up ID as bob -> error {} {}",
+                self.endpoint(pod)?,
+                unknown["body"]["error"]["code"],
+                unknown["body"]["error"]["message"]
+            );
+            if unknown["httpStatus"] != stranger["httpStatus"] || unknown["body"]["error"] != *error
+            {
+                bail!(
+                    "bob's answer for {user}'s task differs from the one for a made-up ID: {stranger} vs {unknown}"
+                );
+            }
             tasks.push(Task {
                 pod: pod.clone(),
                 id,
@@ -405,6 +421,37 @@ impl Story<'_> {
         Ok(())
     }
 
+    /// The revoked user's token (issued before the revocation) is refused on every replica.
+    async fn refused(&self, user: &str, tasks: &[Task]) -> Result<()> {
+        for task in tasks {
+            let token = self.cluster.idp.token(user, "tenant-a", RESOURCE)?;
+            let answer = self
+                .mcp(
+                    &task.pod,
+                    &token,
+                    "tasks/get",
+                    &task.id,
+                    json!({"taskId": task.id}),
+                )
+                .await?;
+            let status = answer["httpStatus"].as_u64().unwrap_or_default();
+            println!(
+                "POST {} tasks/get as {user} -> HTTP {status}",
+                self.endpoint(&task.pod)?
+            );
+            if !(400..500).contains(&status) {
+                bail!(
+                    "{user}'s token issued before the revocation was not refused on {}: {answer}",
+                    task.pod
+                );
+            }
+        }
+        self.check(&format!(
+            "refused: {user}'s tokens issued before the revocation, on both replicas"
+        ));
+        Ok(())
+    }
+
     async fn revoke_with_an_object(&mut self, pods: &[String], tasks: &[Task]) -> Result<()> {
         self.step(
             "Security revokes alice: a PrincipalRevocation cancels her tasks on every replica",
@@ -421,6 +468,7 @@ impl Story<'_> {
         self.kubectl(&["apply", "-f", &self.shown(&path)])?;
         self.propagated("alice-demo", pods.len()).await?;
         self.all_cancelled("alice", tasks).await?;
+        self.refused("alice", tasks).await?;
         self.run("kubectl", &["lifeguard", "status", "-n", NS])?;
         Ok(())
     }
@@ -497,6 +545,7 @@ impl Story<'_> {
         let name = out.lines().next().unwrap_or_default().to_owned();
         self.propagated(&name, pods.len()).await?;
         self.all_cancelled("carol", tasks).await?;
+        self.refused("carol", tasks).await?;
         self.kubectl(&["get", "principalrevocations"])?;
         Ok(())
     }
