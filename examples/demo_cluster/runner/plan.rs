@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use base64::Engine;
@@ -109,6 +110,7 @@ pub fn plan(
         ports,
         allocate,
         mounts: Vec::new(),
+        service_names: service_names(cx.cluster_domain),
     };
     let mut init = Vec::new();
     for container in spec["initContainers"].as_array().into_iter().flatten() {
@@ -255,6 +257,18 @@ struct Rewrite<'a, 'c> {
     allocate: &'a mut dyn FnMut() -> u16,
     /// (mount path, host path) of the container being planned, longest first.
     mounts: Vec<(String, PathBuf)>,
+    /// `[scheme://]NAME.NAMESPACE.svc[.DOMAIN][:PORT]`.
+    service_names: regex::Regex,
+}
+
+/// The pattern of a Service's DNS name in `domain`, with an optional scheme before it and port
+/// after it.
+fn service_names(domain: &str) -> regex::Regex {
+    let domain = regex::escape(domain);
+    regex::Regex::new(&format!(
+        r"(?:(https?)://)?([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(?:\.{domain})?(?::(\d+))?\b"
+    ))
+    .expect("an escaped domain makes a valid regex")
 }
 
 const LOOPBACK_HOSTS: [&str; 5] = ["0.0.0.0:", "127.0.0.1:", "localhost:", "[::]:", "[::1]:"];
@@ -304,10 +318,11 @@ impl Rewrite<'_, '_> {
 
     /// `"port":PORT` inside a JSON value (the sidecar's rewritten app probes) → the host port.
     fn json_ports(&mut self, text: &str) -> String {
-        let re = regex::Regex::new(r#""port"\s*:\s*(\d+)"#).unwrap();
+        static PORT_FIELD: LazyLock<regex::Regex> =
+            LazyLock::new(|| regex::Regex::new(r#""port"\s*:\s*(\d+)"#).expect("a valid regex"));
         let mut out = String::new();
         let mut last = 0;
-        for m in re.captures_iter(text) {
+        for m in PORT_FIELD.captures_iter(text) {
             let digits = m.get(1).unwrap();
             if let Ok(port) = digits.as_str().parse::<u16>() {
                 out.push_str(&text[last..digits.start()]);
@@ -322,14 +337,9 @@ impl Rewrite<'_, '_> {
     /// `NAME.NAMESPACE.svc[.DOMAIN][:PORT]` (PORT from the URL scheme when absent) → the
     /// Service proxy's loopback address.
     fn services(&self, text: &str) -> Result<String> {
-        let domain = regex::escape(self.cx.cluster_domain);
-        let re = regex::Regex::new(&format!(
-            r"(?:(https?)://)?([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(?:\.{domain})?(?::(\d+))?\b"
-        ))
-        .unwrap();
         let mut out = String::new();
         let mut last = 0;
-        for m in re.captures_iter(text) {
+        for m in self.service_names.captures_iter(text) {
             let whole = m.get(0).unwrap();
             let scheme = m.get(1).map(|s| s.as_str());
             let (name, namespace) = (&m[2], &m[4]);

@@ -226,6 +226,7 @@ fn only_whole_loopback_addresses_are_rewritten() {
         allocate: &mut next,
         mounts: vec![("/data".into(), "/h/data".into())],
         namespace: "team-a",
+        service_names: service_names("cluster.local"),
     };
     assert_eq!(
         rewrite
@@ -234,4 +235,41 @@ fn only_whole_loopback_addresses_are_rewritten() {
         "10.0.0.0:80 x127.0.0.1:80 /h/data/a /database --d=/h/data"
     );
     assert!(ports.ports.is_empty());
+}
+
+#[test]
+fn service_names_take_their_port_from_the_url_scheme_and_may_be_fully_qualified() {
+    let mut fixture = Fixture::new();
+    fixture.services.insert(
+        "lifeguard-system/lifeguard-operator:443".to_owned(),
+        "127.0.0.1:40443".parse().unwrap(),
+    );
+    let cx = fixture.context();
+    let mut ports = PortTable::default();
+    let mut next = counter();
+    let mut rewrite = Rewrite {
+        cx: &cx,
+        ports: &mut ports,
+        allocate: &mut next,
+        mounts: Vec::new(),
+        namespace: "team-a",
+        service_names: service_names("cluster.local"),
+    };
+    assert_eq!(
+        rewrite
+            .text("https://lifeguard-operator.lifeguard-system.svc.cluster.local/ssf lifeguard-operator.lifeguard-system.svc:8443")
+            .unwrap(),
+        "https://127.0.0.1:40443/ssf 127.0.0.1:40001"
+    );
+    assert_eq!(
+        rewrite
+            .text("http://reports.team-a.svc/mcp")
+            .unwrap_err()
+            .to_string(),
+        "Service team-a/reports:80 has no address yet"
+    );
+    assert!(
+        ports.ports.is_empty(),
+        "Service ports are not the pod's ports"
+    );
 }
