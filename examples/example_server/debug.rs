@@ -67,6 +67,8 @@ impl RequestLog {
             "delegation": delegation_assertion(headers),
             "lifeguard": lifeguard,
             "httpVersion": format!("{version:?}"),
+            // W3C Trace Context, so tests can check whose span the caller made this request in.
+            "traceparent": headers.get("traceparent").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
             "atMs": now_ms(),
         });
         let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -40,7 +40,8 @@ pub struct OperatorArgs {
 }
 
 pub fn run(args: &OperatorArgs) -> Result<()> {
-    lifeguard::telemetry::init_logging(args.log_format);
+    // Kept to the end of the subcommand: dropping it flushes the last spans.
+    let _traces = lifeguard::telemetry::init(args.log_format, "lifeguard-operator")?;
     let config = OperatorConfig {
         shell: super::args::shell_config(
             &args.cluster,

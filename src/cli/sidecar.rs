@@ -9,7 +9,8 @@ use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 use super::SidecarArgs;
 
 pub fn run(args: &SidecarArgs) -> Result<()> {
-    lifeguard::telemetry::init_logging(args.log_format);
+    // Kept to the end of the subcommand: dropping it flushes the last spans.
+    let _traces = lifeguard::telemetry::init(args.log_format, "lifeguard-sidecar")?;
     let ledger = ledger_location(args)?;
     let config = SidecarConfig {
         policy: policy_source(args)?,

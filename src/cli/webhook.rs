@@ -47,7 +47,8 @@ pub struct WebhookArgs {
 }
 
 pub fn run(args: &WebhookArgs) -> Result<()> {
-    lifeguard::telemetry::init_logging(args.log_format);
+    // Kept to the end of the subcommand: dropping it flushes the last spans.
+    let _traces = lifeguard::telemetry::init(args.log_format, "lifeguard-webhook")?;
     let config = WebhookConfig {
         shell: super::args::shell_config(
             &args.cluster,

@@ -58,6 +58,25 @@ pub async fn serve(
     body: Body,
     arrival: Arrival,
 ) -> Response {
+    // The request's server span (none unless traces are exported), continuing the caller's
+    // trace from `traceparent`.
+    let span = crate::telemetry::spans::server(&headers);
+    let response = tracing::Instrument::instrument(
+        serve_in_span(app, body_timeout, headers, body, arrival),
+        span.clone(),
+    )
+    .await;
+    crate::telemetry::spans::finish_server(&span, response.status().as_u16());
+    response
+}
+
+async fn serve_in_span(
+    app: Arc<AppState>,
+    body_timeout: BodyReadTimeout,
+    headers: HeaderMap,
+    body: Body,
+    arrival: Arrival,
+) -> Response {
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
         // Fail closed: without a policy there is nothing to enforce, so nothing passes.

@@ -1,9 +1,15 @@
-//! Logs and metrics.
+//! Logs, metrics and traces.
 
 pub mod metrics;
+pub mod otel;
+pub mod otel_config;
+pub mod spans;
 pub mod striped;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,4 +31,40 @@ pub fn init_logging(format: LogFormat) {
     };
     // A second init (tests) keeps the first subscriber.
     let _ = result;
+}
+
+/// Logs (as [`init_logging`]) and, when the standard `OTEL_*` variables name a collector, trace
+/// export (`otel_config`, `otel`) for a serving subcommand whose `service.name` defaults to
+/// `default_service`. Keep the guard until the subcommand ends: dropping it flushes the last
+/// spans. A variable with a value that makes no sense is an error naming it.
+pub fn init(format: LogFormat, default_service: &str) -> anyhow::Result<Option<otel::OtelGuard>> {
+    let config = otel_config::from_env(|name| std::env::var(name).ok(), default_service)
+        .map_err(anyhow::Error::msg)?;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => logs.with_filter(filter).boxed(),
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+    };
+    let mut layers = vec![logs];
+    let mut guard = None;
+    if let Some(config) = &config {
+        let (traces, flush) = otel::install(config)?;
+        // Only this crate's spans become OpenTelemetry spans (not hyper's, kube's, ...).
+        let ours = tracing_subscriber::filter::Targets::new()
+            .with_target("lifeguard", tracing::Level::INFO);
+        layers.push(traces.with_filter(ours).boxed());
+        guard = Some(flush);
+    }
+    // A second init (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::registry().with(layers).try_init();
+    if let Some(config) = &config {
+        tracing::info!(
+            endpoint = %config.endpoint,
+            protocol = %config.protocol,
+            service = %config.service_name,
+            "exporting traces over OTLP"
+        );
+    }
+    Ok(guard)
 }

@@ -51,6 +51,7 @@ mod sidecar_results;
 mod sidecar_revocation;
 mod sidecar_sampling_isolation;
 mod sidecar_tasks;
+mod tracing_export;
 mod webhook_admission;
 mod webhook_end_to_end;
 mod webhook_injected_sidecar;

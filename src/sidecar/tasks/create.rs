@@ -110,8 +110,10 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     // Run to completion even if the client disconnects, so a task the server created is
     // either recorded (and subject to deadlines) or released — never silently lost.
     let app2 = app.clone();
-    let work =
-        tokio::spawn(async move { send_and_relay(app2, ctx, headers, body, creation).await });
+    // In the request's span (none unless traces are exported), so the hop upstream is its child.
+    let work = tokio::spawn(tracing::Instrument::in_current_span(async move {
+        send_and_relay(app2, ctx, headers, body, creation).await
+    }));
     work.await
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
 }

@@ -225,6 +225,10 @@ impl Upstream {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        // The client span of this hop (none unless traces are exported, and then the server
+        // gets its context as `traceparent`, never the caller's, which passes through as it is
+        // otherwise).
+        let span = crate::telemetry::spans::client(request.headers_mut());
         let started = Instant::now();
         let client = self.client();
         let sent = async {
@@ -241,9 +245,10 @@ impl Upstream {
                 }
             }
         };
-        let (response, lease) = tokio::time::timeout(self.timeout, sent)
-            .await
-            .map_err(|_| UpstreamError::Timeout(self.timeout))??;
+        let (response, lease) =
+            tokio::time::timeout(self.timeout, tracing::Instrument::instrument(sent, span))
+                .await
+                .map_err(|_| UpstreamError::Timeout(self.timeout))??;
         if let Some(h) = &self.metrics {
             h.observe(started.elapsed().as_secs_f64());
         }

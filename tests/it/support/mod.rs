@@ -15,6 +15,7 @@ pub mod listen;
 pub mod listener;
 pub mod netns;
 pub mod operator;
+pub mod otlp;
 pub mod pg_server;
 pub mod postgres;
 pub mod process;

@@ -290,6 +290,8 @@ pub struct SidecarOptions {
     pub ledger: Option<String>,
     /// Run in a network namespace instead of the test's own, listening there.
     pub place: Option<Place>,
+    /// Environment variables of the sidecar (e.g. the `OTEL_*` trace export settings).
+    pub env: Vec<(String, String)>,
 }
 
 /// Where a sidecar runs: a network namespace (`support::netns`) and the address it listens on
@@ -372,7 +374,7 @@ impl Sidecar {
             extra_args,
             ledger: options.ledger.clone(),
             place: options.place.clone(),
-            ..Launch::default()
+            env: options.env.clone(),
         };
         let sidecar = Self::spawn(dir, policy_path, upstream, launch);
         sidecar.wait_ready().await;

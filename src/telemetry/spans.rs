@@ -1,0 +1,121 @@
+//! The spans of an MCP hop, named and attributed after the OpenTelemetry semantic conventions for
+//! MCP (`{mcp.method.name} {target}`, `mcp.method.name`, `gen_ai.tool.name`) and carried across
+//! processes in W3C Trace Context headers (`traceparent`, `tracestate`).
+//!
+//! Every function returns [`tracing::Span::none`] and does nothing when spans are not exported
+//! ([`super::otel::exporting`]), so the request path does no tracing work without a collector.
+//!
+//! Only what is safe to show an operator is recorded: the method, and for `tools/call` the tool
+//! name. `Mcp-Name` of a task request is a task ID, which never goes into a span.
+
+use http::HeaderMap;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::otel::exporting;
+
+const MCP_METHOD: &str = "mcp-method";
+const MCP_NAME: &str = "mcp-name";
+/// The one method whose `Mcp-Name` (the tool) may name a span.
+const TOOLS_CALL: &str = "tools/call";
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+}
+
+/// `(span name, method, tool)` from the MCP routing headers.
+fn naming(headers: &HeaderMap) -> (String, String, Option<String>) {
+    let method = header(headers, MCP_METHOD).unwrap_or("mcp").to_owned();
+    let tool = (method == TOOLS_CALL)
+        .then(|| header(headers, MCP_NAME).map(str::to_owned))
+        .flatten();
+    let name = match &tool {
+        Some(tool) => format!("{method} {tool}"),
+        None => method.clone(),
+    };
+    (name, method, tool)
+}
+
+/// The server span of a request that arrived with `headers`: a child of the caller's span when
+/// `traceparent` names one, else the root of a new trace (as the sampler decides).
+pub fn server(headers: &HeaderMap) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
+    let (name, method, tool) = naming(headers);
+    let span = tracing::info_span!(
+        target: "lifeguard::mcp",
+        "mcp.server",
+        otel.name = %name,
+        otel.kind = "server",
+        otel.status_code = Empty,
+        mcp.method.name = %method,
+        gen_ai.tool.name = tool.as_deref(),
+        mcp.protocol.version = header(headers, "mcp-protocol-version"),
+        http.response.status_code = Empty,
+        error.r#type = Empty,
+        lifeguard.decision = Empty,
+        lifeguard.reason = Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    });
+    // Cannot fail: the span was just made and the layer is installed whenever spans are exported.
+    let _ = span.set_parent(parent);
+    span
+}
+
+/// Records the outcome of the request on its server `span`.
+pub fn finish_server(span: &Span, status: u16) {
+    if span.is_none() {
+        return;
+    }
+    span.record("http.response.status_code", status);
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", status.to_string());
+    }
+}
+
+/// The client span of a request the sidecar sends upstream with `headers` (a child of the
+/// current span), whose context replaces any `traceparent`/`tracestate` in `headers`, so the
+/// MCP server's own spans join the trace with this span as their parent. Without export the
+/// headers are left as they are (a caller's `traceparent` passes through, as it always has).
+pub fn client(headers: &mut HeaderMap) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
+    let (name, method, tool) = naming(headers);
+    let span = tracing::info_span!(
+        target: "lifeguard::mcp",
+        "mcp.client",
+        otel.name = %name,
+        otel.kind = "client",
+        mcp.method.name = %method,
+        gen_ai.tool.name = tool.as_deref(),
+    );
+    let context = span.context();
+    headers.remove("traceparent");
+    headers.remove("tracestate");
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut HeaderInjector(headers))
+    });
+    span
+}
+
+/// Records the refusal or decision `decision` (`allow`, `deny`) and its `reason` on the current
+/// request's span (the audit event's, so traces and the audit trail agree).
+pub fn decision(decision: &str, reason: &str) {
+    if !exporting() {
+        return;
+    }
+    let span = Span::current();
+    span.record("lifeguard.decision", decision);
+    span.record("lifeguard.reason", reason);
+}

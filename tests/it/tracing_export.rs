@@ -1,0 +1,147 @@
+//! OpenTelemetry traces, black box: the sidecar exports its spans over each OTLP protocol to a
+//! real receiver, continues the caller's W3C trace, and hands the MCP server its own client
+//! span's context; without an endpoint nothing is exported and `traceparent` passes through.
+
+use crate::support;
+
+use serde_json::json;
+use support::client::Reply;
+use support::otlp::{OtlpReceiver, ReceivedSpan};
+use support::process::{ExampleServer, Sidecar, SidecarOptions};
+use support::{McpClient, alice};
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+async fn sidecar(server: &ExampleServer, env: Vec<(String, String)>) -> Sidecar {
+    Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: "  tasks:\n    tools: [write_rows]\n".into(),
+            env,
+            ..SidecarOptions::default()
+        },
+    )
+    .await
+}
+
+async fn call_with_traceparent(sidecar: &Sidecar) -> Reply {
+    McpClient::new(&sidecar.url)
+        .request(
+            "tools/call",
+            json!({"name": "write_rows", "arguments": {"count": 1, "intervalMs": 10}}),
+        )
+        .token(&alice().token())
+        .header("traceparent", &format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .send()
+        .await
+}
+
+fn named(spans: &[ReceivedSpan], kind: i32) -> Option<&ReceivedSpan> {
+    spans
+        .iter()
+        .find(|s| s.kind == kind && s.name == "tools/call write_rows")
+}
+
+async fn one_protocol(protocol: &'static str) {
+    let receiver = OtlpReceiver::start().await;
+    let server = ExampleServer::start();
+    let mut env = receiver.env(protocol);
+    env.push((
+        "OTEL_RESOURCE_ATTRIBUTES".into(),
+        "deployment.environment=test".into(),
+    ));
+    let sidecar = sidecar(&server, env).await;
+
+    let reply = call_with_traceparent(&sidecar).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+
+    let spans = receiver
+        .wait_for(
+            &format!("{protocol}: the server and client spans of the call"),
+            |spans| named(spans, 2).is_some() && named(spans, 3).is_some(),
+        )
+        .await;
+    let server_span = named(&spans, 2).unwrap();
+    let client_span = named(&spans, 3).unwrap();
+    assert_eq!(server_span.protocol, protocol);
+    assert_eq!(server_span.service, "lifeguard-sidecar");
+    assert_eq!(server_span.resource["deployment.environment"], "test");
+    // The caller's trace continues: the server span is a child of the caller's span...
+    assert_eq!(server_span.trace_id, TRACE);
+    assert_eq!(server_span.parent_span_id, CALLER_SPAN);
+    assert_eq!(server_span.attributes["mcp.method.name"], "tools/call");
+    assert_eq!(server_span.attributes["gen_ai.tool.name"], "write_rows");
+    assert_eq!(server_span.attributes["http.response.status_code"], "200");
+    // ...the hop upstream is its child...
+    assert_eq!(
+        client_span.trace_id, TRACE,
+        "the hop is in the caller's trace"
+    );
+    assert_eq!(client_span.parent_span_id, server_span.span_id);
+    // ...and the MCP server was handed the hop's context, not the caller's.
+    let logged = server.requests("tools/call").await;
+    let traceparent = logged.last().unwrap()["traceparent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        traceparent,
+        format!("00-{TRACE}-{}-01", client_span.span_id)
+    );
+}
+
+#[tokio::test]
+async fn spans_reach_a_grpc_collector_and_continue_the_callers_trace() {
+    one_protocol("grpc").await;
+}
+
+#[tokio::test]
+async fn spans_reach_an_http_protobuf_collector_and_continue_the_callers_trace() {
+    one_protocol("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn spans_reach_an_http_json_collector_and_continue_the_callers_trace() {
+    one_protocol("http/json").await;
+}
+
+#[tokio::test]
+async fn without_an_endpoint_nothing_is_exported_and_traceparent_passes_through() {
+    let server = ExampleServer::start();
+    let sidecar = sidecar(&server, Vec::new()).await;
+    let reply = call_with_traceparent(&sidecar).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let logged = server.requests("tools/call").await;
+    assert_eq!(
+        logged.last().unwrap()["traceparent"],
+        format!("00-{TRACE}-{CALLER_SPAN}-01"),
+        "the caller's context reaches the server unchanged, as before tracing existed"
+    );
+}
+
+#[tokio::test]
+async fn a_setting_that_makes_no_sense_stops_the_sidecar_with_the_variable_named() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args([
+            "sidecar",
+            "--policy",
+            "/nonexistent.yaml",
+            "--upstream",
+            "http://127.0.0.1:9/mcp",
+            "--ledger",
+            "/nonexistent/ledger.db",
+        ])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/thrift")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=http/thrift: expected grpc, http/protobuf or http/json"
+        ),
+        "{stderr}"
+    );
+}
