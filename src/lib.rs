@@ -18,7 +18,7 @@
 //! | `policy` (pure compiler) | `api` |
 //! | `ledger` (task store) | `model` |
 //! | `identity`, `mcp` (the wire, pure) | `model`, `api`, `policy` |
-//! | `audit` | `model` |
+//! | `audit` | `model`, `telemetry` (each event's decision on the request's span) |
 //! | `exception` | `model`, `api`, `policy`, `identity`, `mcp` |
 //! | `distribution` (operator↔sidecar messages, pure) | `policy` |
 //! | `operator` (control plane) | `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |

@@ -326,6 +326,17 @@ impl AuditLog {
     /// Queues an event. Never blocks; events are written in order. When the queue is full the
     /// event is dropped and counted, and the trail reads unhealthy until a write succeeds.
     pub fn log(&self, mut event: AuditEvent) {
+        // The request's span (when traces are exported) says what the audit trail says.
+        crate::telemetry::spans::audit(
+            match event.decision {
+                Decision::Allow => "allow",
+                Decision::Deny => "deny",
+                Decision::Record => "record",
+            },
+            event.reason,
+            &event.policy_hash,
+            event.task.as_deref(),
+        );
         if let Some(digester) = self
             .digests
             .read()

@@ -49,6 +49,13 @@ impl DenialAudit {
         principal: Option<&Owner>,
         now: Instant,
     ) {
+        // A refusal the audit trail only counts still shows on the request's span.
+        crate::telemetry::spans::audit(
+            "deny",
+            event.reason,
+            &event.policy_hash,
+            event.task.as_deref(),
+        );
         let Ok(mut periods) = self.periods.lock() else {
             return;
         };

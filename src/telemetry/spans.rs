@@ -62,6 +62,8 @@ pub fn server(headers: &HeaderMap) -> Span {
         error.r#type = Empty,
         lifeguard.decision = Empty,
         lifeguard.reason = Empty,
+        lifeguard.policy.hash = Empty,
+        lifeguard.task = Empty,
     );
     let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
@@ -109,13 +111,20 @@ pub fn client(headers: &mut HeaderMap) -> Span {
     span
 }
 
-/// Records the refusal or decision `decision` (`allow`, `deny`) and its `reason` on the current
-/// request's span (the audit event's, so traces and the audit trail agree).
-pub fn decision(decision: &str, reason: &str) {
+/// Records an audit event's `decision` (`allow`, `deny`, `record`) and `reason`, the policy hash
+/// it was decided under and the keyed hash of its task (as the audit trail writes it, never the
+/// task ID) on the current request's span, so traces and the audit trail agree.
+pub fn audit(decision: &str, reason: &str, policy_hash: &str, task: Option<&str>) {
     if !exporting() {
         return;
     }
     let span = Span::current();
     span.record("lifeguard.decision", decision);
     span.record("lifeguard.reason", reason);
+    if !policy_hash.is_empty() {
+        span.record("lifeguard.policy.hash", policy_hash);
+    }
+    if let Some(task) = task {
+        span.record("lifeguard.task", task);
+    }
 }

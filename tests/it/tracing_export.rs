@@ -89,6 +89,37 @@ async fn one_protocol(protocol: &'static str) {
         traceparent,
         format!("00-{TRACE}-{}-01", client_span.span_id)
     );
+    // The decision is the audit trail's, with the task's keyed hash, never its ID.
+    assert_eq!(server_span.attributes["lifeguard.decision"], "allow");
+    let task_id = reply.result()["taskId"].as_str().unwrap().to_owned();
+    let task_hash = &server_span.attributes["lifeguard.task"];
+    assert!(!task_hash.is_empty() && !task_hash.contains(&task_id));
+    assert!(!server_span.attributes["lifeguard.policy.hash"].is_empty());
+
+    // Another user's poll of that task is refused; its span says so and why.
+    let refused = McpClient::new(&sidecar.url)
+        .request("tasks/get", json!({"taskId": task_id}))
+        .token(&support::bob().token())
+        .send()
+        .await;
+    assert!(refused.error_code().is_some(), "{refused:?}");
+    let spans = receiver
+        .wait_for(&format!("{protocol}: the refused poll's span"), |spans| {
+            spans.iter().any(|s| s.name == "tasks/get")
+        })
+        .await;
+    let poll = spans.iter().find(|s| s.name == "tasks/get").unwrap();
+    assert_eq!(poll.attributes["lifeguard.decision"], "deny", "{poll:#?}");
+    assert!(!poll.attributes["lifeguard.reason"].is_empty(), "{poll:#?}");
+    // No span anywhere carries the task ID.
+    for span in &spans {
+        for (key, value) in &span.attributes {
+            assert!(
+                !value.contains(&task_id),
+                "{key} carries the task ID: {span:#?}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
