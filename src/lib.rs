@@ -22,7 +22,7 @@
 //! | `exception` | `model`, `api`, `policy`, `identity`, `mcp` |
 //! | `distribution` (operator↔sidecar messages, pure) | `policy` |
 //! | `operator` (control plane) | `api`, `policy`, `identity`, `exception`, `distribution`, `telemetry`, `runtime` |
-//! | `webhook` (admission) | `api`, `policy`, `exception`, `runtime` |
+//! | `webhook` (admission) | `api`, `policy`, `exception`, `telemetry`, `runtime` |
 //! | `sidecar` | `model`, `api`, `policy`, `identity`, `audit`, `mcp`, `ledger`, `exception`, `distribution`, `telemetry`, `runtime` |
 //!
 //! `operator`, `sidecar` and `webhook` never import one another: they meet in `policy`

@@ -73,6 +73,41 @@ pub fn server(headers: &HeaderMap) -> Span {
     span
 }
 
+/// Axum middleware: a server span for each request of a control-plane endpoint (the webhook's
+/// admission reviews, the operator's Security Event pushes), named `{METHOD} {path}` after the
+/// HTTP conventions, continuing the caller's `traceparent`, with the response status.
+pub async fn http_server(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if !exporting() {
+        return next.run(request).await;
+    }
+    let route = format!("{} {}", request.method(), request.uri().path());
+    let span = tracing::info_span!(
+        target: "lifeguard::http",
+        "http.server",
+        otel.name = %route,
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = %request.method(),
+        url.path = %request.uri().path(),
+        http.response.status_code = Empty,
+        error.r#type = Empty,
+        lifeguard.decision = Empty,
+        lifeguard.reason = Empty,
+        lifeguard.policy.hash = Empty,
+        lifeguard.task = Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(request.headers()))
+    });
+    let _ = span.set_parent(parent);
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    finish_server(&span, response.status().as_u16());
+    response
+}
+
 /// Records the outcome of the request on its server `span`.
 pub fn finish_server(span: &Span, status: u16) {
     if span.is_none() {

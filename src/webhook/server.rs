@@ -61,6 +61,9 @@ pub fn router(state: Arc<WebhookState>) -> Router {
     Router::new()
         .route("/inject", post(inject_handler))
         .route("/validate", post(validate_handler))
+        .layer(axum::middleware::from_fn(
+            crate::telemetry::spans::http_server,
+        ))
         .with_state(state)
 }
 
@@ -157,6 +160,7 @@ async fn inject_handler(
         }
     };
     let (label, reason) = outcome.labels();
+    crate::telemetry::spans::audit(label, reason, "", None);
     state
         .metrics
         .injections
@@ -185,6 +189,12 @@ async fn validate_handler(
                 &request,
                 state.cluster.as_ref(),
                 jiff::Timestamp::now(),
+            );
+            crate::telemetry::spans::audit(
+                if verdict.allowed { "allow" } else { "deny" },
+                verdict.reason,
+                "",
+                None,
             );
             state
                 .metrics

@@ -51,6 +51,9 @@ const LIMIT_RETRY_AFTER_SECS: u64 = 60;
 pub fn router(receiver: Arc<SsfReceiver>) -> Router {
     Router::new()
         .route(PUSH_PATH, post(push))
+        .layer(axum::middleware::from_fn(
+            crate::telemetry::spans::http_server,
+        ))
         .with_state(receiver)
 }
 
