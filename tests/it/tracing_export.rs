@@ -176,3 +176,82 @@ async fn a_setting_that_makes_no_sense_stops_the_sidecar_with_the_variable_named
         "{stderr}"
     );
 }
+
+/// The webhook's admission reviews are server spans of `lifeguard-webhook`, continuing the API
+/// server's trace, with the injection outcome.
+#[tokio::test]
+async fn the_webhooks_admission_reviews_are_spans_in_the_callers_trace() {
+    use support::webhook::{Webhook, config_yaml, pod_review};
+
+    let receiver = OtlpReceiver::start().await;
+    let emulator = support::kube::KubeEmulator::start().await;
+    let webhook =
+        Webhook::start_with_env(&emulator, &config_yaml(""), &receiver.env("http/protobuf")).await;
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "plain", "namespace": "team-z"},
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]},
+    });
+    let response = webhook
+        .ca
+        .client()
+        .post(format!("{}/inject", webhook.url))
+        .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .json(&pod_review("uid-1", "team-z", &pod))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let spans = receiver
+        .wait_for("the webhook's span of the review", |spans| {
+            spans.iter().any(|s| s.name == "POST /inject")
+        })
+        .await;
+    let span = spans.iter().find(|s| s.name == "POST /inject").unwrap();
+    assert_eq!(span.service, "lifeguard-webhook");
+    assert_eq!(span.kind, 2);
+    assert_eq!(span.trace_id, TRACE);
+    assert_eq!(span.parent_span_id, CALLER_SPAN);
+    assert_eq!(span.attributes["http.response.status_code"], "200");
+    assert!(
+        !span.attributes["lifeguard.decision"].is_empty(),
+        "{span:#?}"
+    );
+    assert!(!span.attributes["lifeguard.reason"].is_empty(), "{span:#?}");
+}
+
+/// The operator's Security Event pushes are server spans of `lifeguard-operator` in the
+/// transmitter's trace; a refused push is one too, with its status.
+#[tokio::test]
+async fn the_operators_security_event_pushes_are_spans_in_the_callers_trace() {
+    use support::operator::Operator;
+
+    let receiver = OtlpReceiver::start().await;
+    let emulator = support::kube::KubeEmulator::start().await;
+    let config = support::ssf::two_push_transmitters(&[], &[]);
+    let operator =
+        Operator::start_with_env(&emulator, Some(&config), &[], &receiver.env("grpc")).await;
+    let response = operator
+        .ca
+        .client()
+        .post(format!("{}/ssf/push", operator.url))
+        .header("content-type", "application/secevent+jwt")
+        .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .body("not.a.set")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+
+    let spans = receiver
+        .wait_for("the operator's span of the push", |spans| {
+            spans.iter().any(|s| s.name == "POST /ssf/push")
+        })
+        .await;
+    let span = spans.iter().find(|s| s.name == "POST /ssf/push").unwrap();
+    assert_eq!(span.service, "lifeguard-operator");
+    assert_eq!(span.trace_id, TRACE);
+    assert_eq!(span.parent_span_id, CALLER_SPAN);
+    assert_eq!(span.attributes["http.response.status_code"], "400");
+}

@@ -112,11 +112,14 @@ pub struct Operator {
     config: Option<PathBuf>,
     /// Extra command-line flags (kept across restarts).
     args: Vec<String>,
+    /// Its environment beyond the harness's (e.g. the `OTEL_*` trace settings).
+    env: Vec<(String, String)>,
 }
 
 /// Starts `lifeguard <subcommand>` (`operator` or `webhook`: they take the same flags) with its
-/// output collected and `extra` flags (e.g. the listener's limits); the caller waits for what it
-/// needs.
+/// output collected, `extra` flags (e.g. the listener's limits) and `env` (e.g. the `OTEL_*`
+/// trace settings); the caller waits for what it needs.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn_component_with(
     subcommand: &str,
     kubeconfig: &std::path::Path,
@@ -125,6 +128,7 @@ pub fn spawn_component_with(
     (cert, key): (&std::path::Path, &std::path::Path),
     config: Option<&std::path::Path>,
     extra: &[String],
+    env: &[(String, String)],
 ) -> (
     Child,
     Arc<Mutex<Vec<String>>>,
@@ -147,6 +151,7 @@ pub fn spawn_component_with(
         command.arg("--config").arg(path);
     }
     command.args(extra);
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     spawn_collecting(command)
 }
 
@@ -165,6 +170,16 @@ impl Operator {
         config: Option<&str>,
         args: &[&str],
     ) -> Self {
+        Self::start_with_env(emulator, config, args, &[]).await
+    }
+
+    /// [`Operator::start_with_args`] with environment variables (e.g. the `OTEL_*` settings).
+    pub async fn start_with_env(
+        emulator: &KubeEmulator,
+        config: Option<&str>,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let ca = Arc::new(TestCa::new(dir.path()));
         let config = config.map(|text| {
@@ -179,6 +194,7 @@ impl Operator {
             emulator.kubeconfig_path().to_owned(),
             config,
             args.iter().map(|a| (*a).to_owned()).collect(),
+            env.to_vec(),
         )
         .await
     }
@@ -204,7 +220,7 @@ impl Operator {
             .local_addr()
             .unwrap();
         let kubeconfig = emulator.kubeconfig_path().to_owned();
-        Self::launch(dir, ca, listen, kubeconfig, config, Vec::new()).await
+        Self::launch(dir, ca, listen, kubeconfig, config, Vec::new(), Vec::new()).await
     }
 
     async fn launch(
@@ -214,6 +230,7 @@ impl Operator {
         kubeconfig: PathBuf,
         config: Option<PathBuf>,
         args: Vec<String>,
+        env: Vec<(String, String)>,
     ) -> Self {
         let (child, output, rx) = spawn_component_with(
             "operator",
@@ -223,6 +240,7 @@ impl Operator {
             (&ca.cert_path, &ca.key_path),
             config.as_deref(),
             &args,
+            &env,
         );
         let admin = wait_for_line(&rx, "admin on ", "operator", &output);
         let operator = Self {
@@ -235,6 +253,7 @@ impl Operator {
             kubeconfig,
             config,
             args,
+            env,
         };
         operator.wait_ready().await;
         operator
@@ -268,8 +287,8 @@ impl Operator {
         self.kill_hard();
         let (dir, ca, listen) = (self.dir.clone(), self.ca.clone(), self.listen);
         let (kubeconfig, config) = (self.kubeconfig.clone(), self.config.clone());
-        let args = self.args.clone();
-        *self = Self::launch(dir, ca, listen, kubeconfig, config, args).await;
+        let (args, env) = (self.args.clone(), self.env.clone());
+        *self = Self::launch(dir, ca, listen, kubeconfig, config, args, env).await;
     }
 }
 

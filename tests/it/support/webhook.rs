@@ -47,7 +47,19 @@ impl Webhook {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let ca = Arc::new(TestCa::new(dir.path()));
         let (cert, key) = (ca.cert_path.clone(), ca.key_path.clone());
-        Self::launch(emulator, config, dir, ca, (&cert, &key), args).await
+        Self::launch(emulator, config, dir, ca, (&cert, &key), args, &[]).await
+    }
+
+    /// [`Webhook::start`] with environment variables (e.g. the `OTEL_*` trace settings).
+    pub async fn start_with_env(
+        emulator: &KubeEmulator,
+        config: &str,
+        env: &[(String, String)],
+    ) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let ca = Arc::new(TestCa::new(dir.path()));
+        let (cert, key) = (ca.cert_path.clone(), ca.key_path.clone());
+        Self::launch(emulator, config, dir, ca, (&cert, &key), &[], env).await
     }
 
     /// Starts a webhook serving the certificate at the given paths.
@@ -59,7 +71,7 @@ impl Webhook {
         cert: &Path,
         key: &Path,
     ) -> Self {
-        Self::launch(emulator, config, dir, ca, (cert, key), &[]).await
+        Self::launch(emulator, config, dir, ca, (cert, key), &[], &[]).await
     }
 
     async fn launch(
@@ -69,6 +81,7 @@ impl Webhook {
         ca: Arc<TestCa>,
         (cert, key): (&Path, &Path),
         args: &[&str],
+        env: &[(String, String)],
     ) -> Self {
         let config_path = dir.path().join("webhook.yaml");
         std::fs::write(&config_path, config).unwrap();
@@ -82,6 +95,7 @@ impl Webhook {
             (cert, key),
             Some(&config_path),
             &args,
+            env,
         );
         let admin = wait_for_line(&rx, "admin on ", "webhook", &output);
         let webhook = Self {
