@@ -74,6 +74,60 @@ pub struct SidecarSettings {
     /// `sizeLimit` of the emptyDir holding the ledger and the last snapshot.
     #[serde(default = "default_data_size_limit")]
     pub data_size_limit: Quantity,
+    /// Where injected sidecars export their traces (the chart's `otel.*` values); absent: they
+    /// export nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otel: Option<OtelSettings>,
+}
+
+/// The OpenTelemetry settings given to every injected sidecar as the standard `OTEL_*`
+/// variables (docs/operations.md, "Tracing").
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OtelSettings {
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`: the collector's base URL.
+    pub endpoint: String,
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`: `grpc`, `http/protobuf` or `http/json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// `OTEL_TRACES_SAMPLER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<String>,
+    /// `OTEL_TRACES_SAMPLER_ARG`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_arg: Option<String>,
+}
+
+impl OtelSettings {
+    /// The variables an injected sidecar gets, in a fixed order.
+    pub fn env(&self) -> Vec<(&'static str, &str)> {
+        let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", self.endpoint.as_str())];
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", &self.protocol),
+            ("OTEL_TRACES_SAMPLER", &self.sampler),
+            ("OTEL_TRACES_SAMPLER_ARG", &self.sampler_arg),
+        ] {
+            if let Some(value) = value {
+                env.push((name, value.as_str()));
+            }
+        }
+        env
+    }
+
+    /// The sidecar would refuse to start with these: the same check, at admission time.
+    fn check(&self) -> Result<(), String> {
+        let env = self.env();
+        crate::telemetry::otel_config::from_env(
+            |name| {
+                env.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            },
+            "lifeguard-sidecar",
+        )
+        .map(|_| ())
+        .map_err(|e| format!("sidecar.otel: {e}"))
+    }
 }
 
 /// `imagePullPolicy` values.
@@ -199,6 +253,9 @@ impl WebhookFileConfig {
         if s.image.trim().is_empty() {
             return Err("sidecar.image: must name an image".into());
         }
+        if let Some(otel) = &s.otel {
+            otel.check()?;
+        }
         if !TOKEN_EXPIRATION_RANGE.contains(&s.token_expiration_seconds) {
             return Err(format!(
                 "sidecar.tokenExpirationSeconds: {} is outside {}..={} (the kubelet refuses less than 600; more than an hour makes a leaked token worth more)",
@@ -315,6 +372,35 @@ mod tests {
             let err = parse(&text).unwrap_err();
             assert!(err.contains(key), "{err} should name {key}");
         }
+    }
+
+    #[test]
+    fn sidecar_trace_settings_are_checked_as_the_sidecar_would() {
+        let with = |otel: &str| {
+            MINIMAL.replace("image: lifeguard:dev", &format!("image: x, otel: {otel}"))
+        };
+        let c = parse(&with("{endpoint: 'http://otel-collector.observability:4317', protocol: grpc, sampler: parentbased_traceidratio, samplerArg: '0.1'}")).unwrap();
+        assert_eq!(
+            c.sidecar.otel.unwrap().env(),
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "http://otel-collector.observability:4317"
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+            ]
+        );
+        assert!(parse(MINIMAL).unwrap().sidecar.otel.is_none());
+        assert_eq!(
+            parse(&with("{endpoint: 'http://c:4318', protocol: http/thrift}")).unwrap_err(),
+            "w.yaml: sidecar.otel: OTEL_EXPORTER_OTLP_PROTOCOL=http/thrift: expected grpc, http/protobuf or http/json"
+        );
+        assert_eq!(
+            parse(&with("{endpoint: 'collector:4317'}")).unwrap_err(),
+            "w.yaml: sidecar.otel: OTEL_EXPORTER_OTLP_ENDPOINT=collector:4317: expected an http:// or https:// URL"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ fn config(case: &Value) -> WebhookFileConfig {
     if let Some(required) = case.get("injectionRequired").and_then(Value::as_bool) {
         config.defaults.injection_required = required;
     }
+    if let Some(otel) = case.get("sidecarOtel") {
+        config.sidecar.otel = Some(serde_json::from_value(otel.clone()).unwrap());
+    }
     config
 }
 

@@ -233,3 +233,66 @@ async fn generated_certificates_work_with_lifeguards_tls_for_the_service_names()
         assert!(wrong.is_err(), "{secret} was accepted for another name");
     }
 }
+
+/// `otel.*` reaches the operator's and webhook's containers as the standard variables, and every
+/// injected sidecar through the webhook's configuration, which the webhook accepts.
+#[test]
+fn otel_values_reach_the_operator_the_webhook_and_the_injected_sidecars() {
+    let values = serde_json::json!({"otel": {
+        "endpoint": "http://otel-collector.observability:4317",
+        "protocol": "grpc", "sampler": "parentbased_traceidratio", "samplerArg": "0.1",
+    }});
+    let docs = support::chart::render(&values);
+    let env_of = |name: &str| -> Vec<(String, String)> {
+        let deployment = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Deployment {name}"));
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?.to_owned(),
+                    e["value"].as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    };
+    for deployment in ["lifeguard-operator", "lifeguard-webhook"] {
+        let env = env_of(deployment);
+        for (name, value) in [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.observability:4317",
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        ] {
+            assert!(
+                env.contains(&(name.to_owned(), value.to_owned())),
+                "{deployment}: {name} missing from {env:?}"
+            );
+        }
+    }
+    let config = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "lifeguard-webhook-config")
+        .unwrap();
+    let (key, text) = config["data"].as_object().unwrap().iter().next().unwrap();
+    let parsed = lifeguard::webhook::config::WebhookFileConfig::parse(key, text.as_str().unwrap())
+        .unwrap_or_else(|e| panic!("the webhook refuses the chart's config: {e}"));
+    let otel = parsed.sidecar.otel.expect("sidecar.otel");
+    assert_eq!(otel.endpoint, "http://otel-collector.observability:4317");
+    assert_eq!(otel.sampler_arg.as_deref(), Some("0.1"));
+
+    // Without an endpoint, nothing about traces is rendered.
+    let plain = support::chart::render(&serde_json::json!({}));
+    let text = serde_json::to_string(&plain).unwrap();
+    assert!(
+        !text.contains("OTEL_"),
+        "OTEL_ variables rendered without otel.endpoint"
+    );
+}

@@ -229,3 +229,28 @@ them, so whichever template renders first reports the same message.
 {{- fail "certificates.certManager.issuerRef needs a name (and usually kind and group), or leave it empty for the chart's own CA" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The standard OTEL_* variables of the operator and webhook containers (values `otel.*`); nothing
+when no endpoint is set. `service` is the default service.name.
+*/}}
+{{- define "lifeguard.otelEnv" -}}
+{{- with .Values.otel }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+{{- with .sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with .samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME)"
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -146,6 +146,18 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
     if let Some(http2) = plan.upstream_http2 {
         env.push(literal_env(UPSTREAM_HTTP2_ENV, http2));
     }
+    if let Some(otel) = &config.sidecar.otel {
+        env.extend(
+            otel.env()
+                .into_iter()
+                .map(|(name, value)| literal_env(name, value)),
+        );
+        // Which pod a span is from (dependent variables: POD_NAMESPACE and POD_NAME come first).
+        env.push(literal_env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME)",
+        ));
+    }
     if !plan.app_probes.is_empty() {
         env.push(EnvVar {
             name: APP_PROBES_ENV.into(),
