@@ -50,9 +50,13 @@ pub fn init(format: LogFormat, default_service: &str) -> anyhow::Result<Option<o
     let mut guard = None;
     if let Some(config) = &config {
         let (traces, flush) = otel::install(config)?;
-        // Only this crate's spans become OpenTelemetry spans (not hyper's, kube's, ...).
-        let ours = tracing_subscriber::filter::Targets::new()
-            .with_target("lifeguard", tracing::Level::INFO);
+        // Only this crate's spans become OpenTelemetry spans (not hyper's, kube's, ...), and no
+        // log event rides along as a span event: logs may name what a span must not.
+        let ours = tracing_subscriber::filter::filter_fn(|metadata| {
+            metadata.is_span()
+                && metadata.target().starts_with("lifeguard")
+                && *metadata.level() <= tracing::Level::INFO
+        });
         layers.push(traces.with_filter(ours).boxed());
         guard = Some(flush);
     }

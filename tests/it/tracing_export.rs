@@ -111,8 +111,9 @@ async fn one_protocol(protocol: &'static str) {
     let poll = spans.iter().find(|s| s.name == "tasks/get").unwrap();
     assert_eq!(poll.attributes["lifeguard.decision"], "deny", "{poll:#?}");
     assert!(!poll.attributes["lifeguard.reason"].is_empty(), "{poll:#?}");
-    // No span anywhere carries the task ID.
+    // No span anywhere carries the task ID, and no log line rides along as a span event.
     for span in &spans {
+        assert!(span.events.is_empty(), "log events exported: {span:#?}");
         for (key, value) in &span.attributes {
             assert!(
                 !value.contains(&task_id),

@@ -33,6 +33,8 @@ pub struct ReceivedSpan {
     pub span_id: String,
     pub parent_span_id: String,
     pub attributes: BTreeMap<String, String>,
+    /// Names of the span's events (log lines would arrive here if they rode along).
+    pub events: Vec<String>,
 }
 
 type Received = Arc<Mutex<Vec<ReceivedSpan>>>;
@@ -73,6 +75,7 @@ fn record(received: &Received, protocol: &'static str, request: ExportTraceServi
                         .iter()
                         .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
                         .collect(),
+                    events: span.events.iter().map(|e| e.name.clone()).collect(),
                 });
             }
         }
