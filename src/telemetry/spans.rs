@@ -65,12 +65,18 @@ pub fn server(headers: &HeaderMap) -> Span {
         lifeguard.policy.hash = Empty,
         lifeguard.task = Empty,
     );
+    continue_caller_trace(&span, headers);
+    span
+}
+
+/// Makes the just-created `span` a child of the caller's span named by `traceparent` in
+/// `headers` (no parent without one).
+fn continue_caller_trace(span: &Span, headers: &HeaderMap) {
     let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     });
     // Cannot fail: the span was just made and the layer is installed whenever spans are exported.
     let _ = span.set_parent(parent);
-    span
 }
 
 /// Axum middleware: a server span for each request of a control-plane endpoint (the webhook's
@@ -99,10 +105,7 @@ pub async fn http_server(
         lifeguard.policy.hash = Empty,
         lifeguard.task = Empty,
     );
-    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(request.headers()))
-    });
-    let _ = span.set_parent(parent);
+    continue_caller_trace(&span, request.headers());
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     finish_server(&span, response.status().as_u16());
     response
