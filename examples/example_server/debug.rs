@@ -45,7 +45,7 @@ impl RequestLog {
         &self,
         http_method: &str,
         mcp_method: Option<&str>,
-        task_id: Option<&str>,
+        (task_id, meta_traceparent): (Option<&str>, Option<&str>),
         headers: &HeaderMap,
         version: axum::http::Version,
     ) {
@@ -69,6 +69,8 @@ impl RequestLog {
             "httpVersion": format!("{version:?}"),
             // W3C Trace Context, so tests can check whose span the caller made this request in.
             "traceparent": headers.get("traceparent").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            // ...and the one in `params._meta`, where the MCP conventions carry it too.
+            "metaTraceparent": meta_traceparent,
             "atMs": now_ms(),
         });
         let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());

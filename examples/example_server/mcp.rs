@@ -28,7 +28,7 @@ pub async fn method_not_allowed(
 ) -> Response {
     state
         .requests
-        .record(method.as_str(), None, None, &headers, version);
+        .record(method.as_str(), None, (None, None), &headers, version);
     (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "POST")]).into_response()
 }
 
@@ -71,9 +71,18 @@ pub async fn post_mcp(
             .and_then(|m| m.get("params"))
             .and_then(|p| p.get("taskId"))
             .and_then(Value::as_str);
-        state
-            .requests
-            .record("POST", mcp_method, task_id, &headers, version);
+        let meta_traceparent = msg
+            .and_then(|m| m.get("params"))
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get("traceparent"))
+            .and_then(Value::as_str);
+        state.requests.record(
+            "POST",
+            mcp_method,
+            (task_id, meta_traceparent),
+            &headers,
+            version,
+        );
     }
     if !origin_allowed(&headers) {
         return json_reply(

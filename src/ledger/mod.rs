@@ -25,6 +25,7 @@ pub mod model_check;
 pub mod postgres;
 mod settlements;
 pub mod sqlite;
+pub mod traced;
 
 pub use error::{BoxError, LedgerError, Result};
 pub use location::{LedgerLocation, LocationError};

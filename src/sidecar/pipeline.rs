@@ -17,6 +17,8 @@ use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
+use crate::telemetry::spans;
+use tracing::Span;
 
 use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
@@ -59,14 +61,11 @@ pub async fn serve(
     arrival: Arrival,
 ) -> Response {
     // The request's server span (none unless traces are exported), continuing the caller's
-    // trace from `traceparent`.
-    let span = crate::telemetry::spans::server(&headers);
-    let response = tracing::Instrument::instrument(
-        serve_in_span(app, body_timeout, headers, body, arrival),
-        span.clone(),
-    )
-    .await;
-    crate::telemetry::spans::finish_server(&span, response.status().as_u16());
+    // trace from `traceparent`, or from the body's `_meta` once it is parsed: it is entered
+    // only from then on (or to record a refusal), because a started span's parent is fixed.
+    let span = spans::server(&headers);
+    let response = serve_in_span(app, body_timeout, headers, body, arrival, &span).await;
+    spans::finish_server(&span, response.status().as_u16());
     response
 }
 
@@ -76,6 +75,7 @@ async fn serve_in_span(
     headers: HeaderMap,
     body: Body,
     arrival: Arrival,
+    span: &Span,
 ) -> Response {
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
@@ -113,7 +113,7 @@ async fn serve_in_span(
                 Decision::Deny,
                 "bad_origin",
             );
-            app.denials.log(&app.audit, event, None, Instant::now());
+            span.in_scope(|| app.denials.log(&app.audit, event, None, Instant::now()));
             return respond::rpc_error(
                 StatusCode::FORBIDDEN,
                 &Value::Null,
@@ -122,10 +122,15 @@ async fn serve_in_span(
         }
     }
 
-    let identity = match authenticate(&policy, &headers).await {
+    let auth_started = spans::now(span);
+    let authenticated = authenticate(&policy, &headers).await;
+    let auth_ended = spans::now(span);
+    let identity = match authenticated {
         Ok(identity) => identity,
         Err(refused) => {
             let error = &refused.error;
+            spans::authenticated(span, auth_started, auth_ended, error.reason());
+            let _in_span = span.enter();
             deny_metric(&app, error.reason());
             let event = AuditEvent::new(
                 "auth.denied",
@@ -151,6 +156,7 @@ async fn serve_in_span(
     };
     // Refusals from here on are of a known principal.
     let refuse = |reason: &'static str| {
+        let _in_span = span.enter();
         deny_metric(&app, reason);
         let event = AuditEvent::new(
             "request.denied",
@@ -171,10 +177,14 @@ async fn serve_in_span(
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(error) => {
+            spans::authenticated(span, auth_started, auth_ended, "ok");
             refuse("invalid_envelope");
             return respond::rpc_error(StatusCode::BAD_REQUEST, &Value::Null, &error);
         }
     };
+    // The caller's trace may be named in the body; from here on the span is entered.
+    spans::continue_meta_trace(span, &headers, &request.message);
+    spans::authenticated(span, auth_started, auth_ended, "ok");
     let method = method_label(&request.method);
 
     let options = CheckOptions {
@@ -203,23 +213,7 @@ async fn serve_in_span(
     };
     // In flight until answered: only its caller may cancel it at the server.
     let in_flight = app.in_flight.enter(&ctx.identity.owner, &ctx.id());
-    let response = match ctx.facts.kind.clone() {
-        RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
-        RequestKind::TaskGet { task_id } => tasks::get(&app, &ctx, &task_id).await,
-        RequestKind::TaskUpdate { task_id } => tasks::update(&app, &ctx, &task_id).await,
-        RequestKind::TaskCancel { task_id } => tasks::cancel(&app, &ctx, &task_id).await,
-        RequestKind::Listen => listen::listen(app.clone(), ctx).await,
-        RequestKind::Other if ctx.request.method == logging_gate::SET_LEVEL => {
-            match logging_gate::logging_allowed(&ctx.policy, &ctx.identity.owner) {
-                Ok(()) => relay::forward_plain(app.clone(), ctx).await,
-                Err(reason) => logging_gate::refuse_set_level(&app, &ctx, reason),
-            }
-        }
-        RequestKind::Other if ctx.request.method == client_cancel::CANCELLED => {
-            client_cancel::cancelled(app.clone(), ctx).await
-        }
-        RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
-    };
+    let response = tracing::Instrument::instrument(dispatch(&app, ctx), span.clone()).await;
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
         "allow"
     } else {
@@ -227,6 +221,27 @@ async fn serve_in_span(
     };
     app.metrics.request(method, decision);
     in_flight::hold_until_answered(response, in_flight)
+}
+
+/// Hands a request that passed every check to its method's handler.
+async fn dispatch(app: &Arc<AppState>, ctx: RequestContext) -> Response {
+    match ctx.facts.kind.clone() {
+        RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
+        RequestKind::TaskGet { task_id } => tasks::get(app, &ctx, &task_id).await,
+        RequestKind::TaskUpdate { task_id } => tasks::update(app, &ctx, &task_id).await,
+        RequestKind::TaskCancel { task_id } => tasks::cancel(app, &ctx, &task_id).await,
+        RequestKind::Listen => listen::listen(app.clone(), ctx).await,
+        RequestKind::Other if ctx.request.method == logging_gate::SET_LEVEL => {
+            match logging_gate::logging_allowed(&ctx.policy, &ctx.identity.owner) {
+                Ok(()) => relay::forward_plain(app.clone(), ctx).await,
+                Err(reason) => logging_gate::refuse_set_level(app, &ctx, reason),
+            }
+        }
+        RequestKind::Other if ctx.request.method == client_cancel::CANCELLED => {
+            client_cancel::cancelled(app.clone(), ctx).await
+        }
+        RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
+    }
 }
 
 fn deny_metric(app: &AppState, reason: &'static str) {

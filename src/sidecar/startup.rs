@@ -67,6 +67,12 @@ pub(super) async fn open_ledger(config: &SidecarConfig) -> Result<LedgerKeys> {
         .open(config.ledger_scope.clone())
         .await
         .with_context(|| format!("opening the task ledger {}", config.ledger))?;
+    // Each ledger operation of a request becomes a child span, when spans are exported.
+    let ledger: Arc<dyn TaskLedger> = if crate::telemetry::otel::exporting() {
+        Arc::new(crate::ledger::traced::TracedLedger::new(ledger))
+    } else {
+        ledger
+    };
     let hasher = TaskHasher::new(
         ledger
             .secret(AUDIT_HASH_SECRET)

@@ -5,6 +5,7 @@ pub mod otel;
 pub mod otel_config;
 pub mod spans;
 pub mod striped;
+pub mod trace_context;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;

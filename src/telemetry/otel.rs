@@ -107,6 +107,9 @@ where
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
+    // The global provider serves the spans recorded after the fact with their own timestamps
+    // (`spans::authenticated`); the `tracing` layer below serves every other span.
+    opentelemetry::global::set_tracer_provider(provider.clone());
     drop(entered);
     let tracer = provider.tracer("lifeguard");
     EXPORTING.store(true, Ordering::Relaxed);

@@ -8,13 +8,18 @@
 //! Only what is safe to show an operator is recorded: the method, and for `tools/call` the tool
 //! name. `Mcp-Name` of a task request is a task ID, which never goes into a span.
 
+use std::time::SystemTime;
+
 use http::HeaderMap;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::otel::exporting;
+use super::trace_context;
 
 const MCP_METHOD: &str = "mcp-method";
 const MCP_NAME: &str = "mcp-name";
@@ -69,14 +74,74 @@ pub fn server(headers: &HeaderMap) -> Span {
     span
 }
 
+/// The caller's context named by `traceparent`/`tracestate` in `headers` (empty without one).
+fn header_context(headers: &HeaderMap) -> opentelemetry::Context {
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    })
+}
+
 /// Makes the just-created `span` a child of the caller's span named by `traceparent` in
 /// `headers` (no parent without one).
 fn continue_caller_trace(span: &Span, headers: &HeaderMap) {
-    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(headers))
-    });
     // Cannot fail: the span was just made and the layer is installed whenever spans are exported.
-    let _ = span.set_parent(parent);
+    let _ = span.set_parent(header_context(headers));
+}
+
+/// Continues the caller's trace from the request's `params._meta` (`traceparent`,
+/// `tracestate`) when its headers named none: the server `span` of a request whose body was just
+/// parsed becomes a child of the span named there. The header wins when both name a context.
+///
+/// Call it before the span is first entered or given a child (the pipeline enters it only once
+/// the body is parsed, or earlier to refuse a request, whose span then has the header's parent
+/// or none): a started span's parent cannot change.
+pub fn continue_meta_trace(span: &Span, headers: &HeaderMap, message: &serde_json::Value) {
+    if span.is_none() {
+        return;
+    }
+    if header_context(headers).span().span_context().is_valid() {
+        return;
+    }
+    let Some(meta) = trace_context::meta_of(message) else {
+        return;
+    };
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&trace_context::MetaExtractor(meta))
+    });
+    if parent.span().span_context().is_valid() {
+        // Cannot fail before the span started (above).
+        let _ = span.set_parent(parent);
+    }
+}
+
+/// The wall clock for a child span recorded after the fact under `span` (not read when spans
+/// are not exported).
+pub fn now(span: &Span) -> SystemTime {
+    if span.is_none() {
+        SystemTime::UNIX_EPOCH
+    } else {
+        SystemTime::now()
+    }
+}
+
+/// A child of the request's server `span` for the token check that ran from `started` to
+/// `ended` (cache lookup or validation, a refetch of the issuer's keys, the revocation check),
+/// with its `outcome` (`ok`, or the refusal's reason). It is recorded after the fact, with its
+/// own timestamps, because the check runs before the body names the caller's trace.
+pub fn authenticated(span: &Span, started: SystemTime, ended: SystemTime, outcome: &str) {
+    if span.is_none() {
+        return;
+    }
+    use opentelemetry::trace::{Span as _, SpanKind, Tracer as _};
+    let parent = span.context();
+    let tracer = opentelemetry::global::tracer("lifeguard");
+    let mut child = tracer
+        .span_builder("lifeguard.authenticate")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(started)
+        .with_attributes([KeyValue::new("lifeguard.auth.outcome", outcome.to_owned())])
+        .start_with_context(&tracer, &parent);
+    child.end_with_timestamp(ended);
 }
 
 /// Axum middleware: a server span for each request of a control-plane endpoint (the webhook's

@@ -256,3 +256,167 @@ async fn the_operators_security_event_pushes_are_spans_in_the_callers_trace() {
     assert_eq!(span.parent_span_id, CALLER_SPAN);
     assert_eq!(span.attributes["http.response.status_code"], "400");
 }
+
+/// A `tools/call` of `write_rows` whose `params._meta` carries `meta_traceparent`.
+async fn call_with_meta_traceparent(
+    sidecar: &Sidecar,
+    meta_traceparent: &str,
+    header: Option<&str>,
+) -> Reply {
+    let mut meta = support::client::request_meta(support::client::capabilities(true));
+    meta["traceparent"] = json!(meta_traceparent);
+    meta["tracestate"] = json!("client=1");
+    let mut request = McpClient::new(&sidecar.url)
+        .request(
+            "tools/call",
+            json!({"name": "write_rows", "arguments": {"count": 1, "intervalMs": 10}, "_meta": meta}),
+        )
+        .token(&alice().token());
+    if let Some(header) = header {
+        request = request.header("traceparent", header);
+    }
+    request.send().await
+}
+
+/// The MCP conventions carry the context in `params._meta` too: a request with it only there
+/// continues that trace, and the server finds the hop's context in both places, never the
+/// caller's (which would skip the hop).
+#[tokio::test]
+async fn a_context_in_params_meta_is_continued_and_replaced_by_the_hops() {
+    let receiver = OtlpReceiver::start().await;
+    let server = ExampleServer::start();
+    let sidecar = sidecar(&server, receiver.env("grpc")).await;
+
+    let reply =
+        call_with_meta_traceparent(&sidecar, &format!("00-{TRACE}-{CALLER_SPAN}-01"), None).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let spans = receiver
+        .wait_for("the server and client spans of the call", |spans| {
+            named(spans, 2).is_some() && named(spans, 3).is_some()
+        })
+        .await;
+    let server_span = named(&spans, 2).unwrap();
+    let client_span = named(&spans, 3).unwrap();
+    assert_eq!(server_span.trace_id, TRACE);
+    assert_eq!(server_span.parent_span_id, CALLER_SPAN);
+    assert_eq!(client_span.parent_span_id, server_span.span_id);
+    let hop = format!("00-{TRACE}-{}-01", client_span.span_id);
+    let logged = server.requests("tools/call").await;
+    let logged = logged.last().unwrap();
+    assert_eq!(logged["traceparent"], hop);
+    assert_eq!(logged["metaTraceparent"], hop, "{logged:#}");
+}
+
+/// When the header and `_meta` name different contexts, the header wins.
+#[tokio::test]
+async fn the_header_wins_over_params_meta_when_both_name_a_context() {
+    let receiver = OtlpReceiver::start().await;
+    let server = ExampleServer::start();
+    let sidecar = sidecar(&server, receiver.env("http/protobuf")).await;
+
+    let other_trace = "0af7651916cd43dd8448eb211c80319c";
+    let reply = call_with_meta_traceparent(
+        &sidecar,
+        &format!("00-{other_trace}-b7ad6b7169203331-01"),
+        Some(&format!("00-{TRACE}-{CALLER_SPAN}-01")),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let spans = receiver
+        .wait_for("the server span of the call", |spans| {
+            named(spans, 2).is_some() && named(spans, 3).is_some()
+        })
+        .await;
+    let server_span = named(&spans, 2).unwrap();
+    assert_eq!(server_span.trace_id, TRACE);
+    assert_eq!(server_span.parent_span_id, CALLER_SPAN);
+    let client_span = named(&spans, 3).unwrap();
+    let logged = server.requests("tools/call").await;
+    assert_eq!(
+        logged.last().unwrap()["metaTraceparent"],
+        format!("00-{TRACE}-{}-01", client_span.span_id)
+    );
+}
+
+/// The token check and each ledger operation of a request are child spans of its server span;
+/// a request refused before its body is read still gets its span, with the check's outcome.
+#[tokio::test]
+async fn the_token_check_and_the_ledger_are_child_spans_of_the_request() {
+    let receiver = OtlpReceiver::start().await;
+    let server = ExampleServer::start();
+    let sidecar = sidecar(&server, receiver.env("http/json")).await;
+
+    let reply = call_with_traceparent(&sidecar).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let children_of = |spans: &[ReceivedSpan], parent: &str, name: &str| {
+        spans
+            .iter()
+            .filter(|s| s.parent_span_id == parent && s.name.starts_with(name))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let spans = receiver
+        .wait_for("the call's span tree", |spans| {
+            named(spans, 2).is_some_and(|server| {
+                !children_of(spans, &server.span_id, "lifeguard.authenticate").is_empty()
+                    && children_of(spans, &server.span_id, "ledger ").len() >= 2
+            })
+        })
+        .await;
+    let server_span = named(&spans, 2).unwrap();
+    let auth = &children_of(&spans, &server_span.span_id, "lifeguard.authenticate")[0];
+    assert_eq!(auth.trace_id, TRACE);
+    assert_eq!(auth.attributes["lifeguard.auth.outcome"], "ok");
+    let ledger: Vec<String> = children_of(&spans, &server_span.span_id, "ledger ")
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    // A task is reserved before the server is called and confirmed after.
+    assert!(ledger.contains(&"ledger reserve".to_owned()), "{ledger:?}");
+    assert!(ledger.contains(&"ledger confirm".to_owned()), "{ledger:?}");
+    let reserve = spans.iter().find(|s| s.name == "ledger reserve").unwrap();
+    assert_eq!(reserve.attributes["db.system.name"], "sqlite");
+    assert_eq!(reserve.attributes["db.operation.name"], "reserve");
+
+    // A forged token is refused before the body is read: a span of its own, in the caller's
+    // trace, whose token check says why.
+    let refused = McpClient::new(&sidecar.url)
+        .request("tools/call", json!({"name": "write_rows", "arguments": {}}))
+        .token("not-a-token")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .send()
+        .await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    let spans = receiver
+        .wait_for("the refused call's span", |spans| {
+            spans.iter().any(|s| {
+                s.kind == 2
+                    && s.trace_id == "0af7651916cd43dd8448eb211c80319c"
+                    && s.attributes
+                        .get("http.response.status_code")
+                        .map(String::as_str)
+                        == Some("401")
+            }) && spans.iter().any(|s| {
+                s.name == "lifeguard.authenticate"
+                    && s.trace_id == "0af7651916cd43dd8448eb211c80319c"
+            })
+        })
+        .await;
+    let refused_span = spans
+        .iter()
+        .find(|s| s.kind == 2 && s.trace_id == "0af7651916cd43dd8448eb211c80319c")
+        .unwrap();
+    assert_eq!(refused_span.parent_span_id, "b7ad6b7169203331");
+    assert_eq!(refused_span.attributes["lifeguard.decision"], "deny");
+    let check = spans
+        .iter()
+        .find(|s| {
+            s.name == "lifeguard.authenticate" && s.trace_id == "0af7651916cd43dd8448eb211c80319c"
+        })
+        .unwrap();
+    assert_eq!(check.parent_span_id, refused_span.span_id);
+    assert_ne!(check.attributes["lifeguard.auth.outcome"], "ok");
+}

@@ -215,20 +215,26 @@ impl Upstream {
         body: Bytes,
         bounds: StreamBounds,
     ) -> Result<UpstreamResponse, UpstreamError> {
+        let mut headers = headers;
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        // The client span of this hop (none unless traces are exported, and then the server
+        // gets its context as `traceparent`, never the caller's, which passes through as it is
+        // otherwise) — and in the body's `_meta` too where the caller put one there.
+        let span = crate::telemetry::spans::client(&mut headers);
+        let body = if span.is_none() {
+            body
+        } else {
+            crate::telemetry::trace_context::with_hop_context(&body, &headers).unwrap_or(body)
+        };
         let mut request = http::Request::builder()
             .method(Method::POST)
             .uri(self.uri.clone())
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         *request.headers_mut() = headers;
-        request.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        // The client span of this hop (none unless traces are exported, and then the server
-        // gets its context as `traceparent`, never the caller's, which passes through as it is
-        // otherwise).
-        let span = crate::telemetry::spans::client(request.headers_mut());
         let started = Instant::now();
         let client = self.client();
         let sent = async {

@@ -1,0 +1,145 @@
+//! W3C Trace Context carried in an MCP request's `params._meta` (`traceparent`, `tracestate`), as
+//! the OpenTelemetry MCP semantic conventions recommend alongside the HTTP headers.
+//!
+//! Pure: reading a context out of a parsed message, and rewriting the `_meta` of a body the
+//! sidecar forwards so the server sees the sidecar's hop there too, never the client's context
+//! (which would skip the hop).
+
+use bytes::Bytes;
+use http::HeaderMap;
+use opentelemetry::propagation::Extractor;
+use serde_json::{Map, Value};
+
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+
+/// A `params._meta` object as a propagation carrier: only string values are read.
+pub struct MetaExtractor<'a>(pub &'a Map<String, Value>);
+
+impl Extractor for MetaExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(Value::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// `params._meta` of a JSON-RPC message, when it is an object.
+pub fn meta_of(message: &Value) -> Option<&Map<String, Value>> {
+    message.get("params")?.get("_meta")?.as_object()
+}
+
+/// Whether `params._meta` of `message` carries a `traceparent` (whatever its value).
+fn carries_traceparent(message: &Value) -> bool {
+    meta_of(message).is_some_and(|meta| meta.contains_key(TRACEPARENT))
+}
+
+/// The body to send upstream in place of `body` when its `params._meta` carries a
+/// `traceparent`: the same message with `_meta.traceparent` (and `tracestate`) replaced by the
+/// values in `headers` — the sidecar's client span, just injected there. `None` (send `body` as
+/// it is) when the body names no `traceparent`, is not a JSON object, or `headers` carry none.
+pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
+    // Most bodies never mention it: one scan instead of a parse.
+    if !contains(body, b"\"traceparent\"") {
+        return None;
+    }
+    let traceparent = headers.get(TRACEPARENT)?.to_str().ok()?;
+    let mut message: Value = serde_json::from_slice(body).ok()?;
+    if !carries_traceparent(&message) {
+        return None;
+    }
+    let meta = message
+        .get_mut("params")
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)?;
+    meta.insert(TRACEPARENT.into(), Value::String(traceparent.to_owned()));
+    match headers.get(TRACESTATE).and_then(|v| v.to_str().ok()) {
+        Some(state) => {
+            meta.insert(TRACESTATE.into(), Value::String(state.to_owned()));
+        }
+        None => {
+            meta.remove(TRACESTATE);
+        }
+    }
+    serde_json::to_vec(&message).ok().map(Bytes::from)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use serde_json::json;
+
+    const OURS: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+
+    fn hop_headers(state: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(OURS));
+        if let Some(state) = state {
+            headers.insert(TRACESTATE, HeaderValue::from_str(state).unwrap());
+        }
+        headers
+    }
+
+    fn body(meta: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "greet", "arguments": {"traceparent": "an argument"}, "_meta": meta}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_clients_meta_context_is_replaced_by_the_hops() {
+        let sent = body(json!({
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "client=1",
+            "progressToken": 3
+        }));
+        let rewritten = with_hop_context(&sent, &hop_headers(Some("lifeguard=1"))).unwrap();
+        let message: Value = serde_json::from_slice(&rewritten).unwrap();
+        let meta = meta_of(&message).unwrap();
+        assert_eq!(meta[TRACEPARENT], OURS);
+        assert_eq!(meta[TRACESTATE], "lifeguard=1");
+        // Everything else is as the client sent it, the arguments included.
+        assert_eq!(meta["progressToken"], 3);
+        assert_eq!(message["params"]["arguments"]["traceparent"], "an argument");
+        assert_eq!(message["id"], 7);
+    }
+
+    #[test]
+    fn a_clients_tracestate_does_not_outlive_its_traceparent() {
+        let sent = body(json!({"traceparent": "00-aa-bb-01", "tracestate": "client=1"}));
+        let rewritten = with_hop_context(&sent, &hop_headers(None)).unwrap();
+        let message: Value = serde_json::from_slice(&rewritten).unwrap();
+        assert!(!meta_of(&message).unwrap().contains_key(TRACESTATE));
+    }
+
+    #[test]
+    fn bodies_without_a_meta_traceparent_are_sent_as_they_are() {
+        let headers = hop_headers(None);
+        // Only in the arguments, not in _meta.
+        assert!(with_hop_context(&body(json!({"progressToken": 1})), &headers).is_none());
+        assert!(with_hop_context(b"{\"traceparent\": 1", &headers).is_none());
+        assert!(with_hop_context(b"[\"traceparent\"]", &headers).is_none());
+        // Without a hop context there is nothing to put there.
+        let sent = body(json!({"traceparent": "00-aa-bb-01"}));
+        assert!(with_hop_context(&sent, &HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn the_meta_carrier_reads_strings_only() {
+        let message = json!({"params": {"_meta": {"traceparent": "x", "tracestate": 5}}});
+        let meta = meta_of(&message).unwrap();
+        let carrier = MetaExtractor(meta);
+        assert_eq!(carrier.get(TRACEPARENT), Some("x"));
+        assert_eq!(carrier.get(TRACESTATE), None);
+        assert!(meta_of(&json!({"params": {"_meta": []}})).is_none());
+    }
+}
