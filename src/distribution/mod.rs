@@ -190,7 +190,10 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
         )]);
         let traced = serde_json::to_string(&snapshot).unwrap();
-        assert!(traced.contains(r#""revocationTraces":{"alice-session":"00-4bf9"#), "{traced}");
+        assert!(
+            traced.contains(r#""revocationTraces":{"alice-session":"00-4bf9"#),
+            "{traced}"
+        );
         assert_eq!(serde_json::from_str::<Snapshot>(&traced).unwrap(), snapshot);
     }
 

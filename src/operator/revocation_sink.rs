@@ -5,10 +5,10 @@
 use std::collections::HashSet;
 
 use async_trait::async_trait;
-use tracing::Instrument;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
+use tracing::Instrument;
 
 use crate::api::{PrincipalRevocation, RevocationReason};
 use crate::telemetry::revocation_spans;

@@ -50,7 +50,11 @@ fn the_annotation_is_a_hint_only_when_it_is_a_traceparent() {
         TraceHint::Valid(OURS.into())
     );
     for bad in ["", "yes", "00-zz", &OURS.to_uppercase()] {
-        assert_eq!(hint(&revocation("a", Some(bad))), TraceHint::Invalid, "{bad}");
+        assert_eq!(
+            hint(&revocation("a", Some(bad))),
+            TraceHint::Invalid,
+            "{bad}"
+        );
     }
 }
 
@@ -163,7 +167,10 @@ fn spans_name_the_reason_as_the_object_spells_it() {
 #[test]
 fn a_revocations_trace_is_its_annotation_else_the_plans_and_never_garbage() {
     let plan = BTreeMap::from([("r".to_owned(), OURS.to_owned())]);
-    assert_eq!(trace_of(&revocation("r", None), &plan).as_deref(), Some(OURS));
+    assert_eq!(
+        trace_of(&revocation("r", None), &plan).as_deref(),
+        Some(OURS)
+    );
     assert_eq!(
         trace_of(&revocation("r", Some(THEIRS)), &plan).as_deref(),
         Some(THEIRS)

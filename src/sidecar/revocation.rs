@@ -112,8 +112,7 @@ async fn apply_traced(
     let done = apply_one(app, policy, rule).instrument(span.clone()).await;
     revocation_spans::applied(
         &span,
-        done.as_ref()
-            .map(|d| (d.tasks_cancelled, d.streams_closed)),
+        done.as_ref().map(|d| (d.tasks_cancelled, d.streams_closed)),
     );
     done
 }

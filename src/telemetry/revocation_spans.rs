@@ -184,7 +184,13 @@ pub fn annotated(span: &Span, written: bool) {
 /// `lifeguard.revocation.distribute`: the snapshot `version` carrying revocation `name` sent to
 /// the sidecar of pod `namespace/pod`, in the trace `traceparent` names (none when it does not
 /// parse). It ends when dropped: it marks the moment, it does not time the write.
-pub fn distributed(name: &str, traceparent: &str, namespace: &str, pod: &str, version: u64) -> Span {
+pub fn distributed(
+    name: &str,
+    traceparent: &str,
+    namespace: &str,
+    pod: &str,
+    version: u64,
+) -> Span {
     if !exporting() {
         return Span::none();
     }
@@ -289,7 +295,10 @@ mod tests {
         assert_eq!(parsed.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(parsed.span_id(), "00f067aa0ba902b7");
         let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-        assert_eq!(TraceParent::parse(unsampled).unwrap().to_string(), unsampled);
+        assert_eq!(
+            TraceParent::parse(unsampled).unwrap().to_string(),
+            unsampled
+        );
     }
 
     #[test]
