@@ -114,15 +114,20 @@ pub fn traceparent_of(span: &Span) -> Option<String> {
     TraceParent::of(span.context().span().span_context()).map(|t| t.to_string())
 }
 
-/// Makes the just-created `span` a child of the span `traceparent` names; `false` (and the span
-/// unusable) when it does not parse.
-fn continue_trace(span: &Span, traceparent: &str) -> bool {
-    match TraceParent::parse(traceparent) {
-        // Cannot fail: the span was just made and the layer is installed whenever spans are
-        // exported.
-        Some(parent) => span.set_parent(parent.context()).is_ok(),
-        None => false,
-    }
+/// The parent of a span about to be made in another process's trace: `None` (and no span is
+/// made, not even a root) when spans are not exported or `traceparent` does not parse.
+fn remote_parent(traceparent: &str) -> Option<TraceParent> {
+    exporting()
+        .then(|| TraceParent::parse(traceparent))
+        .flatten()
+}
+
+/// Makes the just-created `span` a child of the span `parent` names.
+fn continue_trace(span: Span, parent: TraceParent) -> Span {
+    // Cannot fail: the span was just made and the layer is installed whenever spans are
+    // exported.
+    let _ = span.set_parent(parent.context());
+    span
 }
 
 /// `lifeguard.revocation` for a revocation a security event asks for: a child of the current
@@ -191,9 +196,9 @@ pub fn distributed(
     pod: &str,
     version: u64,
 ) -> Span {
-    if !exporting() {
+    let Some(parent) = remote_parent(traceparent) else {
         return Span::none();
-    }
+    };
     let span = tracing::info_span!(
         target: "lifeguard::revocation",
         parent: None,
@@ -204,18 +209,14 @@ pub fn distributed(
         k8s.namespace.name = %namespace,
         k8s.pod.name = %pod,
     );
-    if continue_trace(&span, traceparent) {
-        span
-    } else {
-        Span::none()
-    }
+    continue_trace(span, parent)
 }
 
 /// `lifeguard.revocation.apply`: the sidecar applying revocation `name`, in the trace
 /// `traceparent` names; none without one (or when it does not parse). Run the application
 /// inside it, so the requests it sends upstream are its children.
 pub fn apply(name: &str, traceparent: Option<&str>) -> Span {
-    let Some(traceparent) = traceparent.filter(|_| exporting()) else {
+    let Some(parent) = traceparent.and_then(remote_parent) else {
         return Span::none();
     };
     let span = tracing::info_span!(
@@ -228,11 +229,7 @@ pub fn apply(name: &str, traceparent: Option<&str>) -> Span {
         lifeguard.revocation.tasks_cancelled = Empty,
         lifeguard.revocation.streams_closed = Empty,
     );
-    if continue_trace(&span, traceparent) {
-        span
-    } else {
-        Span::none()
-    }
+    continue_trace(span, parent)
 }
 
 /// Records what applying the revocation did on its [`apply`] span; `None`: the application
@@ -265,9 +262,9 @@ pub struct Propagated {
 /// status's `completedAt`), in the trace `traceparent` names. A point in time, with the
 /// propagation time status records.
 pub fn propagated(name: &str, traceparent: &str, done: Propagated) {
-    if !exporting() {
+    let Some(parent) = remote_parent(traceparent) else {
         return;
-    }
+    };
     let span = tracing::info_span!(
         target: "lifeguard::revocation",
         parent: None,
@@ -279,7 +276,7 @@ pub fn propagated(name: &str, traceparent: &str, done: Propagated) {
         lifeguard.revocation.acknowledged_sidecars = done.acknowledged_sidecars,
         lifeguard.revocation.tasks_cancelled = done.tasks_cancelled,
     );
-    continue_trace(&span, traceparent);
+    drop(continue_trace(span, parent));
 }
 
 #[cfg(test)]

@@ -141,6 +141,11 @@ fn assert_applied(spans: &[ReceivedSpan], trace: &str, parent: &str, revocation:
     }
 }
 
+/// How many distribution marks `trace` has.
+fn distributions(spans: &[ReceivedSpan], trace: &str) -> usize {
+    in_trace(spans, trace, "lifeguard.revocation.distribute").len()
+}
+
 /// The operator marked, in `trace` under `parent`, the sending of a snapshot carrying
 /// `revocation` to each of `pods`.
 fn assert_distributed(
@@ -254,9 +259,15 @@ async fn a_pushed_security_event_is_one_trace_from_the_push_to_every_sidecars_ca
     );
 
     let spans = receiver
-        .wait_for("both sidecars' applications and their cancels", |spans| {
-            applied_everywhere(spans, &trace, &revocation_span, &name, 2)
-        })
+        .wait_for(
+            "the operator's spans, both sidecars' applications and cancels",
+            |spans| {
+                applied_everywhere(spans, &trace, &revocation_span, &name, 2)
+                    && !in_trace(spans, &trace, "POST /ssf/push").is_empty()
+                    && !in_trace(spans, &trace, "lifeguard.revocation").is_empty()
+                    && distributions(spans, &trace) >= 2
+            },
+        )
         .await;
     // The operator: the push's server span, and the revocation's span inside it, which is the
     // span the annotation names.
@@ -332,6 +343,7 @@ async fn a_persons_revocation_starts_a_trace_the_object_names_and_a_persons_own_
         .wait_for("the sidecar's application and its cancel", |spans| {
             applied_everywhere(spans, &trace, &root, "alice-stop", 1)
                 && !in_trace(spans, &trace, "lifeguard.revocation").is_empty()
+                && distributions(spans, &trace) >= 1
         })
         .await;
     let started = in_trace(&spans, &trace, "lifeguard.revocation")[0];
@@ -364,6 +376,7 @@ async fn a_persons_revocation_starts_a_trace_the_object_names_and_a_persons_own_
     let spans = receiver
         .wait_for("the sidecar's application in the person's trace", |spans| {
             applied_everywhere(spans, PERSON_TRACE, PERSON_SPAN, "bob-stop", 1)
+                && distributions(spans, PERSON_TRACE) >= 1
         })
         .await;
     assert_applied(&spans, PERSON_TRACE, PERSON_SPAN, "bob-stop");
