@@ -23,6 +23,8 @@
 //!   closed, older or foreign session, 422 for anything never sent); counts are capped.
 //! - A stream ends when its pod is deleted or replaced by a pod of the same name.
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +86,12 @@ pub struct Snapshot {
     pub approver_keys: Option<serde_json::Value>,
     /// When the operator built this snapshot.
     pub issued_at: Timestamp,
+    /// For revocations of `policy` whose propagation is traced: the W3C `traceparent` of the
+    /// revocation's span, keyed by revocation name, so the sidecar's application joins that
+    /// trace. A hint for linking spans and nothing more: it is not part of the policy (nor of
+    /// its hash), enforcement never reads it, and older operators and sidecars skip it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub revocation_traces: BTreeMap<String, String>,
 }
 
 impl Snapshot {
@@ -148,12 +156,45 @@ mod tests {
             policy: None,
             approver_keys: None,
             issued_at: Timestamp::UNIX_EPOCH,
+            revocation_traces: BTreeMap::new(),
         }));
         let line = serde_json::to_string(&snapshot).unwrap();
         assert!(!line.contains('\n'));
         assert!(line.starts_with(r#"{"type":"snapshot","session":"s1","version":7"#));
         let back: StreamMessage = serde_json::from_str(&line).unwrap();
         assert_eq!(back, snapshot);
+    }
+
+    #[test]
+    fn revocation_traces_travel_only_when_there_are_some() {
+        let mut snapshot = Snapshot {
+            session: "s1".into(),
+            version: 7,
+            pod: PodIdentity {
+                namespace: "team-a".into(),
+                name: "reports-0".into(),
+                uid: "u".into(),
+                service_account: "reports".into(),
+            },
+            policy: None,
+            approver_keys: None,
+            issued_at: Timestamp::UNIX_EPOCH,
+            revocation_traces: BTreeMap::new(),
+        };
+        // An operator without traces writes no field; a sidecar reads a snapshot without one.
+        let plain = serde_json::to_string(&snapshot).unwrap();
+        assert!(!plain.contains("revocationTraces"), "{plain}");
+        assert_eq!(serde_json::from_str::<Snapshot>(&plain).unwrap(), snapshot);
+        snapshot.revocation_traces = BTreeMap::from([(
+            "alice-session".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        )]);
+        let traced = serde_json::to_string(&snapshot).unwrap();
+        assert!(
+            traced.contains(r#""revocationTraces":{"alice-session":"00-4bf9"#),
+            "{traced}"
+        );
+        assert_eq!(serde_json::from_str::<Snapshot>(&traced).unwrap(), snapshot);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::api::{
     API_VERSION, CapabilityException, ExceptionState, McpServerPolicy, PrincipalRevocation,
 };
 use crate::policy::ObjectKey;
+use crate::telemetry::revocation_spans;
 
 use super::cluster_acks::ClusterAcks;
 use super::config::BypassPrevention;
@@ -31,6 +32,7 @@ use super::network_policy;
 use super::object_metrics::sidecars_of;
 use super::plan::window_condition;
 use super::propagation::PropagationTracker;
+use super::revocation_traces::trace_of;
 use super::sessions::Sessions;
 use super::status::{exception_status, policy_status, revocation_status};
 use super::stream::Distribution;
@@ -345,6 +347,19 @@ pub(crate) async fn reconcile_revocation_at(
                 .revocation_propagation_seconds
                 .observe(millis as f64 / 1000.0);
             tracing::info!(revocation = %name, millis, tasks_cancelled = progress.tasks_cancelled, "revocation propagated");
+            let traces = ctx.distribution.borrow().plan.revocation_traces.clone();
+            if let Some(traceparent) = trace_of(&revocation, &traces) {
+                revocation_spans::propagated(
+                    &name,
+                    &traceparent,
+                    revocation_spans::Propagated {
+                        propagation_millis: millis,
+                        target_sidecars: i64::from(progress.target),
+                        acknowledged_sidecars: i64::from(progress.acknowledged),
+                        tasks_cancelled: progress.tasks_cancelled,
+                    },
+                );
+            }
         }
         announce(
             &ctx,

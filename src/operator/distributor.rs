@@ -1,7 +1,9 @@
 //! The loop that turns the watch caches into the [`Distribution`] every sidecar stream sends:
 //! recompute the plan when anything it depends on changes (an object, a pod, the approver
-//! Secret) or when an exception reaches `notBefore`/`expiresAt`, publish it, and fix the
-//! target of revocations seen for the first time.
+//! Secret, leadership) or when an exception reaches `notBefore`/`expiresAt`, publish it, and
+//! fix the target of revocations seen for the first time. While it leads and spans are
+//! exported, it also starts the trace of each revocation that arrives without one
+//! ([`super::revocation_traces`]), in time for the plan that first carries it.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,7 @@ use super::cluster_acks::ClusterAcks;
 use super::metrics::OperatorMetrics;
 use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
 use super::propagation::{FirstSight, PropagationTracker};
+use super::revocation_traces::{StartedTraces, start_traces};
 use super::stream::Distribution;
 
 /// Changes that arrive within this window are planned together.
@@ -79,6 +82,11 @@ pub struct Distributor {
     pub tracker: Arc<Mutex<PropagationTracker>>,
     pub acks: Arc<ClusterAcks>,
     pub metrics: Arc<OperatorMetrics>,
+    /// Writes the trace annotation of revocations whose trace this replica starts.
+    pub client: kube::Client,
+    /// Whether this replica leads (only the leader starts revocation traces).
+    pub leading: watch::Receiver<bool>,
+    pub started_traces: Mutex<StartedTraces>,
 }
 
 impl Distributor {
@@ -95,6 +103,14 @@ impl Distributor {
             &self.namespace,
         );
         let now = Timestamp::now();
+        let revocation_traces = {
+            let mut started = super::conventions::locked(&self.started_traces);
+            started.settle(&revocations, now);
+            if *self.leading.borrow() {
+                start_traces(&mut started, &revocations, now, &self.client);
+            }
+            started.traces(&revocations, now)
+        };
         let plan = Arc::new(plan(World {
             policies: &policies,
             exceptions: &exceptions,
@@ -102,6 +118,7 @@ impl Distributor {
             pods: &pods,
             approver_keys: &keys,
             now,
+            revocation_traces: &revocation_traces,
         }));
         let (document, hash) = match &keys {
             ApproverKeys::Loaded { document, .. } => (
@@ -167,6 +184,7 @@ impl Distributor {
     pub async fn run(self, shutdown: CancellationToken) {
         // Versions start from the wall clock so a restarted operator keeps counting upward.
         let mut version = u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(1);
+        let mut leading = self.leading.clone();
         loop {
             let next = self.step(version);
             version += 1;
@@ -180,6 +198,8 @@ impl Distributor {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.changes.notified() => {}
+                // A new leader starts the traces the previous one had not.
+                Ok(()) = leading.changed() => {}
                 _ = tokio::time::sleep(sleep) => {}
             }
             tokio::time::sleep(COALESCE).await;

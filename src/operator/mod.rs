@@ -31,6 +31,7 @@ mod object_metrics;
 mod plan;
 mod propagation;
 mod revocation_sink;
+mod revocation_traces;
 mod run;
 mod sessions;
 pub mod ssf;

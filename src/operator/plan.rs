@@ -35,6 +35,9 @@ pub struct World<'a> {
     pub pods: &'a [Arc<Pod>],
     pub approver_keys: &'a ApproverKeys,
     pub now: Timestamp,
+    /// Revocation name → `traceparent` of the revocations whose propagation is traced
+    /// (`revocation_traces`).
+    pub revocation_traces: &'a BTreeMap<String, String>,
 }
 
 /// One policy compiled for its sidecars, shared by all of them.
@@ -47,6 +50,10 @@ pub struct CompiledPolicy {
     pub json: Arc<RawValue>,
     /// Names of the revocations the snapshot carries.
     pub revocations: BTreeSet<String>,
+    /// The traced ones among them: name → `traceparent` (the snapshot's `revocationTraces`).
+    pub revocation_traces: BTreeMap<String, String>,
+    /// The same, serialized once for every snapshot (`None` when empty).
+    pub revocation_traces_json: Option<Arc<RawValue>>,
 }
 
 /// What the plan says about one McpServerPolicy.
@@ -91,6 +98,8 @@ pub struct Plan {
     pub exceptions: BTreeMap<ObjectKey, ExceptionPlan>,
     /// The next instant at which an exception enters or leaves its validity window.
     pub next_change: Option<Timestamp>,
+    /// Every traced revocation: name → `traceparent`.
+    pub revocation_traces: BTreeMap<String, String>,
 }
 
 impl Plan {
@@ -365,13 +374,20 @@ pub fn plan(world: World<'_>) -> Plan {
             .collect();
         let compiled = compilation.effective.and_then(|effective| {
             let json = serde_json::value::to_raw_value(&effective).ok()?;
+            let revocations: BTreeSet<String> = effective
+                .revocations
+                .iter()
+                .map(|r| r.name.clone())
+                .collect();
+            let revocation_traces = traces_of(&revocations, world.revocation_traces);
             Some(Arc::new(CompiledPolicy {
                 hash: effective.hash(),
-                revocations: effective
-                    .revocations
-                    .iter()
-                    .map(|r| r.name.clone())
-                    .collect(),
+                revocation_traces_json: (!revocation_traces.is_empty())
+                    .then(|| serde_json::value::to_raw_value(&revocation_traces).ok())
+                    .flatten()
+                    .map(Arc::from),
+                revocation_traces,
+                revocations,
                 effective,
                 json: Arc::from(json),
             }))
@@ -387,7 +403,20 @@ pub fn plan(world: World<'_>) -> Plan {
             },
         );
     }
+    out.revocation_traces = world.revocation_traces.clone();
     out
+}
+
+/// The traces of `revocations` among every revocation's `traces`.
+fn traces_of(
+    revocations: &BTreeSet<String>,
+    traces: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    traces
+        .iter()
+        .filter(|(name, _)| revocations.contains(name.as_str()))
+        .map(|(name, traceparent)| (name.clone(), traceparent.clone()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -109,6 +110,10 @@ struct Inputs {
 
 impl Inputs {
     fn plan(&self, now: &str) -> Plan {
+        self.plan_traced(now, &BTreeMap::new())
+    }
+
+    fn plan_traced(&self, now: &str, revocation_traces: &BTreeMap<String, String>) -> Plan {
         plan(World {
             policies: &self.policies,
             exceptions: &self.exceptions,
@@ -116,6 +121,7 @@ impl Inputs {
             pods: &self.pods,
             approver_keys: &self.keys,
             now: at(now),
+            revocation_traces,
         })
     }
 }
@@ -166,6 +172,43 @@ fn only_revocations_in_force_for_the_policys_issuers_reach_its_snapshot() {
         compiled.revocations.iter().collect::<Vec<_>>(),
         vec!["trusted"]
     );
+}
+
+#[test]
+fn a_snapshot_carries_the_traces_of_its_own_revocations_outside_the_hashed_policy() {
+    let inputs = Inputs {
+        policies: vec![policy("reports", "2026-11-01T00:00:00Z", "reports")],
+        exceptions: vec![],
+        revocations: vec![
+            revocation("traced", "https://idp.example.com", None),
+            revocation("untraced", "https://idp.example.com", None),
+            revocation("foreign", "https://other-idp.example.com", None),
+        ],
+        pods: vec![],
+        keys: ApproverKeys::Missing,
+    };
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traces = BTreeMap::from([
+        ("traced".to_owned(), traceparent.to_owned()),
+        ("foreign".to_owned(), traceparent.to_owned()),
+    ]);
+    let traced = inputs.plan_traced("2026-12-05T00:00:00Z", &traces);
+    let compiled = traced.policies[&key("reports")].compiled.clone().unwrap();
+    // Only revocations the snapshot carries; the foreign one is the plan's, not this policy's.
+    assert_eq!(
+        compiled.revocation_traces,
+        BTreeMap::from([("traced".to_owned(), traceparent.to_owned())])
+    );
+    assert_eq!(
+        compiled.revocation_traces_json.as_ref().unwrap().get(),
+        format!(r#"{{"traced":"{traceparent}"}}"#)
+    );
+    assert_eq!(traced.revocation_traces, traces);
+    // Traces never change what is enforced, so the hash sidecars acknowledge stays the same.
+    let plain = inputs.plan("2026-12-05T00:00:00Z");
+    let untraced = plain.policies[&key("reports")].compiled.clone().unwrap();
+    assert_eq!(compiled.hash, untraced.hash);
+    assert!(untraced.revocation_traces_json.is_none());
 }
 
 #[test]

@@ -8,9 +8,12 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
+use tracing::Instrument;
 
 use crate::api::{PrincipalRevocation, RevocationReason};
+use crate::telemetry::revocation_spans;
 
+use super::revocation_traces::{TRACEPARENT_ANNOTATION, reason_label};
 use super::ssf::events::{SOURCE_LABEL, SOURCE_LABEL_VALUE, created_by, same_event};
 use super::ssf::{
     RevocationAction, RevocationSink, SecretError, SecretKeyRef, SecretReader, SinkError,
@@ -93,26 +96,63 @@ fn unavailable(error: kube::Error) -> SinkError {
     SinkError::Unavailable(error.to_string())
 }
 
-/// Creates one revocation. An object of the same name that records the same event means an
-/// earlier delivery did it; one that records another event means the `jti` was reused.
+/// Creates one revocation, in a `lifeguard.revocation` span of the request's trace whose
+/// context the object carries as its trace annotation (when spans are exported). An object of
+/// the same name that records the same event means an earlier delivery did it; one that
+/// records another event means the `jti` was reused.
 async fn create(
     api: &Api<PrincipalRevocation>,
     set: &VerifiedSet,
     revocation: &PrincipalRevocation,
 ) -> Result<(), SinkError> {
     let name = revocation.metadata.name.as_deref().unwrap_or("");
+    let span = revocation_spans::received(name, &reason_label(revocation));
+    let traced;
+    let revocation = match revocation_spans::traceparent_of(&span) {
+        Some(traceparent) => {
+            let mut annotated = revocation.clone();
+            annotated
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(TRACEPARENT_ANNOTATION.to_owned(), traceparent);
+            traced = annotated;
+            &traced
+        }
+        None => revocation,
+    };
+    let result = create_once(api, set, revocation)
+        .instrument(span.clone())
+        .await;
+    let outcome = match &result {
+        Ok(true) => "created",
+        Ok(false) => "existed",
+        Err(_) => "failed",
+    };
+    revocation_spans::recorded(&span, outcome, result.is_err());
+    result.map(|_| ())
+}
+
+/// [`create`] without the span: `Ok(true)` when this call created the object, `Ok(false)` when
+/// an earlier delivery had.
+async fn create_once(
+    api: &Api<PrincipalRevocation>,
+    set: &VerifiedSet,
+    revocation: &PrincipalRevocation,
+) -> Result<bool, SinkError> {
+    let name = revocation.metadata.name.as_deref().unwrap_or("");
     match api.create(&PostParams::default(), revocation).await {
         Ok(_) => {
             tracing::info!(revocation = name, issuer = %set.issuer, "security event recorded as a PrincipalRevocation");
-            Ok(())
+            Ok(true)
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             // Deleted meanwhile: nothing to compare; the earlier delivery did its work.
             let Some(existing) = api.get_opt(name).await.map_err(unavailable)? else {
-                return Ok(());
+                return Ok(false);
             };
             if same_event(&existing, revocation) {
-                Ok(())
+                Ok(false)
             } else {
                 Err(SinkError::Conflict(format!(
                     "PrincipalRevocation {name} exists and records a different event"

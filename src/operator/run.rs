@@ -1,7 +1,7 @@
 //! Wiring of `lifeguard operator`, one named step each: the watch caches and the admin
-//! endpoint; once the caches have synced, the distributor, leader election, the CA
-//! distribution, the shared acknowledgements and the controllers; last the distribution
-//! endpoint.
+//! endpoint; once the caches have synced, leader election, the distributor (which starts
+//! revocation traces while this replica leads), the CA distribution, the shared
+//! acknowledgements and the controllers; last the distribution endpoint.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -96,9 +96,9 @@ pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<
         shutdown,
     };
     let pods = caches.pods.clone();
-    let (distributing, session_events) = operator.spawn_distributor(caches, changes);
-    health.mark_synced();
     let leading = operator.spawn_leader_election();
+    let (distributing, session_events) = operator.spawn_distributor(caches, changes, &leading);
+    health.mark_synced();
     if let Some(ca) = ca_distributor {
         operator.spawn_ca_distribution(ca, &leading);
     }
@@ -208,6 +208,7 @@ impl Operator {
         &self,
         caches: Caches,
         changes: Arc<Notify>,
+        leading: &watch::Receiver<bool>,
     ) -> (Distributing, SessionEvents) {
         let (sessions, session_events) = Sessions::new();
         let sessions = Arc::new(sessions);
@@ -228,6 +229,9 @@ impl Operator {
             tracker: tracker.clone(),
             acks: acks.clone(),
             metrics: self.metrics.clone(),
+            client: self.shell.client.clone(),
+            leading: leading.clone(),
+            started_traces: Mutex::default(),
         };
         tokio::spawn(distributor.run(self.shutdown.clone()));
         let distributing = Distributing {

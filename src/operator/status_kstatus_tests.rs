@@ -40,6 +40,8 @@ fn compiled() -> Arc<CompiledPolicy> {
         hash: effective.hash(),
         json: Arc::from(serde_json::value::to_raw_value(&effective).unwrap()),
         revocations: Default::default(),
+        revocation_traces: Default::default(),
+        revocation_traces_json: None,
         effective,
     })
 }

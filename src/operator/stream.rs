@@ -5,6 +5,7 @@
 //! the policy's pre-serialized JSON (one copy per policy, however many sidecars run it) and a
 //! few per-connection fields, so memory grows with policies plus sidecars, not their product.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use crate::distribution::{
 };
 use crate::policy::ObjectKey;
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
+use crate::telemetry::revocation_spans;
 
 use super::auth::{AuthError, SidecarAuthenticator, check_claim};
 use super::metrics::OperatorMetrics;
@@ -90,6 +92,8 @@ struct SnapshotLine<'a> {
     policy: Option<&'a RawValue>,
     approver_keys: Option<&'a RawValue>,
     issued_at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revocation_traces: Option<&'a RawValue>,
 }
 
 /// What a stream last sent, to tell whether a new plan changes anything for its pod.
@@ -130,6 +134,7 @@ fn snapshot_line(
         policy: compiled.map(|c| c.json.as_ref()),
         approver_keys: distribution.approver_keys.as_deref(),
         issued_at: Timestamp::now(),
+        revocation_traces: compiled.and_then(|c| c.revocation_traces_json.as_deref()),
     };
     // Serializing borrowed JSON and plain fields cannot fail.
     let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
@@ -188,6 +193,8 @@ struct StreamState {
     seen: bool,
     /// Heartbeats sent while the cache never showed the pod.
     unseen_heartbeats: u32,
+    /// The revocations of the last snapshot sent (kept only while spans are exported).
+    carried: BTreeSet<String>,
 }
 
 impl StreamState {
@@ -213,6 +220,38 @@ impl StreamState {
         gone
     }
 
+    /// Marks, in each one's trace, the traced revocations this snapshot brings this sidecar
+    /// for the first time on this stream (nothing without export).
+    fn trace_new_revocations(&mut self, distribution: &Distribution, carried: &SentSnapshot) {
+        if !crate::telemetry::otel::exporting() {
+            return;
+        }
+        let pod = &self.guard.pod;
+        if let Some(traces) = distribution
+            .plan
+            .policy_for(&ObjectKey {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            })
+            .and_then(|(_, c)| c)
+            .map(|c| &c.revocation_traces)
+        {
+            for (name, traceparent) in traces
+                .iter()
+                .filter(|(name, _)| !self.carried.contains(name.as_str()))
+            {
+                drop(revocation_spans::distributed(
+                    name,
+                    traceparent,
+                    &pod.namespace,
+                    &pod.name,
+                    carried.version,
+                ));
+            }
+        }
+        self.carried.clone_from(&carried.revocations);
+    }
+
     /// The next line to write, or `None` to end the stream.
     async fn next_line(&mut self) -> Option<Bytes> {
         let mut changed = self.sent.is_none();
@@ -225,6 +264,7 @@ impl StreamState {
                 let (line, sent, carried) =
                     snapshot_line(&current, &self.guard.pod, &self.guard.session);
                 if self.sent.as_ref() != Some(&sent) {
+                    self.trace_new_revocations(&current, &carried);
                     self.guard
                         .sessions
                         .record_sent(&self.guard.pod, &self.guard.session, carried);
@@ -304,6 +344,7 @@ pub async fn open_stream(
         pods: ctx.pods.clone(),
         seen: false,
         unseen_heartbeats: 0,
+        carried: BTreeSet::new(),
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         let line = state.next_line().await?;
@@ -422,6 +463,66 @@ mod tests {
         assert!(policy.is_none());
         assert_eq!(approver_keys, Some(serde_json::json!({"keys": []})));
         assert_eq!(sent.policy, None);
+    }
+
+    #[test]
+    fn a_snapshot_line_carries_its_policys_revocation_traces() {
+        let effective = crate::policy::testing::with_tasks("    enabled: true\n");
+        let traces = std::collections::BTreeMap::from([(
+            "alice-session".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        )]);
+        let policy_key = ObjectKey {
+            namespace: "team-a".into(),
+            name: "reports".into(),
+        };
+        let compiled = super::super::plan::CompiledPolicy {
+            hash: effective.hash(),
+            json: Arc::from(serde_json::value::to_raw_value(&effective).unwrap()),
+            revocations: ["alice-session".to_owned()].into(),
+            revocation_traces_json: Some(Arc::from(
+                serde_json::value::to_raw_value(&traces).unwrap(),
+            )),
+            revocation_traces: traces.clone(),
+            effective,
+        };
+        let mut plan = Plan::default();
+        plan.policies.insert(
+            policy_key.clone(),
+            super::super::plan::PolicyPlan {
+                generation: Some(1),
+                compiled: Some(Arc::new(compiled)),
+                errors: Vec::new(),
+                matched_pods: 1,
+                shadowed_by: None,
+            },
+        );
+        let pod = PodIdentity {
+            namespace: "team-a".into(),
+            name: "reports-0".into(),
+            uid: "u".into(),
+            service_account: "reports".into(),
+        };
+        plan.pods.insert(
+            ObjectKey {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            },
+            policy_key,
+        );
+        let distribution = Distribution {
+            version: 3,
+            plan: Arc::new(plan),
+            approver_keys: None,
+            approver_keys_hash: None,
+        };
+        let (line, _, carried) = snapshot_line(&distribution, &pod, "s1");
+        let StreamMessage::Snapshot(snapshot) = serde_json::from_slice(&line).unwrap() else {
+            panic!("not a snapshot");
+        };
+        assert_eq!(snapshot.revocation_traces, traces);
+        // The sidecar's hash of what it enforces is the plan's: traces are beside the policy.
+        assert_eq!(snapshot.policy_hash(), carried.policy_hash);
     }
 
     #[test]

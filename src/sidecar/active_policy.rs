@@ -1,6 +1,8 @@
 //! The policy in force, with everything derived from it once per policy version: issuer keys,
 //! the token cache, the approver trust, and the numbers every task request needs.
 
+use std::collections::BTreeMap;
+
 use crate::exception::ApproverTrust;
 use crate::identity::cache::TokenCache;
 use crate::identity::store::IssuerKeys;
@@ -30,6 +32,9 @@ pub struct ActivePolicy {
     /// Refuses sampling requests that carry credentials (built-in shapes and
     /// `capabilities.secretPatterns`).
     pub secret_scanner: SecretScanner,
+    /// Revocation name → the `traceparent` its application joins (cluster mode: the snapshot's
+    /// `revocationTraces`). A trace hint only: never part of the policy or its hash.
+    pub revocation_traces: BTreeMap<String, String>,
 }
 
 impl ActivePolicy {
@@ -53,7 +58,21 @@ impl ActivePolicy {
             keys,
             tokens: TokenCache::default(),
             trust,
+            revocation_traces: BTreeMap::new(),
         }
+    }
+
+    /// The policy with the traces its revocations' applications join.
+    pub fn with_revocation_traces(self, revocation_traces: BTreeMap<String, String>) -> Self {
+        Self {
+            revocation_traces,
+            ..self
+        }
+    }
+
+    /// The `traceparent` the application of revocation `name` joins, if it is traced.
+    pub fn revocation_trace(&self, name: &str) -> Option<&str> {
+        self.revocation_traces.get(name).map(String::as_str)
     }
 
     /// Verifies every exception once at load and logs its state. Exceptions that do not verify

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::audit::{AuditEvent, Decision};
 use crate::identity::Identity;
 use crate::ledger::{PrincipalFilter, TaskRecord};
 use crate::policy::RevocationRule;
+use crate::telemetry::revocation_spans;
 
 use super::active_policy::ActivePolicy;
 use super::cancellation::{self, Requested};
@@ -75,7 +77,7 @@ pub async fn apply_revocations(
             for rule in &current.effective.revocations {
                 let key = revocation_key(rule);
                 if !applied.contains_key(&key) {
-                    match apply_one(&app, &current, rule).await {
+                    match apply_traced(&app, &current, rule).await {
                         Some(done) => {
                             applied.insert(key.clone(), done);
                         }
@@ -97,6 +99,22 @@ pub async fn apply_revocations(
             _ = tokio::time::sleep(RETRY_INTERVAL), if incomplete => {}
         }
     }
+}
+
+/// [`apply_one`] inside the revocation's `lifeguard.revocation.apply` span when the snapshot
+/// names its trace, so the cancellations it sends upstream are in that trace.
+async fn apply_traced(
+    app: &AppState,
+    policy: &ActivePolicy,
+    rule: &RevocationRule,
+) -> Option<RevocationCounts> {
+    let span = revocation_spans::apply(&rule.name, policy.revocation_trace(&rule.name));
+    let done = apply_one(app, policy, rule).instrument(span.clone()).await;
+    revocation_spans::applied(
+        &span,
+        done.as_ref().map(|d| (d.tasks_cancelled, d.streams_closed)),
+    );
+    done
 }
 
 /// Applies one revocation; `None` when the principal's tasks could not be listed (nothing was

@@ -359,6 +359,7 @@ mod tests {
             policy: Some(crate::policy::testing::with_tasks("    enabled: true\n")),
             approver_keys: Some(serde_json::json!({"keys": []})),
             issued_at: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+            revocation_traces: Default::default(),
         }
     }
 

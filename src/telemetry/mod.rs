@@ -3,6 +3,7 @@
 pub mod metrics;
 pub mod otel;
 pub mod otel_config;
+pub mod revocation_spans;
 pub mod spans;
 pub mod striped;
 pub mod trace_context;

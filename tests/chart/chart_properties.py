@@ -23,6 +23,8 @@ OPERATOR_CLUSTER_RULES = {
                                                            "principalrevocations")),
     ("lifeguard.dev", "principalrevocations", "create"),
     ("lifeguard.dev", "principalrevocations", "delete"),
+    # The trace annotation (lifeguard.dev/traceparent) on revocations a person applied.
+    ("lifeguard.dev", "principalrevocations", "patch"),
     *(("", "pods", v) for v in READ_VERBS),
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("events.k8s.io", "events", "create"),

@@ -171,6 +171,7 @@ impl Cluster {
             pods: &shared(&self.pods),
             approver_keys: &self.keys,
             now,
+            revocation_traces: &Default::default(),
         })
     }
 }

@@ -16,3 +16,4 @@ mod object_metrics;
 mod policy;
 mod revocation;
 mod revocation_sink;
+mod revocation_traces;

@@ -78,7 +78,8 @@ pub async fn build_policy(
             Some(ApproverTrust::from_json(&bytes).map_err(SnapshotError::ApproverKeys)?)
         }
     };
-    let policy = ActivePolicy::new(effective, keys, trust);
+    let policy = ActivePolicy::new(effective, keys, trust)
+        .with_revocation_traces(snapshot.revocation_traces.clone());
     policy.report_exceptions();
     Ok(Some(policy))
 }
@@ -144,6 +145,7 @@ mod tests {
             policy: policy.then(|| crate::policy::testing::with_tasks("    enabled: true\n")),
             approver_keys: None,
             issued_at: jiff::Timestamp::UNIX_EPOCH,
+            revocation_traces: Default::default(),
         }
     }
 

@@ -34,6 +34,7 @@ fn snapshot_line(n: usize) -> String {
         policy: None,
         approver_keys: None,
         issued_at: Timestamp::now(),
+        revocation_traces: Default::default(),
     };
     let line = serde_json::to_string(&StreamMessage::Snapshot(Box::new(snapshot)));
     line.expect("serializable") + "\n"

@@ -92,8 +92,14 @@ pub struct Cluster {
 impl Cluster {
     /// The emulator, an operator with `config`, and `n` pods with real sidecars dialing it.
     pub async fn start(n: usize, config: Option<&str>) -> Self {
+        Self::start_with_env(n, config, &[]).await
+    }
+
+    /// [`Cluster::start`] with `env` (e.g. the `OTEL_*` trace settings) for the operator and
+    /// every sidecar.
+    pub async fn start_with_env(n: usize, config: Option<&str>, env: &[(String, String)]) -> Self {
         let emulator = KubeEmulator::start().await;
-        let operator = Operator::start(&emulator, config).await;
+        let operator = Operator::start_with_env(&emulator, config, &[], env).await;
         let jwks = JwksServer::start().await;
         let tokens = tempfile::tempdir().unwrap();
         let mut members = Vec::new();
@@ -112,7 +118,7 @@ impl Cluster {
                     pod_namespace: NS.into(),
                     pod_name: name,
                     args: Vec::new(),
-                    env: Vec::new(),
+                    env: env.to_vec(),
                 },
             );
             let client = McpClient::new(&sidecar.url);

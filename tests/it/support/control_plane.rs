@@ -324,6 +324,7 @@ fn snapshot_line(current: &Current, session: &str, pod: &StreamQuery) -> Bytes {
         policy: current.policy.clone(),
         approver_keys: current.approver_keys.clone(),
         issued_at: jiff::Timestamp::now(),
+        revocation_traces: Default::default(),
     };
     let line = serde_json::to_string(&StreamMessage::Snapshot(Box::new(snapshot))).unwrap();
     Bytes::from(line + "\n")
