@@ -35,8 +35,6 @@ pub struct ReceivedSpan {
     pub attributes: BTreeMap<String, String>,
     /// Names of the span's events (log lines would arrive here if they rode along).
     pub events: Vec<String>,
-    /// `(trace ID, span ID)` of every span this one links to.
-    pub links: Vec<(String, String)>,
 }
 
 type Received = Arc<Mutex<Vec<ReceivedSpan>>>;
@@ -78,11 +76,6 @@ fn record(received: &Received, protocol: &'static str, request: ExportTraceServi
                         .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
                         .collect(),
                     events: span.events.iter().map(|e| e.name.clone()).collect(),
-                    links: span
-                        .links
-                        .iter()
-                        .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
-                        .collect(),
                 });
             }
         }
