@@ -50,6 +50,7 @@ async fn main() {
             object: None,
             lease_until: None,
             delegated_until: None,
+            trace: None,
         };
         ledger.reserve(r).await.unwrap();
         ledger

@@ -114,6 +114,7 @@ async fn ledger(dir: &Path, n: usize) -> Result<Components> {
             object: None,
             lease_until: None,
             delegated_until: None,
+            trace: None,
         };
         let started = Instant::now();
         let outcome = ledger

@@ -144,6 +144,10 @@ pub struct TaskRecord {
     /// Unix ms until which the task's upstream delegation runs: the latest owner token
     /// expiry seen (capped at the deadline) under `upstream.identity: delegation`.
     pub delegated_until: Option<i64>,
+    /// The W3C `traceparent` of the `tools/call` span that created the task, when traces were
+    /// exported: every later span about the task links to it, so a trace viewer shows a
+    /// minutes-long task as one story. Not a secret (two random IDs and a flag).
+    pub trace: Option<String>,
     /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
     /// gone once the task is terminal (`finish` removes it in the same transaction).
     pub cancel: Option<CancelIntent>,
@@ -192,6 +196,10 @@ pub struct CancelIntent {
     pub requested_at: i64,
     /// After this the sidecar ends the task as unconfirmed. Not before `requested_at`.
     pub give_up_at: i64,
+    /// The W3C `traceparent` of the span that asked for the cancellation (a revocation's apply
+    /// span, the owner's `tasks/cancel`), when traces were exported: every retry from the
+    /// outbox, on whichever replica, continues that trace.
+    pub trace: Option<String>,
 }
 
 /// Result of [`TaskLedger::request_cancel`].
@@ -284,6 +292,8 @@ pub struct Reservation {
     pub lease_until: Option<i64>,
     /// How long the creating token delegates (`upstream.identity: delegation`), if it does.
     pub delegated_until: Option<i64>,
+    /// The `traceparent` of the creating `tools/call` span ([`TaskRecord::trace`]).
+    pub trace: Option<String>,
 }
 
 /// Result of [`TaskLedger::reserve`].

@@ -6,7 +6,10 @@
 //! (`task.cancel_unconfirmed`: the task ends, and says the server never confirmed).
 
 use crate::audit::{AuditEvent, Decision};
+use tracing::Instrument;
+
 use crate::ledger::{CancelRequest, Finish, PendingCancel, TaskRecord};
+use crate::telemetry::task_spans;
 
 use super::active_policy::ActivePolicy;
 use super::decisions::{
@@ -47,7 +50,9 @@ pub async fn request(
 ) -> Requested {
     let now = now_ms();
     let give_up_at = now + app.cancel_confirm_timeout.as_millis() as i64;
-    let intent = intent_for(&end, now, give_up_at);
+    let mut intent = intent_for(&end, now, give_up_at);
+    // Whoever asks (the owner's request, a revocation's apply span): retries continue its trace.
+    intent.trace = task_spans::current_traceparent();
     let requested = app.ledger.request_cancel(&record.id, intent.clone()).await;
     app.replica.forget_home(&record.id);
     let recorded = match requested {
@@ -113,14 +118,22 @@ pub async fn drive_outbox(app: &AppState, policy: &ActivePolicy, correlation_id:
             give_up(app, policy, correlation_id, &pending).await;
             continue;
         }
-        cancel_at_server(
-            app,
-            correlation_id,
-            &pending.record,
+        let span = task_spans::outbox_cancel(
+            pending.intent.trace.as_deref(),
+            pending.record.trace.as_deref(),
             pending.intent.reason.as_str(),
-        )
-        .await;
-        check(app, policy, correlation_id, &pending).await;
+        );
+        let attempt = async {
+            cancel_at_server(
+                app,
+                correlation_id,
+                &pending.record,
+                pending.intent.reason.as_str(),
+            )
+            .await;
+            check(app, policy, correlation_id, &pending).await;
+        };
+        attempt.instrument(span).await;
     }
 }
 

@@ -6,6 +6,7 @@ pub mod otel_config;
 pub mod revocation_spans;
 pub mod spans;
 pub mod striped;
+pub mod task_spans;
 pub mod trace_context;
 
 use tracing_subscriber::EnvFilter;

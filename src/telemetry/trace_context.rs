@@ -8,10 +8,92 @@
 use bytes::Bytes;
 use http::HeaderMap;
 use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use serde_json::{Map, Value};
 
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
+
+/// A W3C Trace Context `traceparent` of version `00`: `00-<trace id>-<span id>-<flags>` in
+/// lowercase hex, neither ID all zeros. Nothing else parses (no other version, no upper case,
+/// no surrounding text), so a value someone wrote by hand either names a span or is ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceParent {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    flags: u8,
+}
+
+fn lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}
+
+impl TraceParent {
+    /// Parses a `traceparent`; `None` for anything but a valid version-00 value.
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut parts = value.split('-');
+        let (version, trace, span, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || version != "00" {
+            return None;
+        }
+        let parsed = Self {
+            trace_id: lower_hex::<16>(trace)?,
+            span_id: lower_hex::<8>(span)?,
+            flags: lower_hex::<1>(flags)?[0],
+        };
+        let zero = |bytes: &[u8]| bytes.iter().all(|b| *b == 0);
+        (!zero(&parsed.trace_id) && !zero(&parsed.span_id)).then_some(parsed)
+    }
+
+    /// The trace ID in lowercase hex.
+    pub fn trace_id(&self) -> String {
+        hex::encode(self.trace_id)
+    }
+
+    /// The parent span ID in lowercase hex.
+    pub fn span_id(&self) -> String {
+        hex::encode(self.span_id)
+    }
+
+    /// The `traceparent` naming `context`, when it is valid.
+    pub fn of(context: &SpanContext) -> Option<Self> {
+        context.is_valid().then(|| Self {
+            trace_id: context.trace_id().to_bytes(),
+            span_id: context.span_id().to_bytes(),
+            flags: context.trace_flags().to_u8(),
+        })
+    }
+
+    /// The OpenTelemetry context whose (remote) span this names.
+    pub fn context(&self) -> opentelemetry::Context {
+        let span = SpanContext::new(
+            TraceId::from_bytes(self.trace_id),
+            SpanId::from_bytes(self.span_id),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::default(),
+        );
+        opentelemetry::Context::new().with_remote_span_context(span)
+    }
+}
+
+impl std::fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "00-{}-{}-{:02x}",
+            hex::encode(self.trace_id),
+            hex::encode(self.span_id),
+            self.flags
+        )
+    }
+}
 
 /// A `params._meta` object as a propagation carrier: only string values are read.
 pub struct MetaExtractor<'a>(pub &'a Map<String, Value>);

@@ -21,6 +21,7 @@ pub fn intent(reason: EndReason, at: i64) -> CancelIntent {
         pending_message: "Cancellation requested; waiting for the server to stop".into(),
         requested_at: at,
         give_up_at: at + 5 * MINUTE,
+        trace: Some(format!("00-{:032x}-{:016x}-01", at, reason as u64 + 1)),
     }
 }
 

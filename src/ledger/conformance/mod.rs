@@ -313,6 +313,7 @@ pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
         object: Some("projects/p-1".into()),
         lease_until: None,
         delegated_until: Some(NOW + 5 * 60_000),
+        trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     }
 }
 

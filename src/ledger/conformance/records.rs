@@ -51,6 +51,7 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         lease_until: r.lease_until,
         delegated_until: r.delegated_until,
         cancel: None,
+        trace: r.trace.clone(),
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);
     assert_eq!(get(ledger, &id).await.as_ref(), Some(&expected));

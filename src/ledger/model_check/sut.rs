@@ -141,7 +141,9 @@ impl Names {
                 pending_message: c.message.clone(),
                 requested_at: c.requested_at,
                 give_up_at: c.give_up_at,
+                trace: intent_trace(c.reason),
             }),
+            trace: task_trace(*k),
         }
     }
 
@@ -256,7 +258,21 @@ fn intent(
         pending_message: pending_message(reason),
         requested_at: now,
         give_up_at: now + give_up,
+        trace: intent_trace(reason),
     }
+}
+
+/// The trace context task `k` is created under: every other task has none (created while
+/// traces were not exported).
+fn task_trace(k: usize) -> Option<String> {
+    k.is_multiple_of(2)
+        .then(|| format!("00-{:032x}-{:016x}-01", k + 1, k + 1))
+}
+
+/// The trace context an intent for `reason` is asked under: one per reason, so the first
+/// intent's (the one that wins) is told apart from a later one's.
+fn intent_trace(reason: crate::ledger::EndReason) -> Option<String> {
+    Some(format!("00-{:032x}-{:016x}-00", 0xc0de, reason as u64 + 1))
 }
 
 /// Runs `op` on `ledgers` (one per replica); `model` is the reference state after `op`.
@@ -302,6 +318,7 @@ pub async fn execute(
                 object: k.is_multiple_of(2).then(|| format!("projects/p-{k}")),
                 lease_until: lease.map(|d| now + d),
                 delegated_until: delegation.map(|d| now + d),
+                trace: task_trace(k),
             };
             answer(l.reserve(r).await, Answer::Reserve)?
         }

@@ -123,8 +123,8 @@ pub(super) async fn request_cancel(
         .transpose()?;
     // ON CONFLICT: the first intent wins even without the row lock above.
     let sql = "INSERT INTO lifeguard_cancel_intents (server, task_id, reason, requested_by, \
-               pending_message, requested_at, give_up_at, attempts, next_attempt_at) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $6) ON CONFLICT DO NOTHING";
+               pending_message, requested_at, give_up_at, attempts, next_attempt_at, trace) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $6, $8) ON CONFLICT DO NOTHING";
     let inserted = exec(
         tx,
         sql,
@@ -136,6 +136,7 @@ pub(super) async fn request_cancel(
             &intent.pending_message,
             &intent.requested_at,
             &intent.give_up_at,
+            &intent.trace,
         ],
         "record cancellation intent",
     )

@@ -87,8 +87,8 @@ const COUNT_ACTIVE: &str = "SELECT \
 const INSERT_RESERVATION: &str = "INSERT INTO lifeguard_tasks (server, id, confirmed, issuer, \
     subject, tenant, client, tool, scopes, idempotency_key, idempotency_until, \
     idempotency_window_ms, reservation_expires_at, token_issued_at, correlation_id, object, \
-    lease_until, delegated_until) \
-    VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
+    lease_until, delegated_until, trace) \
+    VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// Returns the outcome and the IDs of the expired reservations it voided on the way.
 ///
@@ -217,7 +217,7 @@ async fn insert_reservation(
     let scopes = to_json(&r.scopes, "scopes")?;
     const INSERTING: &str = "insert reservation";
     let insert = prepared(tx, INSERT_RESERVATION, INSERTING).await?;
-    let params: [&(dyn ToSql + Sync); 17] = [
+    let params: [&(dyn ToSql + Sync); 18] = [
         &server,
         &r.id.as_str(),
         &o.issuer,
@@ -235,6 +235,7 @@ async fn insert_reservation(
         &r.object,
         &r.lease_until,
         &r.delegated_until,
+        &r.trace,
     ];
     if voided.is_empty() {
         tx.execute(&insert, &params).await.ctx(INSERTING)?;

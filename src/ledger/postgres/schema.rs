@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -201,6 +201,14 @@ CREATE TABLE lifeguard_counters (
     value  BIGINT NOT NULL CHECK (value >= 0),
     PRIMARY KEY (server, name)
 );
+";
+
+/// Version 6 (SQLite's version 9): where a task's story is in the traces. `trace` of a task
+/// is the W3C `traceparent` of the `tools/call` span that created it, `trace` of an intent that
+/// of the span that asked for the cancellation; NULL when traces were not exported.
+const V6: &str = "
+ALTER TABLE lifeguard_tasks ADD COLUMN trace TEXT;
+ALTER TABLE lifeguard_cancel_intents ADD COLUMN trace TEXT;
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

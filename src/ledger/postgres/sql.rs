@@ -19,7 +19,8 @@ macro_rules! task_columns {
          t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, t.deadline_at, \
          t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, t.result_reads, \
          t.token_issued_at, t.home, t.correlation_id, t.object, c.reason, c.requested_by, \
-         c.pending_message, c.requested_at, c.give_up_at, t.lease_until, t.delegated_until"
+         c.pending_message, c.requested_at, c.give_up_at, t.lease_until, t.delegated_until, \
+         t.trace, c.trace"
     };
 }
 pub(super) use task_columns;
@@ -34,7 +35,7 @@ macro_rules! task_from {
 pub(super) use task_from;
 
 /// How many columns [`task_columns!`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 31;
+pub(super) const TASK_COLUMN_COUNT: usize = 33;
 
 pub(super) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -153,6 +154,7 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
             pending_message: need(col(row, 26)?, "cancellation pending_message")?,
             requested_at: need(col(row, 27)?, "cancellation requested_at")?,
             give_up_at: need(col(row, 28)?, "cancellation give_up_at")?,
+            trace: col(row, 32)?,
         }),
     };
     Ok(TaskRecord {
@@ -182,6 +184,7 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
         object: col(row, 23)?,
         lease_until: col(row, 29)?,
         delegated_until: col(row, 30)?,
+        trace: col(row, 31)?,
         cancel,
     })
 }

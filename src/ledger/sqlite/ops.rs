@@ -139,8 +139,8 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     conn.prepare_cached(
         "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
          idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at, \
-         token_issued_at, correlation_id, object, lease_until, delegated_until) \
-         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+         token_issued_at, correlation_id, object, lease_until, delegated_until, trace) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )
     .ctx("prepare reservation insert")?
     .execute(params![
@@ -160,6 +160,7 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         r.object,
         r.lease_until,
         r.delegated_until,
+        r.trace,
     ])
     .ctx("insert reservation")?;
     Ok(ReserveOutcome::Reserved)
@@ -362,8 +363,8 @@ pub(super) fn request_cancel(
         .transpose()?;
     conn.prepare_cached(
         "INSERT INTO cancel_intents (task_id, reason, requested_by, pending_message, \
-         requested_at, give_up_at, attempts, next_attempt_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?5)",
+         requested_at, give_up_at, attempts, next_attempt_at, trace) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?5, ?7)",
     )
     .ctx("prepare cancellation intent insert")?
     .execute(params![
@@ -373,6 +374,7 @@ pub(super) fn request_cancel(
         intent.pending_message,
         intent.requested_at,
         intent.give_up_at,
+        intent.trace,
     ])
     .ctx("record cancellation intent")?;
     conn.prepare_cached(

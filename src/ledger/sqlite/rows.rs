@@ -16,10 +16,11 @@ pub(super) const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject,
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    t.lease_until, t.delegated_until, c.reason, c.requested_by, c.pending_message, c.requested_at, c.give_up_at";
+    t.lease_until, t.delegated_until, t.trace, c.reason, c.requested_by, c.pending_message, \
+    c.requested_at, c.give_up_at, c.trace";
 
 /// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 31;
+pub(super) const TASK_COLUMN_COUNT: usize = 33;
 
 /// Every task with its intent, if any.
 pub(super) const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
@@ -49,11 +50,13 @@ pub(super) struct RawTask {
     object: Option<String>,
     lease_until: Option<i64>,
     delegated_until: Option<i64>,
+    trace: Option<String>,
     cancel_reason: Option<String>,
     cancel_by: Option<String>,
     cancel_message: Option<String>,
     cancel_requested_at: Option<i64>,
     cancel_give_up_at: Option<i64>,
+    cancel_trace: Option<String>,
 }
 
 impl RawTask {
@@ -87,11 +90,13 @@ impl RawTask {
             object: row.get(23)?,
             lease_until: row.get(24)?,
             delegated_until: row.get(25)?,
-            cancel_reason: row.get(26)?,
-            cancel_by: row.get(27)?,
-            cancel_message: row.get(28)?,
-            cancel_requested_at: row.get(29)?,
-            cancel_give_up_at: row.get(30)?,
+            trace: row.get(26)?,
+            cancel_reason: row.get(27)?,
+            cancel_by: row.get(28)?,
+            cancel_message: row.get(29)?,
+            cancel_requested_at: row.get(30)?,
+            cancel_give_up_at: row.get(31)?,
+            cancel_trace: row.get(32)?,
         })
     }
 
@@ -142,6 +147,7 @@ impl RawTask {
                 pending_message: need(self.cancel_message, "cancellation pending_message")?,
                 requested_at: need(self.cancel_requested_at, "cancellation requested_at")?,
                 give_up_at: need(self.cancel_give_up_at, "cancellation give_up_at")?,
+                trace: self.cancel_trace,
             }),
         };
         Ok(TaskRecord {
@@ -166,6 +172,7 @@ impl RawTask {
             object: self.object,
             lease_until: self.lease_until,
             delegated_until: self.delegated_until,
+            trace: self.trace,
             cancel,
         })
     }
@@ -194,7 +201,7 @@ const TASK_ONLY_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.ten
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    t.lease_until, t.delegated_until, NULL, NULL, NULL, NULL, NULL";
+    t.lease_until, t.delegated_until, t.trace, NULL, NULL, NULL, NULL, NULL, NULL";
 
 /// One task by ID, the read of every `tasks/get`. Two primary-key lookups rather than the
 /// join of [`TASK_FROM`]: SQLite re-prepared the joined statement at every call (30 µs a read
@@ -213,7 +220,7 @@ pub(super) fn load_task(conn: &Connection, id: &str) -> Result<Option<TaskRecord
     };
     let intent = conn
         .prepare_cached(
-            "SELECT reason, requested_by, pending_message, requested_at, give_up_at \
+            "SELECT reason, requested_by, pending_message, requested_at, give_up_at, trace \
              FROM cancel_intents WHERE task_id = ?1",
         )
         .ctx("prepare intent lookup")?
@@ -224,16 +231,18 @@ pub(super) fn load_task(conn: &Connection, id: &str) -> Result<Option<TaskRecord
                 row.get(2)?,
                 row.get(3)?,
                 row.get(4)?,
+                row.get(5)?,
             ))
         })
         .optional()
         .ctx("look up intent")?;
-    if let Some((reason, by, message, requested_at, give_up_at)) = intent {
+    if let Some((reason, by, message, requested_at, give_up_at, trace)) = intent {
         raw.cancel_reason = Some(reason);
         raw.cancel_by = by;
         raw.cancel_message = Some(message);
         raw.cancel_requested_at = Some(requested_at);
         raw.cancel_give_up_at = Some(give_up_at);
+        raw.cancel_trace = trace;
     }
     raw.into_record().map(Some)
 }

@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 8;
+pub(super) const SCHEMA_VERSION: i64 = 9;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -32,6 +32,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Sql(V6),
     Step::Sql(V7),
     Step::Sql(V8),
+    Step::Sql(V9),
 ];
 
 /// Version 1.
@@ -252,6 +253,15 @@ CREATE TABLE counters (
     name  TEXT PRIMARY KEY NOT NULL,
     value INTEGER NOT NULL CHECK (value >= 0)
 ) STRICT;
+";
+
+/// Version 9: where a task's story is in the traces. `tasks.trace` is the W3C `traceparent`
+/// of the `tools/call` span that created the task (later requests about it link to that span);
+/// `cancel_intents.trace` that of the span that asked for the cancellation (retries from the
+/// outbox continue its trace). NULL when traces were not exported.
+pub(super) const V9: &str = "
+ALTER TABLE tasks ADD COLUMN trace TEXT;
+ALTER TABLE cancel_intents ADD COLUMN trace TEXT;
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

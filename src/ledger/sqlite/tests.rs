@@ -274,7 +274,7 @@ async fn a_version_1_ledger_is_migrated_in_place() {
         .await
         .unwrap()
         .expect("v1 task survives the migration");
-    assert_eq!(old.token_issued_at, None);
+    assert_eq!((old.token_issued_at, old.trace), (None, None));
     let version: i64 = raw(&path)
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
@@ -359,6 +359,7 @@ async fn a_version_2_ledger_is_migrated_in_place() {
         pending_message: "Cancellation requested".into(),
         requested_at: NOW,
         give_up_at: NOW + 60_000,
+        trace: None,
     };
     assert!(matches!(
         ledger.request_cancel(&first.id, intent).await.unwrap(),

@@ -27,6 +27,7 @@ pub fn intent_for(end: &Finish, requested_at: i64, give_up_at: i64) -> CancelInt
         ),
         requested_at,
         give_up_at: give_up_at.max(requested_at),
+        trace: None,
     }
 }
 

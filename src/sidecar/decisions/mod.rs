@@ -54,5 +54,6 @@ pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord
         lease_until: None,
         delegated_until: None,
         cancel: None,
+        trace: None,
     }
 }

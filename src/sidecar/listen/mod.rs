@@ -237,6 +237,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
         to_sidecar,
         task_tools,
         max_duration: rules.max_stream_duration.get(),
+        trace: crate::telemetry::task_spans::current_traceparent(),
     };
     tokio::spawn(pump.run());
     sse_response(rx)

@@ -11,6 +11,7 @@ use futures_util::stream::SelectAll;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::audit::Decision;
 use crate::ledger::TaskRecord;
@@ -18,6 +19,7 @@ use crate::mcp::listen::{ListenEvent, ListenFilter, classify_event, final_result
 use crate::mcp::task::{parse_reported_state, present_task, replace_task_id};
 use crate::model::TaskId;
 use crate::telemetry::metrics::ReasonLabels;
+use crate::telemetry::task_spans;
 
 use super::super::capability_screen::{Recipient, Screening, screen_task_state};
 use super::super::context::RequestContext;
@@ -52,6 +54,9 @@ pub(super) struct Pump {
     /// token lacks for any of them closes the stream.
     pub task_tools: Vec<String>,
     pub max_duration: Duration,
+    /// The listen request's span (`traceparent`), when traces are exported: each delivery
+    /// about a task is its child, linked to the span that created the task.
+    pub trace: Option<String>,
 }
 
 enum Step {
@@ -205,9 +210,32 @@ impl Pump {
     /// hold the scopes its tool requires; its IDs are the sidecar's; a terminal state is the
     /// ledger's. Streams never carry a task's result or error: those are read with `tasks/get`,
     /// where read-once results and the result audit apply.
-    async fn task_frame(&self, upstream_id: &str, mut frame: Value) -> Option<Value> {
+    async fn task_frame(&self, upstream_id: &str, frame: Value) -> Option<Value> {
         let id = self.to_sidecar.get(upstream_id)?;
-        let mut record = self.app.ledger.get(id).await.ok().flatten()?;
+        let record = self.app.ledger.get(id).await.ok().flatten()?;
+        let method = frame
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or("notification");
+        let span = task_spans::delivery(self.trace.as_deref(), method, record.trace.as_deref());
+        let screened = self
+            .screen_task_frame(id, record, upstream_id, frame)
+            .instrument(span.clone())
+            .await;
+        if !span.is_none() {
+            task_spans::delivered(&span, screened.is_some(), &self.app.hasher.hash(id));
+        }
+        screened
+    }
+
+    /// [`Self::task_frame`] once the task's `record` is read.
+    async fn screen_task_frame(
+        &self,
+        id: &TaskId,
+        mut record: TaskRecord,
+        upstream_id: &str,
+        mut frame: Value,
+    ) -> Option<Value> {
         authorize(
             Some(&record),
             &self.ctx.identity,

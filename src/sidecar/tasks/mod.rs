@@ -35,6 +35,7 @@ use super::state::AppState;
 use super::task_state::fail_orphaned;
 use super::task_state::now_ms;
 use crate::telemetry::metrics::ReasonLabels;
+use crate::telemetry::task_spans;
 
 /// The client's own message with the task ID swapped for the upstream's, and headers to match
 /// (with the task's delegation assertion when the policy delegates).
@@ -77,6 +78,7 @@ async fn authorized_task(
                 missing_scopes(t.scopes_for(&remembered.tool), &ctx.identity).is_empty()
             }))
     {
+        task_spans::link_task(remembered.trace.as_deref());
         if access == Access::Owner {
             let verdict = object_verdict(app, ctx, &remembered, op.into()).await;
             if !verdict.allowed() {
@@ -99,6 +101,7 @@ async fn authorized_task(
                 missing_scopes(t.scopes_for(&known.tool), &ctx.identity).is_empty()
             }))
     {
+        task_spans::link_task(known.trace.as_deref());
         if access == Access::Owner {
             let verdict = object_verdict(app, ctx, &known, op.into()).await;
             if !verdict.allowed() {
@@ -117,6 +120,11 @@ async fn authorized_task(
         .get(&id)
         .await
         .map_err(|e| Error::from(e).respond(&app.metrics, &ctx.id()))?;
+    // Every request that names an existing task joins its story, refused ones too (a probe of
+    // someone else's task is part of that task's story, as in the audit trail).
+    if let Some(r) = &record {
+        task_spans::link_task(r.trace.as_deref());
+    }
     let access = match authorize(record.as_ref(), &ctx.identity, op, admin_scope, now_ms()) {
         Ok(access) => access,
         Err(reason) => {

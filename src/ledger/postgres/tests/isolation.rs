@@ -35,6 +35,7 @@ async fn servers_sharing_a_database_share_nothing() {
         pending_message: "Cancellation requested".into(),
         requested_at: NOW,
         give_up_at: NOW + 60_000,
+        trace: None,
     };
     one.request_cancel(&task.id, intent).await.unwrap();
     assert_eq!(two.get(&task.id).await.unwrap(), None);

@@ -98,7 +98,8 @@ async fn a_version_1_database_is_migrated_in_place() {
         .await
         .batch_execute(
             "ALTER TABLE lifeguard_tasks DROP COLUMN correlation_id, DROP COLUMN object,
-                 DROP COLUMN lease_until, DROP COLUMN delegated_until;
+                 DROP COLUMN lease_until, DROP COLUMN delegated_until, DROP COLUMN trace;
+             ALTER TABLE lifeguard_cancel_intents DROP COLUMN trace;
              ALTER TABLE lifeguard_cancel_intents
                  DROP CONSTRAINT lifeguard_cancel_intents_reason_check,
                  ADD CONSTRAINT lifeguard_cancel_intents_reason_check
@@ -114,6 +115,7 @@ async fn a_version_1_database_is_migrated_in_place() {
     let task = ledger.get(&id).await.unwrap().expect("the task survives");
     assert_eq!((task.correlation_id.as_str(), task.object), ("", None));
     assert_eq!((task.lease_until, task.delegated_until), (None, None));
+    assert_eq!(task.trace, None);
     let versions = db
         .client()
         .await

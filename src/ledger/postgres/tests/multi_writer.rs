@@ -267,6 +267,7 @@ async fn revocation_sweeps_across_replicas_record_one_intent_each() {
                 pending_message: "Cancelled: access revoked".into(),
                 requested_at: NOW,
                 give_up_at: NOW + 60_000,
+                trace: None,
             };
             async move { (t.id.clone(), ledger.request_cancel(&t.id, intent).await) }
         });
