@@ -53,6 +53,7 @@ mod sidecar_sampling_isolation;
 mod sidecar_tasks;
 mod tracing_export;
 mod tracing_revocation;
+mod tracing_tasks;
 mod webhook_admission;
 mod webhook_end_to_end;
 mod webhook_injected_sidecar;

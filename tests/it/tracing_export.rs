@@ -180,14 +180,13 @@ async fn a_setting_that_makes_no_sense_stops_the_sidecar_with_the_variable_named
 
 /// The webhook's admission reviews are server spans of `lifeguard-webhook`, continuing the API
 /// server's trace, with the injection outcome.
-#[tokio::test]
-async fn the_webhooks_admission_reviews_are_spans_in_the_callers_trace() {
+async fn webhook_review_over(protocol: &'static str) {
     use support::webhook::{Webhook, config_yaml, pod_review};
 
     let receiver = OtlpReceiver::start().await;
     let emulator = support::kube::KubeEmulator::start().await;
     let webhook =
-        Webhook::start_with_env(&emulator, &config_yaml(""), &receiver.env("http/protobuf")).await;
+        Webhook::start_with_env(&emulator, &config_yaml(""), &receiver.env(protocol)).await;
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "plain", "namespace": "team-z"},
@@ -210,6 +209,7 @@ async fn the_webhooks_admission_reviews_are_spans_in_the_callers_trace() {
         })
         .await;
     let span = spans.iter().find(|s| s.name == "POST /inject").unwrap();
+    assert_eq!(span.protocol, protocol);
     assert_eq!(span.service, "lifeguard-webhook");
     assert_eq!(span.kind, 2);
     assert_eq!(span.trace_id, TRACE);
@@ -224,15 +224,14 @@ async fn the_webhooks_admission_reviews_are_spans_in_the_callers_trace() {
 
 /// The operator's Security Event pushes are server spans of `lifeguard-operator` in the
 /// transmitter's trace; a refused push is one too, with its status.
-#[tokio::test]
-async fn the_operators_security_event_pushes_are_spans_in_the_callers_trace() {
+async fn operator_push_over(protocol: &'static str) {
     use support::operator::Operator;
 
     let receiver = OtlpReceiver::start().await;
     let emulator = support::kube::KubeEmulator::start().await;
     let config = support::ssf::two_push_transmitters(&[], &[]);
     let operator =
-        Operator::start_with_env(&emulator, Some(&config), &[], &receiver.env("grpc")).await;
+        Operator::start_with_env(&emulator, Some(&config), &[], &receiver.env(protocol)).await;
     let response = operator
         .ca
         .client()
@@ -251,10 +250,42 @@ async fn the_operators_security_event_pushes_are_spans_in_the_callers_trace() {
         })
         .await;
     let span = spans.iter().find(|s| s.name == "POST /ssf/push").unwrap();
+    assert_eq!(span.protocol, protocol);
     assert_eq!(span.service, "lifeguard-operator");
     assert_eq!(span.trace_id, TRACE);
     assert_eq!(span.parent_span_id, CALLER_SPAN);
     assert_eq!(span.attributes["http.response.status_code"], "400");
+}
+
+#[tokio::test]
+async fn the_webhooks_admission_reviews_reach_a_grpc_collector_in_the_callers_trace() {
+    webhook_review_over("grpc").await;
+}
+
+#[tokio::test]
+async fn the_webhooks_admission_reviews_reach_an_http_protobuf_collector_in_the_callers_trace() {
+    webhook_review_over("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn the_webhooks_admission_reviews_reach_an_http_json_collector_in_the_callers_trace() {
+    webhook_review_over("http/json").await;
+}
+
+#[tokio::test]
+async fn the_operators_security_event_pushes_reach_a_grpc_collector_in_the_callers_trace() {
+    operator_push_over("grpc").await;
+}
+
+#[tokio::test]
+async fn the_operators_security_event_pushes_reach_an_http_protobuf_collector_in_the_callers_trace()
+{
+    operator_push_over("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn the_operators_security_event_pushes_reach_an_http_json_collector_in_the_callers_trace() {
+    operator_push_over("http/json").await;
 }
 
 /// A `tools/call` of `write_rows` whose `params._meta` carries `meta_traceparent`.

@@ -35,6 +35,16 @@ pub struct ReceivedSpan {
     pub attributes: BTreeMap<String, String>,
     /// Names of the span's events (log lines would arrive here if they rode along).
     pub events: Vec<String>,
+    /// The span's links to other spans.
+    pub links: Vec<ReceivedLink>,
+}
+
+/// A span link as a test reads it (IDs in lowercase hex).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceivedLink {
+    pub trace_id: String,
+    pub span_id: String,
+    pub attributes: BTreeMap<String, String>,
 }
 
 type Received = Arc<Mutex<Vec<ReceivedSpan>>>;
@@ -76,6 +86,19 @@ fn record(received: &Received, protocol: &'static str, request: ExportTraceServi
                         .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
                         .collect(),
                     events: span.events.iter().map(|e| e.name.clone()).collect(),
+                    links: span
+                        .links
+                        .iter()
+                        .map(|link| ReceivedLink {
+                            trace_id: hex::encode(&link.trace_id),
+                            span_id: hex::encode(&link.span_id),
+                            attributes: link
+                                .attributes
+                                .iter()
+                                .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                                .collect(),
+                        })
+                        .collect(),
                 });
             }
         }
