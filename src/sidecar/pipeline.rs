@@ -65,7 +65,7 @@ pub async fn serve(
     // only from then on (or to record a refusal), because a started span's parent is fixed.
     let span = spans::server(&headers);
     let response = serve_in_span(app, body_timeout, headers, body, arrival, &span).await;
-    spans::finish_server(&span, response.status().as_u16());
+    spans::finish_server(&span, &response);
     response
 }
 
@@ -184,6 +184,7 @@ async fn serve_in_span(
     };
     // The caller's trace may be named in the body; from here on the span is entered.
     spans::continue_meta_trace(span, &headers, &request.message);
+    spans::request_id(span, request.id.as_ref());
     spans::authenticated(span, auth_started, auth_ended, "ok");
     let method = method_label(&request.method);
 

@@ -45,8 +45,15 @@ pub fn rpc_result(id: &Value, result: Value) -> Response {
     json(StatusCode::OK, &result_message(id, result))
 }
 
+/// A JSON-RPC error answer; its code rides along as a response extension for the request's span.
 pub fn rpc_error(status: StatusCode, id: &Value, error: &ErrorObject) -> Response {
-    json(status, &error_message(id, error))
+    let mut response = json(status, &error_message(id, error));
+    if crate::telemetry::otel::exporting() {
+        response
+            .extensions_mut()
+            .insert(crate::telemetry::spans::RpcErrorCode(error.code));
+    }
+    response
 }
 
 pub fn task_not_found(id: &Value) -> Response {

@@ -62,8 +62,13 @@ pub fn server(headers: &HeaderMap) -> Span {
         otel.status_code = Empty,
         mcp.method.name = %method,
         gen_ai.tool.name = tool.as_deref(),
+        gen_ai.operation.name = tool.is_some().then_some("execute_tool"),
         mcp.protocol.version = header(headers, "mcp-protocol-version"),
+        network.transport = "tcp",
+        network.protocol.name = "http",
+        jsonrpc.request.id = Empty,
         http.response.status_code = Empty,
+        rpc.response.status_code = Empty,
         error.r#type = Empty,
         lifeguard.decision = Empty,
         lifeguard.reason = Empty,
@@ -172,15 +177,57 @@ pub async fn http_server(
     );
     continue_caller_trace(&span, request.headers());
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
-    finish_server(&span, response.status().as_u16());
+    finish_http_server(&span, response.status().as_u16());
     response
 }
 
-/// Records the outcome of the request on its server `span`.
-pub fn finish_server(span: &Span, status: u16) {
+/// The JSON-RPC error code of an answer the sidecar made itself, carried as a response
+/// extension so the request's span can record it without reading the body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RpcErrorCode(pub i64);
+
+/// The longest `jsonrpc.request.id` recorded (a client chooses it; longer ones are cut).
+const MAX_REQUEST_ID: usize = 128;
+
+/// Records the JSON-RPC `id` of the request on its server `span` (`jsonrpc.request.id`, as a
+/// string; the audit trail's correlation ID is the same value). A notification has none.
+pub fn request_id(span: &Span, id: Option<&serde_json::Value>) {
+    let Some(id) = id.filter(|_| !span.is_none()) else {
+        return;
+    };
+    let text = match id {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let cut = text
+        .char_indices()
+        .nth(MAX_REQUEST_ID)
+        .map_or(text.as_str(), |(at, _)| &text[..at]);
+    span.record("jsonrpc.request.id", cut);
+}
+
+/// Records the outcome of the request on its server `span`: the HTTP status and, for a
+/// JSON-RPC error the sidecar answered, its code as `rpc.response.status_code` and `error.type`
+/// (as the OpenTelemetry MCP conventions ask). A 5xx also marks the span's status `ERROR`.
+pub fn finish_server(span: &Span, response: &axum::response::Response) {
     if span.is_none() {
         return;
     }
+    let status = response.status().as_u16();
+    span.record("http.response.status_code", status);
+    if let Some(RpcErrorCode(code)) = response.extensions().get::<RpcErrorCode>() {
+        span.record("rpc.response.status_code", code.to_string());
+        span.record("error.type", code.to_string());
+    } else if status >= 500 {
+        span.record("error.type", status.to_string());
+    }
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+fn finish_http_server(span: &Span, status: u16) {
     span.record("http.response.status_code", status);
     if status >= 500 {
         span.record("otel.status_code", "ERROR");

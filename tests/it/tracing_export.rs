@@ -73,6 +73,16 @@ async fn one_protocol(protocol: &'static str) {
     assert_eq!(server_span.attributes["mcp.method.name"], "tools/call");
     assert_eq!(server_span.attributes["gen_ai.tool.name"], "write_rows");
     assert_eq!(server_span.attributes["http.response.status_code"], "200");
+    assert_eq!(
+        server_span.attributes["gen_ai.operation.name"],
+        "execute_tool"
+    );
+    assert_eq!(server_span.attributes["network.transport"], "tcp");
+    assert_eq!(
+        server_span.attributes["jsonrpc.request.id"],
+        reply.body["id"].to_string()
+    );
+    assert!(!server_span.attributes.contains_key("error.type"));
     // ...the hop upstream is its child...
     assert_eq!(
         client_span.trace_id, TRACE,
@@ -110,6 +120,11 @@ async fn one_protocol(protocol: &'static str) {
         .await;
     let poll = spans.iter().find(|s| s.name == "tasks/get").unwrap();
     assert_eq!(poll.attributes["lifeguard.decision"], "deny", "{poll:#?}");
+    // A JSON-RPC error is recorded by its code, as the MCP conventions ask.
+    let code = refused.error_code().unwrap().to_string();
+    assert_eq!(poll.attributes["rpc.response.status_code"], code);
+    assert_eq!(poll.attributes["error.type"], code);
+    assert!(!poll.attributes.contains_key("gen_ai.operation.name"));
     assert!(!poll.attributes["lifeguard.reason"].is_empty(), "{poll:#?}");
     // No span anywhere carries the task ID, and no log line rides along as a span event.
     for span in &spans {
