@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -124,13 +124,28 @@ fn text(value: &Value, pointer: &str) -> String {
     }
 }
 
-/// Decides `question` and logs the decision with the request as received; `Err` is why no
-/// decision could be made (answered as HTTP 500).
-fn decide(state: &AppState, question: Question, request: Value) -> Result<bool, String> {
+/// Decides `question` and logs the decision with the request as received (and its W3C
+/// `traceparent`, when it carried one); `Err` is why no decision could be made (answered as
+/// HTTP 500).
+fn decide(
+    state: &AppState,
+    question: Question,
+    request: Value,
+    headers: &HeaderMap,
+) -> Result<bool, String> {
     let grants =
         read_grants(&state.grants).inspect_err(|e| eprintln!("cannot read grants: {e}"))?;
     let allowed = grants.grants.iter().any(|g| g.covers(&question));
-    let line = json!({"question": question, "decision": allowed, "request": request});
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let line = json!({
+        "question": question,
+        "decision": allowed,
+        "request": request,
+        "traceparent": traceparent,
+    });
     println!("{line}");
     let _ = std::io::stdout().flush();
     state
@@ -141,7 +156,11 @@ fn decide(state: &AppState, question: Question, request: Value) -> Result<bool, 
     Ok(allowed)
 }
 
-async fn evaluation(State(state): State<AppState>, Json(request): Json<Value>) -> Response {
+async fn evaluation(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(request): Json<Value>,
+) -> Response {
     let question = Question {
         issuer: text(&request, "/subject/properties/issuer"),
         subject: text(&request, "/subject/id"),
@@ -152,7 +171,7 @@ async fn evaluation(State(state): State<AppState>, Json(request): Json<Value>) -
         action: text(&request, "/action/name"),
         tool: text(&request, "/resource/properties/tool"),
     };
-    match decide(&state, question, request) {
+    match decide(&state, question, request, &headers) {
         Ok(decision) => Json(json!({"decision": decision})).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     }
@@ -160,6 +179,7 @@ async fn evaluation(State(state): State<AppState>, Json(request): Json<Value>) -
 
 async fn subject_access_review(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Json(request): Json<Value>,
 ) -> Response {
     let question = Question {
@@ -172,7 +192,7 @@ async fn subject_access_review(
         action: text(&request, "/spec/resourceAttributes/verb"),
         tool: text(&request, "/spec/extra/lifeguard.dev~1tool"),
     };
-    match decide(&state, question, request.clone()) {
+    match decide(&state, question, request.clone(), &headers) {
         Ok(allowed) => {
             let mut review = request;
             review["status"] = json!({"allowed": allowed});

@@ -278,3 +278,51 @@ pub fn audit(decision: &str, reason: &str, policy_hash: &str, task: Option<&str>
         span.record("lifeguard.task", task);
     }
 }
+
+/// A child of the current span for the object authorizer's decision about `action`
+/// (`lifeguard.authorize`, kind client): answered from the cache or asked over HTTP
+/// ([`authorized`] records which, and the decision). Never names the object or the principal.
+pub fn authorizer(action: &str) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
+    tracing::info_span!(
+        target: "lifeguard::mcp",
+        "lifeguard.authorize",
+        otel.name = "lifeguard.authorize",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        lifeguard.action = %action,
+        lifeguard.authorizer.source = Empty,
+        lifeguard.decision = Empty,
+        error.r#type = Empty,
+    )
+}
+
+/// Records on an authorizer `span` where the decision came from (`cache` or `authorizer`) and
+/// what it was (`allow`, `deny`, or `error` when the authorizer gave none: an `ERROR` span).
+pub fn authorized(span: &Span, source: &str, decision: &str) {
+    if span.is_none() {
+        return;
+    }
+    span.record("lifeguard.authorizer.source", source);
+    span.record("lifeguard.decision", decision);
+    if decision == "error" {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", "authorizer_unavailable");
+    }
+}
+
+/// `traceparent`/`tracestate` naming the current span, for a request the sidecar sends to a
+/// service other than the MCP server (the object authorizer), so its spans join the trace.
+/// Empty when spans are not exported.
+pub fn current_context_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if exporting() {
+        let context = Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.inject_context(&context, &mut HeaderInjector(&mut headers))
+        });
+    }
+    headers
+}

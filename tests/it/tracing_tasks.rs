@@ -255,3 +255,98 @@ async fn cancellation_retries_continue_the_cancel_requests_trace() {
         "the server saw the first cancel and a retry"
     );
 }
+
+/// The object authorizer's decisions are child spans of the request that needed them (asked,
+/// or answered from the cache), and the authorizer receives the context of the span that
+/// asked it, so its own spans join the trace. Neither the object nor the principal is named.
+#[tokio::test]
+async fn the_object_authorizers_decisions_are_child_spans_and_it_gets_their_context() {
+    use support::authorizer::Authorizer;
+
+    let authorizer = Authorizer::start(
+        "grants:\n  - {subject: alice, issuer: 'https://idp.test', tenant: tenant-a, type: project, object: proj-x}\n",
+    );
+    let receiver = OtlpReceiver::start().await;
+    let server = ExampleServer::start();
+    let spec = format!(
+        "  tasks:\n    tools: [write_rows]\n    minPollInterval: 10ms\n    objects:\n      authorizer: {{url: \"{}\", cacheTtl: 60s}}\n      tools:\n        write_rows: {{pointer: /label, type: project}}\n",
+        authorizer.url
+    );
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec,
+            env: receiver.env("http/protobuf"),
+            ..SidecarOptions::default()
+        },
+    )
+    .await;
+    let id = create(
+        &sidecar,
+        json!({"count": 1000, "intervalMs": 50, "label": "proj-x"}),
+    )
+    .await;
+    // The first poll asks the authorizer about reading; the second is answered from the cache.
+    owner_asks(&sidecar, "tasks/get", &id, POLL_TRACE).await;
+    owner_asks(&sidecar, "tasks/get", &id, PROBE_TRACE).await;
+
+    let authorize_under = |spans: &[ReceivedSpan], trace: &str| -> Option<ReceivedSpan> {
+        let request = spans.iter().find(|s| s.kind == 2 && s.trace_id == trace)?;
+        spans
+            .iter()
+            .find(|s| s.name == "lifeguard.authorize" && s.parent_span_id == request.span_id)
+            .cloned()
+    };
+    let spans = receiver
+        .wait_for("the three decisions' spans", |spans| {
+            [CREATE_TRACE, POLL_TRACE, PROBE_TRACE]
+                .iter()
+                .all(|trace| authorize_under(spans, trace).is_some())
+        })
+        .await;
+    let at_creation = authorize_under(&spans, CREATE_TRACE).unwrap();
+    let first_poll = authorize_under(&spans, POLL_TRACE).unwrap();
+    let second_poll = authorize_under(&spans, PROBE_TRACE).unwrap();
+    assert_eq!(at_creation.kind, 3);
+    assert_eq!(
+        (
+            at_creation.attributes["lifeguard.action"].as_str(),
+            at_creation.attributes["lifeguard.authorizer.source"].as_str(),
+            at_creation.attributes["lifeguard.decision"].as_str(),
+        ),
+        ("create", "authorizer", "allow")
+    );
+    assert_eq!(first_poll.attributes["lifeguard.action"], "read");
+    assert_eq!(
+        first_poll.attributes["lifeguard.authorizer.source"],
+        "authorizer"
+    );
+    assert_eq!(
+        second_poll.attributes["lifeguard.authorizer.source"],
+        "cache"
+    );
+    assert_eq!(second_poll.attributes["lifeguard.decision"], "allow");
+    for span in [&at_creation, &first_poll, &second_poll] {
+        for value in span.attributes.values() {
+            assert!(
+                !value.contains("proj-x") && !value.contains("alice"),
+                "{span:#?}"
+            );
+        }
+    }
+
+    // The authorizer was asked twice, each time in the asking span's context.
+    let asked: Vec<String> = authorizer
+        .decisions()
+        .await
+        .iter()
+        .map(|d| d["traceparent"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        asked,
+        vec![
+            format!("00-{CREATE_TRACE}-{}-01", at_creation.span_id),
+            format!("00-{POLL_TRACE}-{}-01", first_poll.span_id),
+        ]
+    );
+}

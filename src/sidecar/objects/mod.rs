@@ -24,6 +24,8 @@ use crate::identity::Identity;
 use crate::ledger::TaskRecord;
 use crate::policy::{AuthorizerRules, ObjectRules};
 use crate::telemetry::metrics::{ObjectDecisionLabels, SidecarMetrics};
+use crate::telemetry::spans;
+use tracing::Instrument;
 
 use cache::DecisionCache;
 pub use wire::object_of;
@@ -189,26 +191,30 @@ impl ObjectGate {
         metrics: &SidecarMetrics,
     ) -> Verdict {
         let authorizer = self.authorizer(rules);
+        let span = spans::authorizer(question.action.as_str());
         if let Some(allowed) = authorizer.cache.get(&question, Instant::now()) {
-            count(metrics, if allowed { "allow" } else { "deny" }, "cache");
+            let decision = if allowed { "allow" } else { "deny" };
+            spans::authorized(&span, "cache", decision);
+            count(metrics, decision, "cache");
             return verdict(allowed);
         }
         let started = Instant::now();
-        let answer = ask(&authorizer, server, &question).await;
+        let answer = ask(&authorizer, server, &question)
+            .instrument(span.clone())
+            .await;
         metrics
             .authorizer_seconds
             .observe(started.elapsed().as_secs_f64());
         match answer {
             Ok(allowed) => {
                 authorizer.cache.insert(question, allowed, Instant::now());
-                count(
-                    metrics,
-                    if allowed { "allow" } else { "deny" },
-                    "authorizer",
-                );
+                let decision = if allowed { "allow" } else { "deny" };
+                spans::authorized(&span, "authorizer", decision);
+                count(metrics, decision, "authorizer");
                 verdict(allowed)
             }
             Err(error) => {
+                spans::authorized(&span, "authorizer", "error");
                 count(metrics, "error", "authorizer");
                 tracing::warn!(%error, url = %rules.url, "the object authorizer gave no decision; refusing (fail closed)");
                 Verdict::Unavailable(error)
@@ -260,7 +266,10 @@ async fn ask(authorizer: &Authorizer, server: &str, question: &Question) -> Resu
     let http = authorizer.http.as_ref().map_err(Clone::clone)?;
     let rules = &authorizer.rules;
     let body = wire::request_body(rules.format, question, server);
-    let mut request = http.post(&rules.url).json(&body);
+    let mut request = http
+        .post(&rules.url)
+        .headers(spans::current_context_headers())
+        .json(&body);
     if let Some(path) = &rules.token_file {
         let token = tokio::fs::read_to_string(path)
             .await
