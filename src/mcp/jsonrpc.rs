@@ -80,6 +80,12 @@ impl ErrorObject {
         self
     }
 
+    /// Adds `refusal`'s structured members to `data` (keeping what is there).
+    pub fn with_refusal(mut self, refusal: &super::refusal::Refusal) -> Self {
+        self.data = Some(refusal.merged_into(self.data.take()));
+        self
+    }
+
     pub fn to_value(&self) -> Value {
         let mut error = json!({"code": self.code, "message": self.message});
         if let Some(data) = &self.data {

@@ -10,6 +10,7 @@ pub mod checks;
 pub mod header_value;
 pub mod jsonrpc;
 pub mod listen;
+pub mod refusal;
 pub mod strict_json;
 pub mod task;
 pub mod task_wire;

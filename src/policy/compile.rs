@@ -260,6 +260,7 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
             .as_ref()
             .and_then(|u| u.task_state)
             .unwrap_or_default(),
+        rate_limits: None,
         protocol: ProtocolRules {
             versions: policy
                 .spec

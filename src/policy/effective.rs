@@ -52,6 +52,10 @@ pub struct EffectivePolicy {
     #[serde(default)]
     pub upstream_task_state: UpstreamTaskState,
     pub protocol: ProtocolRules,
+    /// Request-rate limits (`spec.rateLimits`); `None`: no limit. Left out of the
+    /// serialization when absent, so policies without limits keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<super::rate_limits::RateLimitRules>,
     /// `None`: no request may become a task.
     pub tasks: Option<TaskRules>,
     /// `None`: listen requests are refused.

@@ -11,6 +11,7 @@ pub mod jws_shape;
 pub mod locate;
 pub mod manifest;
 pub mod problem;
+pub mod rate_limits;
 pub mod selection;
 pub mod uri_pattern;
 pub mod validate;
