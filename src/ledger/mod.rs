@@ -296,6 +296,26 @@ pub struct Reservation {
     pub trace: Option<String>,
 }
 
+/// One ask of [`TaskLedger::take_tokens`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenAsk {
+    /// The bucket (family, scope and party of a request-rate limit).
+    pub bucket: String,
+    pub requests_per_second: f64,
+    pub burst: u32,
+    /// Tokens wanted, 1 to `burst`.
+    pub want: u32,
+}
+
+/// What a bucket gave for a [`TokenAsk`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenGrant {
+    /// Whole tokens taken, 0 to `want`.
+    pub granted: u32,
+    /// What the bucket holds after the take (a fraction of a token when it gave nothing).
+    pub left: f64,
+}
+
 /// Result of [`TaskLedger::reserve`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum ReserveOutcome {
@@ -625,6 +645,18 @@ pub trait TaskLedger: Send + Sync {
 
     /// The counter `name` of this server as last advanced; 0 if it never was.
     async fn counter(&self, name: &str) -> Result<u64>;
+
+    /// Takes tokens from shared token buckets (request-rate limits held across replicas), one
+    /// ask per bucket, in one round trip: each bucket refills at its ask's rate up to its
+    /// burst on the database's clock, and gives `want` tokens, or every whole token it holds
+    /// when it holds fewer. Answers in the order of `asks`. Only a shared ledger keeps shared
+    /// buckets: the others answer an error (their sidecar keeps its buckets in memory).
+    async fn take_tokens(&self, asks: &[TokenAsk]) -> Result<Vec<TokenGrant>> {
+        let _ = asks;
+        Err(LedgerError::Internal(
+            "this ledger keeps no shared rate-limit buckets".into(),
+        ))
+    }
 
     /// Which server and replica this instance serves.
     fn scope(&self) -> &LedgerScope;

@@ -17,6 +17,7 @@ use super::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
     FinishOutcome, LedgerScope, PendingCancel, PrincipalFilter, PurgedTask, ReplicaBeat,
     ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord, TaskStatus,
+    TokenAsk, TokenGrant,
 };
 
 /// Wraps a ledger; every method delegates to it.
@@ -169,6 +170,11 @@ impl TaskLedger for TracedLedger {
 
     async fn secret(&self, name: &str) -> Result<[u8; 32]> {
         self.traced("secret", self.inner.secret(name)).await
+    }
+
+    async fn take_tokens(&self, asks: &[TokenAsk]) -> Result<Vec<TokenGrant>> {
+        self.traced("take_tokens", self.inner.take_tokens(asks))
+            .await
     }
 
     async fn advance_counter(&self, name: &str) -> Result<u64> {

@@ -71,4 +71,7 @@ pub mod codes {
     /// The object authorizer (`tasks.objects`) refused the object a `tools/call` names. In the
     /// same Lifeguard range as [`QUOTA_EXCEEDED`].
     pub const OBJECT_FORBIDDEN: i64 = -31403;
+    /// A request-rate limit (`spec.rateLimits`) refused the request: HTTP 429, `Retry-After`,
+    /// `data.retryAfterMs`. In the same Lifeguard range.
+    pub const RATE_LIMITED: i64 = -31430;
 }

@@ -80,6 +80,7 @@ mod objects;
 mod pipeline;
 mod policy_file;
 mod policy_source;
+mod rate_limit;
 mod relay;
 mod replica;
 mod respond;

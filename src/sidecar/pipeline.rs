@@ -17,6 +17,7 @@ use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
+use crate::telemetry::metrics::RateLimitedLabels;
 use crate::telemetry::spans;
 use tracing::Span;
 
@@ -201,6 +202,50 @@ async fn serve_in_span(
             return respond::rpc_error(status, &request.response_id(), &error);
         }
     };
+
+    // Request-rate limits: charged once, where the client's request arrived (a request
+    // forwarded by another replica was charged there).
+    if arrival == Arrival::Client
+        && let Some(limits) = &policy.effective.rate_limits
+    {
+        let tool = match &facts.kind {
+            RequestKind::ToolsCall { tool } => Some(tool.as_str()),
+            _ => None,
+        };
+        let charges = limits.buckets_for(&identity.owner, &request.method, tool);
+        if let Err(refused) = app.rate_limits.admit(&charges, &app.metrics).await {
+            let charge = &charges[refused.charge];
+            let _in_span = span.enter();
+            app.metrics
+                .rate_limited
+                .get_or_create(&RateLimitedLabels {
+                    scope: charge.scope.label(),
+                    reason: charge.family.label(),
+                })
+                .inc();
+            deny_metric(&app, "rate_limited");
+            app.metrics.request(method, "deny");
+            // One line per principal and minute (the denial summary), never one per request.
+            let event = AuditEvent::new(
+                "request.denied",
+                &correlation_id,
+                policy.stamp(),
+                Decision::Deny,
+                "rate_limited",
+            )
+            .owner(&identity.owner)
+            .detail("scope", charge.scope.label())
+            .detail("limit", charge.family.label())
+            .detail("retryAfterMs", refused.retry_after_ms);
+            app.denials
+                .log(&app.audit, event, Some(&identity.owner), Instant::now());
+            return respond::rate_limited(
+                &request.response_id(),
+                refused.retry_after_ms,
+                &policy.effective.policy.to_string(),
+            );
+        }
+    }
 
     let ctx = RequestContext {
         correlation_id,

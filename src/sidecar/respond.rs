@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::identity::AuthError;
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, error_message, result_message};
+use crate::mcp::refusal::{Refusal, Remediation};
 
 /// The one answer for every task ID a caller may not see: unknown, expired, purged, or owned by
 /// another subject, tenant or client. Same status, same body (apart from the request id), same
@@ -89,6 +90,30 @@ pub fn retry_shortly(id: &Value, message: &str) -> Response {
             .with_data(serde_json::json!({"retryable": true})),
     );
     add_retry_after(&mut response);
+    response
+}
+
+/// A refusal by a request-rate limit: 429, `Retry-After` in whole seconds (rounded up) and the
+/// structured data with `retryAfterMs`, naming the policy whose limit it is.
+pub fn rate_limited(id: &Value, retry_after_ms: u64, policy: &str) -> Response {
+    let refusal = Refusal::new(
+        "rate_limited",
+        Remediation::Retry {
+            after_ms: retry_after_ms,
+        },
+    )
+    .policy(policy);
+    let error = ErrorObject::new(
+        codes::RATE_LIMITED,
+        format!("Too many requests: retry in {retry_after_ms} ms"),
+    )
+    .with_refusal(&refusal);
+    let mut response = rpc_error(StatusCode::TOO_MANY_REQUESTS, id, &error);
+    if let Some(seconds) = refusal.retry_after_secs() {
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
     response
 }
 

@@ -34,8 +34,8 @@ use super::{
     SidecarConfig,
 };
 use super::{
-    app_probes, capability, denials, hop, hop_server, objects, pipeline, replica, respond,
-    revocation, state, stream_registry, sweeper,
+    app_probes, capability, denials, hop, hop_server, objects, pipeline, rate_limit, replica,
+    respond, revocation, state, stream_registry, sweeper,
 };
 
 /// Refuses flag combinations that cannot work, before anything is opened.
@@ -243,6 +243,7 @@ pub(super) async fn build_state(
         Some(metrics.upstream_seconds.clone()),
     )
     .with_http2(config.upstream_http2);
+    let rate_limits = rate_limit::RateLimiter::for_ledger(&keys.ledger);
     let app = Arc::new(AppState {
         policy,
         source: status,
@@ -253,6 +254,7 @@ pub(super) async fn build_state(
         metrics,
         idempotency_secret: keys.idempotency_secret,
         objects: objects::ObjectGate::default(),
+        rate_limits,
         delegation: crate::identity::delegation::DelegationKeys::new(
             jiff::Timestamp::now().as_second(),
         )

@@ -35,6 +35,8 @@ pub struct AppState {
     /// Signs delegation assertions (`upstream.identity: delegation`); its public keys are
     /// served at `/.well-known/jwks.json` on the admin port.
     pub delegation: crate::identity::delegation::DelegationKeys,
+    /// Request-rate limits' buckets (`spec.rateLimits`).
+    pub rate_limits: super::rate_limit::RateLimiter,
     /// Asks the object authorizer (`tasks.objects`).
     pub objects: super::objects::ObjectGate,
     /// Decisions and budgets of the capability gate.

@@ -46,6 +46,16 @@ pub struct ObjectDecisionLabels {
     pub source: &'static str,
 }
 
+/// A request-rate refusal: which scope's bucket was empty and which family of limits it was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RateLimitedLabels {
+    /// `principal`, `tenant`, `client` or `server`.
+    pub scope: &'static str,
+    /// The family of the limit: `all`, `tools_call`, `task_reads`, `listen_opens` or `tool`
+    /// (never a tool's name).
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
@@ -59,6 +69,8 @@ pub struct SidecarMetrics {
     /// request is then one atomic addition, without the family's lock and hash lookup.
     request_counters: RequestCounters,
     pub denials: Family<ReasonLabels, Counter>,
+    /// Requests refused by a request-rate limit (`lifeguard_rate_limited_total`).
+    pub rate_limited: Family<RateLimitedLabels, Counter>,
     pub tasks_created: Counter,
     pub tasks_terminal: Family<TerminalLabels, Counter>,
     pub policy_reloads: Family<ResultLabels, Counter>,
@@ -126,6 +138,7 @@ impl SidecarMetrics {
         let mut registry = Registry::with_prefix("lifeguard");
         let requests = Family::<RequestLabels, Counter>::default();
         let denials = Family::<ReasonLabels, Counter>::default();
+        let rate_limited = Family::<RateLimitedLabels, Counter>::default();
         let tasks_created = Counter::default();
         let tasks_terminal = Family::<TerminalLabels, Counter>::default();
         let policy_reloads = Family::<ResultLabels, Counter>::default();
@@ -179,6 +192,11 @@ impl SidecarMetrics {
             requests.clone(),
         );
         registry.register("denials", "Requests refused, by reason", denials.clone());
+        registry.register(
+            "rate_limited",
+            "Requests refused by a request-rate limit, by the bucket's scope and the limit's family",
+            rate_limited.clone(),
+        );
         registry.register(
             "tasks_created",
             "Tasks committed to the ledger",
@@ -239,6 +257,7 @@ impl SidecarMetrics {
             request_counters: RequestCounters::default(),
             requests,
             denials,
+            rate_limited,
             tasks_created,
             tasks_terminal,
             policy_reloads,

@@ -5,17 +5,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::sql::sql_limit;
 use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     spawn, transient,
 };
-use super::{counters, lifecycle, ops};
+use super::{counters, lifecycle, ops, rate_buckets};
 use crate::ledger::checks::{check_finish, check_intent, require_nonterminal};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
     FinishOutcome, LedgerError, LedgerScope, PendingCancel, PrincipalFilter, PurgedTask,
     ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, Result, TaskId, TaskLedger, TaskRecord,
-    TaskStatus,
+    TaskStatus, TokenAsk, TokenGrant,
 };
 use crate::model::ModelError;
 
@@ -250,6 +251,8 @@ impl TaskLedger for PostgresLedger {
                 let tx = begin(&mut client).await?;
                 let done = lifecycle::purge_expired(&tx, &server, now, limit).await?;
                 commit(tx).await?;
+                // Rate-limit buckets that refilled are the same as none.
+                rate_buckets::purge_full(&client, &server, sql_limit(limit)).await?;
                 Ok(done)
             })
         })
@@ -274,6 +277,16 @@ impl TaskLedger for PostgresLedger {
                 Ok(fresh)
             })
             .await
+        })
+        .await
+    }
+
+    async fn take_tokens(&self, asks: &[TokenAsk]) -> Result<Vec<TokenGrant>> {
+        let (pool, server) = self.handles();
+        let asks = asks.to_vec();
+        spawn(async move {
+            let client = client(&pool).await?;
+            rate_buckets::take(&client, &server, &asks).await
         })
         .await
     }

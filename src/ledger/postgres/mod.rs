@@ -54,6 +54,7 @@ mod lifecycle;
 mod notify;
 mod ops;
 mod passfile;
+mod rate_buckets;
 mod replicas;
 mod schema;
 mod sql;

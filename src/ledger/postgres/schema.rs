@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -209,6 +209,26 @@ CREATE TABLE lifeguard_counters (
 const V6: &str = "
 ALTER TABLE lifeguard_tasks ADD COLUMN trace TEXT;
 ALTER TABLE lifeguard_cancel_intents ADD COLUMN trace TEXT;
+";
+
+/// Version 7: request-rate limits held across replicas (`spec.rateLimits`). One token bucket
+/// per server and bucket ID: its level (`tokens`) when last charged (`updated_at`, Unix ms on
+/// the database's clock), the rate and burst it was last charged with, the tokens the last
+/// charge took (`last_granted`, returned to the charging replica) and when it will be full
+/// again (`full_at`): a bucket full by then is the same as none and is purged.
+const V7: &str = "
+CREATE TABLE lifeguard_rate_buckets (
+    server       TEXT NOT NULL,
+    bucket       TEXT NOT NULL,
+    tokens       DOUBLE PRECISION NOT NULL,
+    rate         DOUBLE PRECISION NOT NULL CHECK (rate > 0),
+    burst        INTEGER NOT NULL CHECK (burst >= 1),
+    updated_at   BIGINT NOT NULL,
+    last_granted INTEGER NOT NULL CHECK (last_granted >= 0),
+    full_at      BIGINT NOT NULL,
+    PRIMARY KEY (server, bucket)
+);
+CREATE INDEX lifeguard_rate_buckets_full ON lifeguard_rate_buckets (server, full_at);
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

@@ -5,6 +5,7 @@
 mod isolation;
 mod model;
 mod multi_writer;
+mod rate_buckets;
 mod recovery;
 mod support;
 mod tls;
@@ -107,6 +108,7 @@ async fn a_version_1_database_is_migrated_in_place() {
              ALTER TABLE lifeguard_budget_uses DROP COLUMN grant_key;
              DROP TABLE lifeguard_budget_costs;
              DROP TABLE lifeguard_counters;
+             DROP TABLE lifeguard_rate_buckets;
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await
