@@ -14,6 +14,7 @@ pub mod duration;
 pub mod exception;
 pub mod kstatus;
 pub mod objects;
+pub mod rate_limits;
 pub mod revocation;
 pub mod rules;
 pub mod secret_key_ref;
@@ -28,6 +29,7 @@ pub use exception::{
     ExceptionLimits, ExceptionState, IncludeContextGrant, PolicyRef, PrincipalRef, TenantRef,
 };
 pub use objects::{AuthorizerFormat, AuthorizerSpec, ObjectsSpec, ToolObject};
+pub use rate_limits::{BucketSpec, MethodLimitsSpec, RateLimitsSpec, ScopedLimitsSpec};
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,
     RevocationSource, RevocationSourceKind,

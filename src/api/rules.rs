@@ -33,3 +33,5 @@ pub const AUTHORIZER_URL: &str =
     "url must use https (plain http only to a loopback authorizer, e.g. http://127.0.0.1:8181)";
 pub const AUTHORIZER_TIMEOUT: &str = "timeout must be more than 0s and at most 30s";
 pub const AUTHORIZER_CACHE_TTL: &str = "cacheTtl must be at most 10m";
+pub const RATE_LIMIT_TOOL_NAME: &str =
+    "every tool name in tools must be 1 to 128 characters long (an MCP tool name)";

@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use super::rules;
 use super::secret_key_ref::SecretKeySelector;
 
-/// Policy for one MCP server: who may call it, how its long-running Tasks are bounded, what its
-/// `subscriptions/listen` streams may carry, and whether deprecated server-to-client capabilities
-/// are allowed. Lifeguard sidecars in the pods matched by `selector` enforce it on every request.
+/// Policy for one MCP server: who may call it and how fast, how its long-running Tasks are
+/// bounded, what its `subscriptions/listen` streams may carry, and whether deprecated
+/// server-to-client capabilities are allowed. Lifeguard sidecars in the pods matched by
+/// `selector` enforce it on every request.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "lifeguard.dev",
@@ -26,7 +27,7 @@ use super::secret_key_ref::SecretKeySelector;
     cel,
     status = "McpServerPolicyStatus",
     derive = "PartialEq",
-    doc = "Policy for one MCP server: identity, task bounds, listen filters and deprecated-capability gates, enforced by Lifeguard sidecars.",
+    doc = "Policy for one MCP server: identity, request-rate limits, task bounds, listen filters and deprecated-capability gates, enforced by Lifeguard sidecars.",
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -86,6 +87,13 @@ pub struct McpServerPolicySpec {
     /// requests without an `Origin` header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<ProtocolSpec>,
+
+    /// Request-rate limits: token buckets per principal, tenant, client and server, for every
+    /// request and per method class and tool. A request over a limit is refused with HTTP 429
+    /// and `Retry-After` before it reaches the server. When absent, request rates are not
+    /// limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<super::rate_limits::RateLimitsSpec>,
 
     /// Long-running Tasks (MCP Tasks extension). When absent, no request may become a task.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -260,7 +260,11 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
             .as_ref()
             .and_then(|u| u.task_state)
             .unwrap_or_default(),
-        rate_limits: None,
+        rate_limits: policy
+            .spec
+            .rate_limits
+            .as_ref()
+            .and_then(super::compile_rate_limits::compile_rate_limits),
         protocol: ProtocolRules {
             versions: policy
                 .spec

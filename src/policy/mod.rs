@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod compile;
+pub mod compile_rate_limits;
 pub mod diff;
 pub mod effective;
 pub mod jws_shape;

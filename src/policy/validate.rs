@@ -187,6 +187,9 @@ pub fn validate_policy(policy: &McpServerPolicy, mode: CompileMode, p: &mut Prob
         }
     }
 
+    if let Some(rate_limits) = &spec.rate_limits {
+        super::compile_rate_limits::validate_rate_limits(rate_limits, p);
+    }
     if let Some(tasks) = &spec.tasks {
         validate_tasks(tasks, p);
     }
