@@ -31,6 +31,7 @@ mod operator_cluster;
 mod operator_distribution;
 mod policy_examples;
 mod scale_out;
+mod scale_out_rate_limits;
 mod sidecar_app_probes;
 mod sidecar_audit_failure;
 mod sidecar_audit_trail;

@@ -35,7 +35,9 @@ fn assert_rate_limited(reply: &Reply) {
     assert_eq!(data["reason"], "rate_limited", "{reply:?}");
     assert_eq!(data["remediation"], "retry", "{reply:?}");
     assert_eq!(data["policy"], POLICY, "{reply:?}");
-    let retry_ms = data["retryAfterMs"].as_u64().expect("retryAfterMs is an integer");
+    let retry_ms = data["retryAfterMs"]
+        .as_u64()
+        .expect("retryAfterMs is an integer");
     assert!(retry_ms > 0);
     let header: u64 = reply.headers["retry-after"]
         .to_str()
@@ -160,13 +162,8 @@ async fn tool_and_method_limits_count_only_what_they_name() {
     assert_eq!(greet(&client, &alice()).await.status, 200);
     assert_rate_limited(&greet(&client, &alice()).await);
     // Other tools and methods are not limited by greet's bucket.
-    let id = support::create_task(
-        &client,
-        &alice().token(),
-        "write_rows",
-        json!({"count": 1}),
-    )
-    .await;
+    let id =
+        support::create_task(&client, &alice().token(), "write_rows", json!({"count": 1})).await;
     assert_eq!(client.get_task(&alice().token(), &id).await.status, 200);
     assert_eq!(client.get_task(&alice().token(), &id).await.status, 200);
     // Polls have a limit of their own; cancelling is not a read.

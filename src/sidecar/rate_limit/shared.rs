@@ -48,6 +48,22 @@ pub fn batch(bucket: Bucket) -> u32 {
     (span as u32).clamp(1, bucket.burst.max(1))
 }
 
+/// The bucket's ID in the database: its family and scope, and a digest of its party (claims
+/// are the issuer's to choose: any length, any character, NUL included, which a database text
+/// cannot hold).
+fn shared_id(charge: &Charge) -> String {
+    use sha2::{Digest, Sha256};
+    let id = charge.bucket_id();
+    let (head, party) = id.rsplit_once('\u{1}').unwrap_or((id.as_str(), ""));
+    if party.is_empty() {
+        return id;
+    }
+    format!(
+        "{head}\u{1}{}",
+        hex::encode(Sha256::digest(party.as_bytes()))
+    )
+}
+
 /// The shared buckets as one replica sees them.
 pub struct SharedBuckets {
     ledger: Arc<dyn TaskLedger>,
@@ -70,7 +86,7 @@ impl SharedBuckets {
     /// with one round trip to the ledger for the rest. An error is the ledger's: nothing was
     /// charged.
     pub async fn admit(&self, charges: &[Charge]) -> Result<Result<(), Refused>, LedgerError> {
-        let ids: Vec<String> = charges.iter().map(Charge::bucket_id).collect();
+        let ids: Vec<String> = charges.iter().map(shared_id).collect();
         let now = Instant::now();
         let mut leased = vec![false; charges.len()];
         {
@@ -167,6 +183,39 @@ impl SharedBuckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_ids_hold_no_nul_and_keep_parties_apart() {
+        use crate::model::Owner;
+        use crate::policy::rate_limits::{RateLimitRules, ScopedBuckets};
+        let rules = RateLimitRules {
+            all: ScopedBuckets {
+                per_principal: Some(Bucket {
+                    requests_per_second: 1.0,
+                    burst: 1,
+                }),
+                per_server: Some(Bucket {
+                    requests_per_second: 1.0,
+                    burst: 1,
+                }),
+                ..ScopedBuckets::default()
+            },
+            ..RateLimitRules::default()
+        };
+        let owner = |subject: &str| Owner {
+            issuer: "https://idp".into(),
+            subject: subject.into(),
+            tenant: String::new(),
+            client: String::new(),
+        };
+        let alice = rules.buckets_for(&owner("alice\0x"), "tools/list", None);
+        let bob = rules.buckets_for(&owner("bob"), "tools/list", None);
+        let ids: Vec<String> = alice.iter().chain(&bob).map(shared_id).collect();
+        assert!(ids.iter().all(|id| !id.contains('\0')), "{ids:?}");
+        assert_ne!(ids[0], ids[2]);
+        // The server's bucket has no party: one ID for everyone.
+        assert_eq!(ids[1], ids[3]);
+    }
 
     #[test]
     fn a_batch_is_a_twentieth_of_a_second_of_the_rate_within_one_and_the_burst() {
