@@ -101,3 +101,56 @@ async fn a_forwarded_request_is_charged_once_and_per_principal_limits_are_shared
     .await;
     assert_eq!(r.client(2).get_task(&bob, &his).await.status, 200);
 }
+
+/// While the database cannot be reached, each replica limits by itself (the whole limit in its
+/// own memory) and counts the failure; once it is back, the shared bucket counts again.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_database_each_replica_limits_by_itself_until_it_is_back() {
+    use support::postgres::{DatabaseProxy, TestDatabase};
+
+    let db = TestDatabase::create().await;
+    let mut proxy = DatabaseProxy::start().await;
+    let url = proxy.url_for(&db.url);
+    let spec = "  rateLimits:\n    perPrincipal: {requestsPerSecond: 0.001, burst: 2}\n";
+    let r = Replicas::start_on(
+        db,
+        2,
+        ReplicaOptions {
+            spec: spec.into(),
+            ledger_url: Some(url),
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice = User::new("alice", "tenant-a", "console").token();
+    let greet = async |n: usize| {
+        r.client(n)
+            .call_tool(&alice, "greet", json!({"name": "x"}))
+            .await
+            .status
+    };
+
+    proxy.take_down();
+    // Each replica grants alice its whole limit from memory, then refuses.
+    for replica in 0..2 {
+        assert_eq!(greet(replica).await, 200);
+        assert_eq!(greet(replica).await, 200);
+        assert_eq!(greet(replica).await, 429);
+    }
+    assert!(
+        r.metric_sum("lifeguard_errors_total{reason=\"rate_limit_store\"}")
+            .await
+            >= 6.0
+    );
+
+    proxy.bring_back().await;
+    // The shared bucket was never charged: two more across the replicas, then none anywhere.
+    let admitted = support::eventually(std::time::Duration::from_secs(20), async || {
+        (greet(0).await == 200).then_some(())
+    })
+    .await;
+    assert!(admitted.is_some(), "the shared bucket never answered again");
+    assert_eq!(greet(1).await, 200);
+    assert_eq!(greet(0).await, 429);
+    assert_eq!(greet(1).await, 429);
+}
