@@ -274,7 +274,9 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "a rate limit for a tool with an empty name",
-            policy(json!({"rateLimits": {"tools": {"": {"perPrincipal": {"requestsPerSecond": 1}}}}})),
+            policy(
+                json!({"rateLimits": {"tools": {"": {"perPrincipal": {"requestsPerSecond": 1}}}}}),
+            ),
             None,
             Some(rules::RATE_LIMIT_TOOL_NAME),
         ),
@@ -565,7 +567,12 @@ fn rate_limit_bounds_are_in_the_schema() {
         );
     }
     let too_many: serde_json::Map<String, Value> = (0..257)
-        .map(|i| (format!("tool{i}"), json!({"perPrincipal": {"requestsPerSecond": 1}})))
+        .map(|i| {
+            (
+                format!("tool{i}"),
+                json!({"perPrincipal": {"requestsPerSecond": 1}}),
+            )
+        })
         .collect();
     let object = policy(json!({"rateLimits": {"tools": too_many}}));
     assert_eq!(schema_violations(&object).len(), 1);

@@ -11,8 +11,7 @@ use super::problem::Problems;
 use super::rate_limits::{Bucket, MethodClass, RateLimitRules, ScopedBuckets};
 
 /// Message of a rate outside 0.001..=1000000 (or not a number at all: YAML's `.nan`, `.inf`).
-pub const RATE_OUT_OF_RANGE: &str =
-    "must be a number of requests per second from 0.001 to 1000000";
+pub const RATE_OUT_OF_RANGE: &str = "must be a number of requests per second from 0.001 to 1000000";
 /// Message of a burst outside 1..=1000000.
 pub const BURST_OUT_OF_RANGE: &str = "must be from 1 to 1000000";
 
@@ -173,7 +172,8 @@ fn check_scoped<'a>(
         let name = format!("{prefix}{scope}");
         let rate = spec.requests_per_second;
         let mut ok = true;
-        if !(rate.is_finite() && (MIN_REQUESTS_PER_SECOND..=MAX_REQUESTS_PER_SECOND).contains(&rate))
+        if !(rate.is_finite()
+            && (MIN_REQUESTS_PER_SECOND..=MAX_REQUESTS_PER_SECOND).contains(&rate))
         {
             p.error(
                 format!("spec.rateLimits.{name}.requestsPerSecond"),
@@ -182,10 +182,7 @@ fn check_scoped<'a>(
             ok = false;
         }
         if spec.burst.is_some_and(|b| !(1..=MAX_BURST).contains(&b)) {
-            p.error(
-                format!("spec.rateLimits.{name}.burst"),
-                BURST_OUT_OF_RANGE,
-            );
+            p.error(format!("spec.rateLimits.{name}.burst"), BURST_OUT_OF_RANGE);
             ok = false;
         }
         if ok {

@@ -323,7 +323,10 @@ fn policy_check_reports_the_cel_rule_and_the_compiler_once() {
     assert!(report.policies.is_empty());
 
     let report = check_files(
-        &[ManifestFile::parse("p.yaml", &format!("{HEADER}{CONTRACT}"))],
+        &[ManifestFile::parse(
+            "p.yaml",
+            &format!("{HEADER}{CONTRACT}"),
+        )],
         CompileMode::Cluster,
         "2026-11-30T12:00:00Z".parse().unwrap(),
     );
