@@ -263,6 +263,31 @@ fn cases() -> Vec<Case> {
             Some(rules::DURATION_POSITIVE),
         ),
         case(
+            "the contract's rate limits",
+            policy(json!({"rateLimits": {
+                "perPrincipal": {"requestsPerSecond": 10, "burst": 20},
+                "perServer": {"requestsPerSecond": 1000, "burst": 2000},
+                "tools": {"generate_report": {"perPrincipal": {"requestsPerSecond": 1, "burst": 2}},
+                          ("t".repeat(128)): {"perClient": {"requestsPerSecond": 0.5}}}}})),
+            None,
+            None,
+        ),
+        case(
+            "a rate limit for a tool with an empty name",
+            policy(
+                json!({"rateLimits": {"tools": {"": {"perPrincipal": {"requestsPerSecond": 1}}}}}),
+            ),
+            None,
+            Some(rules::RATE_LIMIT_TOOL_NAME),
+        ),
+        case(
+            "a rate limit for a tool name longer than 128 characters",
+            policy(json!({"rateLimits": {"tools": {
+                ("t".repeat(129)): {"perPrincipal": {"requestsPerSecond": 1}}}}})),
+            None,
+            Some(rules::RATE_LIMIT_TOOL_NAME),
+        ),
+        case(
             "audit file without path",
             policy(json!({"audit": {"sink": "file"}})),
             None,
@@ -492,4 +517,63 @@ fn every_cel_rule_has_a_failing_case() {
         untested.is_empty(),
         "CEL rules without a failing case: {untested:?}"
     );
+}
+
+/// What the OpenAPI schema (types, bounds, required fields; not CEL) says about `object`.
+fn schema_violations(object: &Value) -> Vec<String> {
+    let schema = schema_of(object["kind"].as_str().unwrap());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    validator
+        .iter_errors(object)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn rate_limit_bounds_are_in_the_schema() {
+    let with_bucket = |bucket: Value| {
+        policy(json!({"rateLimits": {
+            "perPrincipal": bucket.clone(),
+            "methods": {"taskReads": {"perTenant": bucket.clone()}},
+            "tools": {"generate_report": {"perServer": bucket}}}}))
+    };
+    for ok in [
+        json!({"requestsPerSecond": 10, "burst": 20}),
+        json!({"requestsPerSecond": 0.001}),
+        json!({"requestsPerSecond": 0.5, "burst": 1}),
+        json!({"requestsPerSecond": 1_000_000, "burst": 1_000_000}),
+    ] {
+        let object = with_bucket(ok.clone());
+        assert_eq!(schema_violations(&object), Vec::<String>::new(), "{ok}");
+        assert_eq!(failing(&object, None), Vec::<String>::new(), "{ok}");
+    }
+    for bad in [
+        json!({"requestsPerSecond": 0}),
+        json!({"requestsPerSecond": -1}),
+        json!({"requestsPerSecond": 0.0009}),
+        json!({"requestsPerSecond": 1_000_001}),
+        json!({"requestsPerSecond": "10"}),
+        json!({"requestsPerSecond": 10, "burst": 0}),
+        json!({"requestsPerSecond": 10, "burst": 1_000_001}),
+        json!({"requestsPerSecond": 10, "burst": 1.5}),
+        json!({"burst": 10}),
+    ] {
+        let violations = schema_violations(&with_bucket(bad.clone()));
+        // Once per place the bucket is written: top level, method class, tool.
+        assert_eq!(violations.len(), 3, "{bad}: {violations:?}");
+        assert!(
+            violations[0].starts_with("/spec/rateLimits/"),
+            "{bad}: {violations:?}"
+        );
+    }
+    let too_many: serde_json::Map<String, Value> = (0..257)
+        .map(|i| {
+            (
+                format!("tool{i}"),
+                json!({"perPrincipal": {"requestsPerSecond": 1}}),
+            )
+        })
+        .collect();
+    let object = policy(json!({"rateLimits": {"tools": too_many}}));
+    assert_eq!(schema_violations(&object).len(), 1);
 }

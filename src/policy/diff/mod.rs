@@ -4,11 +4,11 @@
 //!
 //! Both sides are compiled policies ([`EffectivePolicy`]); they are compared as their
 //! serialized trees, field by field, and each changed field is judged by the rule of its path
-//! ([`RULES`]): a longer TTL, a raised quota, a wider tool list, a removed scope, a new trusted
-//! issuer, a new exception or a withdrawn revocation loosens; the opposite tightens; a field with
-//! no security meaning (audit file path, idempotency window) is neutral. A field that no rule
-//! names is reported as changed and judged neutral, so a new policy field shows up in every
-//! diff before it has a rule.
+//! ([`RULES`]): a longer TTL, a raised quota or rate limit, a wider tool list, a removed scope, a
+//! new trusted issuer, a new exception or a withdrawn revocation loosens; the opposite
+//! tightens; a field with no security meaning (audit file path, idempotency window) is neutral.
+//! A field that no rule names is reported as changed and judged neutral, so a new policy field
+//! shows up in every diff before it has a rule.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -20,6 +20,7 @@ use super::effective::{EffectivePolicy, ObjectKey};
 use crate::api::PolicyDuration;
 
 mod objects;
+mod rate_limits;
 mod rules;
 
 use objects::{capability_exceptions, exceptions, issuers, revocations};
@@ -123,6 +124,8 @@ pub fn diff_policy(old: &EffectivePolicy, new: &EffectivePolicy) -> Vec<Change> 
                 "exceptions",
                 "revocations",
                 "issuers",
+                // Judged bucket by bucket below (tool names may contain dots).
+                "rateLimits",
             ] {
                 map.remove(key);
             }
@@ -130,6 +133,11 @@ pub fn diff_policy(old: &EffectivePolicy, new: &EffectivePolicy) -> Vec<Change> 
     }
     issuers(old, new, &mut changes);
     walk("", &before, &after, &mut changes);
+    rate_limits::rate_limits(
+        old.rate_limits.as_ref(),
+        new.rate_limits.as_ref(),
+        &mut changes,
+    );
     for change in &mut changes {
         if let Some(suffix) = capability_exceptions(change, new) {
             change.summary.push_str(&suffix);

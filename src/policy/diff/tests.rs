@@ -195,3 +195,130 @@ fn an_added_policy_loosens_and_a_removed_one_does_not() {
     assert_eq!(diffs[0].change, PolicyChange::Removed);
     assert!(!diffs[0].loosens());
 }
+
+/// The example policy with `rateLimits` (indented as under `spec`) before its tasks.
+fn limited(rate_limits: &str) -> String {
+    edited(
+        "  tasks:\n",
+        &format!("  rateLimits:\n{rate_limits}  tasks:\n"),
+    )
+}
+
+const LIMITS: &str = "    perPrincipal: {requestsPerSecond: 10, burst: 20}
+    perServer: {requestsPerSecond: 1000, burst: 2000}
+    methods:
+      taskReads: {perPrincipal: {requestsPerSecond: 5}}
+    tools:
+      generate_report: {perPrincipal: {requestsPerSecond: 1, burst: 2}}
+";
+
+#[test]
+fn raising_or_removing_a_rate_limit_loosens_and_lowering_or_adding_one_tightens() {
+    let base = limited(LIMITS);
+    assert!(changes(&[&base], &[&base]).is_empty());
+
+    let raised = limited(&LIMITS.replace("requestsPerSecond: 10,", "requestsPerSecond: 12.5,"));
+    let change = only(&changes(&[&base], &[&raised])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.perPrincipal.requestsPerSecond 10 → 12.5"
+    );
+    assert_eq!(change.field, "rateLimits.perPrincipal.requestsPerSecond");
+    assert_eq!(change.effect, Effect::Loosens);
+    assert_eq!(
+        only(&changes(&[&raised], &[&base])).effect,
+        Effect::Tightens
+    );
+
+    let bigger_burst = limited(&LIMITS.replace("burst: 2}", "burst: 3}"));
+    let change = only(&changes(&[&base], &[&bigger_burst])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.tools.generate_report.perPrincipal.burst 2 → 3"
+    );
+    assert_eq!(change.effect, Effect::Loosens);
+
+    // Writing out the default burst is no change; a smaller one tightens.
+    let explicit =
+        limited(&LIMITS.replace("{requestsPerSecond: 5}", "{requestsPerSecond: 5, burst: 5}"));
+    assert!(changes(&[&base], &[&explicit]).is_empty());
+    let smaller =
+        limited(&LIMITS.replace("{requestsPerSecond: 5}", "{requestsPerSecond: 5, burst: 1}"));
+    let change = only(&changes(&[&base], &[&smaller])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.methods.taskReads.perPrincipal.burst 5 → 1"
+    );
+    assert_eq!(change.effect, Effect::Tightens);
+
+    let no_server = limited(&LIMITS.replace(
+        "    perServer: {requestsPerSecond: 1000, burst: 2000}\n",
+        "",
+    ));
+    let change = only(&changes(&[&base], &[&no_server])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.perServer: removed 1000/s, burst 2000"
+    );
+    assert_eq!(change.effect, Effect::Loosens);
+    let back = only(&changes(&[&no_server], &[&base])).clone();
+    assert_eq!(
+        back.summary,
+        "rateLimits.perServer: added 1000/s, burst 2000"
+    );
+    assert_eq!(back.effect, Effect::Tightens);
+}
+
+#[test]
+fn removing_a_method_or_tool_entry_or_every_limit_loosens() {
+    let base = limited(LIMITS);
+    let no_tool = limited(&LIMITS.replace(
+        "    tools:\n      generate_report: {perPrincipal: {requestsPerSecond: 1, burst: 2}}\n",
+        "",
+    ));
+    let change = only(&changes(&[&base], &[&no_tool])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.tools.generate_report: removed perPrincipal 1/s, burst 2"
+    );
+    assert_eq!(change.effect, Effect::Loosens);
+    assert_eq!(
+        only(&changes(&[&no_tool], &[&base])).effect,
+        Effect::Tightens
+    );
+
+    let no_method = limited(&LIMITS.replace(
+        "    methods:\n      taskReads: {perPrincipal: {requestsPerSecond: 5}}\n",
+        "",
+    ));
+    let change = only(&changes(&[&base], &[&no_method])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits.methods.taskReads: removed perPrincipal 5/s, burst 5"
+    );
+    assert_eq!(change.effect, Effect::Loosens);
+
+    // A tool whose name has dots is still one entry.
+    let dotted = limited(&LIMITS.replace("generate_report:", "reports.generate:"));
+    let found = changes(&[&base], &[&dotted]);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert_eq!(
+        found[1].summary,
+        "rateLimits.tools.reports.generate: added perPrincipal 1/s, burst 2"
+    );
+
+    let change = only(&changes(&[&base], &[POLICY])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits: removed, requests are no longer rate-limited"
+    );
+    assert_eq!(change.effect, Effect::Loosens);
+    let change = only(&changes(&[POLICY], &[&base])).clone();
+    assert_eq!(
+        change.summary,
+        "rateLimits: added perPrincipal 10/s, burst 20; perServer 1000/s, burst 2000; methods.taskReads.perPrincipal 5/s, burst 5; tools.generate_report.perPrincipal 1/s, burst 2"
+    );
+    assert_eq!(change.effect, Effect::Tightens);
+    // Limits that name no bucket are no limits: nothing changes.
+    assert!(changes(&[POLICY], &[&limited("    tools: {}\n")]).is_empty());
+}
