@@ -1,15 +1,12 @@
 //! Request-rate limits as the sidecar enforces them (`spec.rateLimits`, compiled): token buckets
 //! per principal, tenant, client and server, for every request, per method class and per tool.
 //!
-//! Pure: which buckets a request is charged against ([`RateLimitRules::buckets_for`]). Keeping
-//! the buckets' levels is the sidecar's (`sidecar::rate_limit`).
+//! Pure data: which buckets a request is charged against and keeping their levels is the
+//! sidecar's (`sidecar::rate_limit`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-
-use crate::mcp::methods;
-use crate::model::Owner;
 
 /// One token bucket: `requests_per_second` tokens a second, up to `burst` held. A request takes
 /// one token; without one it is refused until the next token is due.
@@ -54,7 +51,8 @@ impl ScopedBuckets {
             && self.per_server.is_none()
     }
 
-    fn scoped(&self) -> [(Scope, Option<Bucket>); 4] {
+    /// The four buckets with their scopes.
+    pub fn scoped(&self) -> [(Scope, Option<Bucket>); 4] {
         [
             (Scope::Principal, self.per_principal),
             (Scope::Tenant, self.per_tenant),
@@ -80,11 +78,9 @@ impl MethodClass {
     /// The class of `method`, if it has one.
     pub fn of(method: &str) -> Option<Self> {
         match method {
-            methods::TOOLS_CALL => Some(Self::ToolsCall),
-            methods::TASKS_GET | methods::TASKS_LIST | methods::TASKS_RESULT => {
-                Some(Self::TaskReads)
-            }
-            methods::LISTEN => Some(Self::ListenOpens),
+            "tools/call" => Some(Self::ToolsCall),
+            "tasks/get" | "tasks/list" | "tasks/result" => Some(Self::TaskReads),
+            "subscriptions/listen" => Some(Self::ListenOpens),
             _ => None,
         }
     }
@@ -124,52 +120,6 @@ impl Scope {
     }
 }
 
-/// Which family of limits a bucket belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    /// Every request.
-    All,
-    Method(MethodClass),
-    /// `tools/call` of one tool.
-    Tool(String),
-}
-
-impl Family {
-    /// The bounded label of the family (metrics, audit): `all`, the method class's label, or
-    /// `tool` (never the tool's name).
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::All => "all",
-            Self::Method(class) => class.label(),
-            Self::Tool(_) => "tool",
-        }
-    }
-}
-
-/// One bucket a request is charged against: the family and scope it belongs to, the key of
-/// the bucket within them (empty for the server scope) and its shape.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Charge {
-    pub family: Family,
-    pub scope: Scope,
-    /// Identifies the counted party within the scope: issuer and subject, tenant or client,
-    /// joined with NUL (which no claim holds); empty for the server.
-    pub key: String,
-    pub bucket: Bucket,
-}
-
-impl Charge {
-    /// The bucket's identity across processes: family, scope and key in one string.
-    pub fn bucket_id(&self) -> String {
-        let family = match &self.family {
-            Family::All => "all".to_owned(),
-            Family::Method(class) => format!("method:{}", class.label()),
-            Family::Tool(tool) => format!("tool:{tool}"),
-        };
-        format!("{family}\u{1}{}\u{1}{}", self.scope.label(), self.key)
-    }
-}
-
 /// `spec.rateLimits` with nothing left implicit.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -185,149 +135,9 @@ pub struct RateLimitRules {
     pub tools: BTreeMap<String, ScopedBuckets>,
 }
 
-impl RateLimitRules {
-    /// Every bucket a request of `method` (for `tools/call`, of `tool`) by `owner` is charged
-    /// against, in a fixed order (family, then scope).
-    pub fn buckets_for(&self, owner: &Owner, method: &str, tool: Option<&str>) -> Vec<Charge> {
-        let mut charges = Vec::new();
-        let mut add = |family: Family, buckets: &ScopedBuckets| {
-            for (scope, bucket) in buckets.scoped() {
-                let Some(bucket) = bucket else { continue };
-                let key = match scope {
-                    Scope::Principal => format!("{}\0{}", owner.issuer, owner.subject),
-                    Scope::Tenant if owner.tenant.is_empty() => continue,
-                    Scope::Tenant => format!("{}\0{}", owner.issuer, owner.tenant),
-                    Scope::Client if owner.client.is_empty() => continue,
-                    Scope::Client => format!("{}\0{}", owner.issuer, owner.client),
-                    Scope::Server => String::new(),
-                };
-                charges.push(Charge {
-                    family: family.clone(),
-                    scope,
-                    key,
-                    bucket,
-                });
-            }
-        };
-        add(Family::All, &self.all);
-        if let Some(class) = MethodClass::of(method)
-            && let Some(buckets) = self.methods.get(&class)
-        {
-            add(Family::Method(class), buckets);
-        }
-        if method == methods::TOOLS_CALL
-            && let Some(tool) = tool
-            && let Some(buckets) = self.tools.get(tool)
-        {
-            add(Family::Tool(tool.to_owned()), buckets);
-        }
-        charges
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bucket(rps: f64, burst: u32) -> Option<Bucket> {
-        Some(Bucket {
-            requests_per_second: rps,
-            burst,
-        })
-    }
-
-    fn owner(tenant: &str, client: &str) -> Owner {
-        Owner {
-            issuer: "https://idp".into(),
-            subject: "alice".into(),
-            tenant: tenant.into(),
-            client: client.into(),
-        }
-    }
-
-    fn rules() -> RateLimitRules {
-        RateLimitRules {
-            all: ScopedBuckets {
-                per_principal: bucket(10.0, 20),
-                per_tenant: bucket(100.0, 200),
-                per_client: bucket(50.0, 100),
-                per_server: bucket(1000.0, 2000),
-            },
-            methods: BTreeMap::from([(
-                MethodClass::TaskReads,
-                ScopedBuckets {
-                    per_principal: bucket(5.0, 5),
-                    ..ScopedBuckets::default()
-                },
-            )]),
-            tools: BTreeMap::from([(
-                "generate_report".to_owned(),
-                ScopedBuckets {
-                    per_principal: bucket(1.0, 2),
-                    ..ScopedBuckets::default()
-                },
-            )]),
-        }
-    }
-
-    fn described(charges: &[Charge]) -> Vec<(String, &'static str)> {
-        charges
-            .iter()
-            .map(|c| (c.family.label().to_owned(), c.scope.label()))
-            .collect()
-    }
-
-    #[test]
-    fn a_tool_call_is_charged_to_every_family_that_names_it() {
-        let charges = rules().buckets_for(&owner("t", "c"), "tools/call", Some("generate_report"));
-        assert_eq!(
-            described(&charges),
-            [
-                ("all".into(), "principal"),
-                ("all".into(), "tenant"),
-                ("all".into(), "client"),
-                ("all".into(), "server"),
-                ("tool".into(), "principal"),
-            ]
-        );
-        assert_eq!(charges[0].key, "https://idp\0alice");
-        assert_eq!(charges[3].key, "");
-        // Another tool is not charged to generate_report's bucket.
-        let other = rules().buckets_for(&owner("t", "c"), "tools/call", Some("greet"));
-        assert_eq!(other.len(), 4);
-    }
-
-    #[test]
-    fn polls_are_charged_to_task_reads_and_other_methods_only_to_all() {
-        let polls = rules().buckets_for(&owner("t", "c"), "tasks/get", None);
-        assert_eq!(
-            polls.last().unwrap().family,
-            Family::Method(MethodClass::TaskReads)
-        );
-        assert_eq!(polls.len(), 5);
-        let listing = rules().buckets_for(&owner("t", "c"), "tools/list", None);
-        assert_eq!(listing.len(), 4);
-        // A tool name on another method does not select tool limits.
-        let odd = rules().buckets_for(&owner("t", "c"), "prompts/get", Some("generate_report"));
-        assert_eq!(odd.len(), 4);
-    }
-
-    #[test]
-    fn without_a_tenant_or_client_claim_those_scopes_are_not_counted() {
-        let charges = rules().buckets_for(&owner("", ""), "tools/list", None);
-        assert_eq!(
-            described(&charges),
-            [("all".into(), "principal"), ("all".into(), "server")]
-        );
-    }
-
-    #[test]
-    fn bucket_ids_keep_families_scopes_and_parties_apart() {
-        let charges = rules().buckets_for(&owner("t", "c"), "tools/call", Some("generate_report"));
-        let ids: std::collections::BTreeSet<String> =
-            charges.iter().map(Charge::bucket_id).collect();
-        assert_eq!(ids.len(), charges.len());
-    }
 
     #[test]
     fn waits_round_up_to_whole_milliseconds() {
@@ -346,5 +156,18 @@ mod tests {
             serde_json::to_string(&RateLimitRules::default()).unwrap(),
             "{}"
         );
+    }
+
+    #[test]
+    fn method_classes_name_their_methods() {
+        assert_eq!(MethodClass::of("tools/call"), Some(MethodClass::ToolsCall));
+        for read in ["tasks/get", "tasks/list", "tasks/result"] {
+            assert_eq!(MethodClass::of(read), Some(MethodClass::TaskReads));
+        }
+        assert_eq!(
+            MethodClass::of("subscriptions/listen"),
+            Some(MethodClass::ListenOpens)
+        );
+        assert_eq!(MethodClass::of("tasks/cancel"), None);
     }
 }

@@ -212,7 +212,8 @@ async fn serve_in_span(
             RequestKind::ToolsCall { tool } => Some(tool.as_str()),
             _ => None,
         };
-        let charges = limits.buckets_for(&identity.owner, &request.method, tool);
+        let charges =
+            super::rate_limit::charges::charges_for(limits, &identity.owner, &request.method, tool);
         if let Err(refused) = app.rate_limits.admit(&charges, &app.metrics).await {
             let charge = &charges[refused.charge];
             let _in_span = span.enter();

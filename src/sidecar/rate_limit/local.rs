@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::policy::rate_limits::{Bucket, Charge};
+use crate::policy::rate_limits::Bucket;
+
+use super::charges::Charge;
 
 const SHARDS: usize = 16;
 /// Most buckets one shard keeps (131 072 in all).
@@ -199,6 +201,7 @@ fn overflow_key(id: &str) -> String {
 mod tests {
     use std::time::Duration;
 
+    use super::super::charges::charges_for;
     use super::*;
     use crate::model::Owner;
     use crate::policy::rate_limits::{RateLimitRules, ScopedBuckets};
@@ -234,7 +237,7 @@ mod tests {
         let rules = per_principal(2.0, 3);
         let buckets = LocalBuckets::default();
         let t0 = Instant::now();
-        let charges = rules.buckets_for(&owner("alice"), "tools/list", None);
+        let charges = charges_for(&rules, &owner("alice"), "tools/list", None);
         for _ in 0..3 {
             assert_eq!(buckets.admit(&charges, t0), Ok(()));
         }
@@ -245,7 +248,7 @@ mod tests {
         assert_eq!(buckets.admit(&charges, t1), Ok(()));
         assert!(buckets.admit(&charges, t1).is_err());
         // Another principal has a bucket of its own.
-        let bob = rules.buckets_for(&owner("bob"), "tools/list", None);
+        let bob = charges_for(&rules, &owner("bob"), "tools/list", None);
         assert_eq!(buckets.admit(&bob, t1), Ok(()));
     }
 
@@ -261,7 +264,7 @@ mod tests {
         };
         let buckets = LocalBuckets::default();
         let t0 = Instant::now();
-        let alice = rules.buckets_for(&owner("alice"), "tools/list", None);
+        let alice = charges_for(&rules, &owner("alice"), "tools/list", None);
         assert_eq!(buckets.admit(&alice, t0), Ok(()));
         // The server bucket is empty: refused, and alice's own bucket keeps its 4 tokens.
         for _ in 0..10 {
@@ -275,7 +278,7 @@ mod tests {
             },
             ..RateLimitRules::default()
         };
-        let own = server_only.buckets_for(&owner("alice"), "tools/list", None);
+        let own = charges_for(&server_only, &owner("alice"), "tools/list", None);
         for _ in 0..4 {
             assert_eq!(buckets.admit(&own, t0), Ok(()));
         }
@@ -294,7 +297,7 @@ mod tests {
         };
         let buckets = LocalBuckets::default();
         let t0 = Instant::now();
-        let charges = rules.buckets_for(&owner("alice"), "tools/list", None);
+        let charges = charges_for(&rules, &owner("alice"), "tools/list", None);
         assert_eq!(buckets.admit(&charges, t0), Ok(()));
         let refused = buckets.admit(&charges, t0).unwrap_err();
         assert_eq!(
@@ -315,7 +318,7 @@ mod tests {
             // Each party comes 10 ms after the last: every earlier bucket has refilled by then
             // and may be swept.
             let now = t0 + Duration::from_millis(10 * n);
-            let charges = rules.buckets_for(&owner(&format!("p{n}")), "tools/list", None);
+            let charges = charges_for(&rules, &owner(&format!("p{n}")), "tools/list", None);
             assert_eq!(buckets.admit(&charges, now), Ok(()), "party {n}");
         }
         assert!(buckets.len() <= 2 * SHARDS + SHARDS, "{}", buckets.len());
@@ -325,7 +328,7 @@ mod tests {
         let crowded = LocalBuckets::with_capacity(1);
         let mut admitted = 0;
         for n in 0..(SHARDS * 4) {
-            let charges = slow.buckets_for(&owner(&format!("q{n}")), "tools/list", None);
+            let charges = charges_for(&slow, &owner(&format!("q{n}")), "tools/list", None);
             if crowded.admit(&charges, t0).is_ok() {
                 admitted += 1;
             }

@@ -12,14 +12,15 @@
 //! Requests forwarded by another replica over the internal hop were charged there and are not
 //! charged again.
 
+pub mod charges;
 pub mod local;
 pub mod shared;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use self::charges::Charge;
 use crate::ledger::TaskLedger;
-use crate::policy::rate_limits::Charge;
 use crate::telemetry::metrics::{ReasonLabels, SidecarMetrics};
 
 pub use local::Refused;

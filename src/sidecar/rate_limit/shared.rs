@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ledger::{LedgerError, TaskLedger, TokenAsk};
-use crate::policy::rate_limits::{Bucket, Charge};
+use crate::policy::rate_limits::Bucket;
+
+use super::charges::Charge;
 
 use super::local::Refused;
 
@@ -186,6 +188,7 @@ mod tests {
 
     #[test]
     fn shared_ids_hold_no_nul_and_keep_parties_apart() {
+        use super::super::charges::charges_for;
         use crate::model::Owner;
         use crate::policy::rate_limits::{RateLimitRules, ScopedBuckets};
         let rules = RateLimitRules {
@@ -208,8 +211,8 @@ mod tests {
             tenant: String::new(),
             client: String::new(),
         };
-        let alice = rules.buckets_for(&owner("alice\0x"), "tools/list", None);
-        let bob = rules.buckets_for(&owner("bob"), "tools/list", None);
+        let alice = charges_for(&rules, &owner("alice\0x"), "tools/list", None);
+        let bob = charges_for(&rules, &owner("bob"), "tools/list", None);
         let ids: Vec<String> = alice.iter().chain(&bob).map(shared_id).collect();
         assert!(ids.iter().all(|id| !id.contains('\0')), "{ids:?}");
         assert_ne!(ids[0], ids[2]);
