@@ -117,14 +117,17 @@ struct Args {
     soak_fraction: f64,
     /// Instead of the run: what exporting traces costs (issue 32). Sidecars with export off
     /// and with export on (OTLP gRPC to a receiver in this process, every trace sampled) take
-    /// `greet` and `tasks/get` under closed-loop load (--connections) in interleaved rounds;
-    /// reports each one's CPU per call and the spans received (results:
+    /// `greet` and `tasks/get`, paced (--tracing-rate) and in a closed loop (--connections),
+    /// in interleaved rounds; reports each one's CPU per call and the spans received (results:
     /// target/bench/tracing.json, tracing-smoke.json with --smoke, or --out).
     #[arg(long, conflicts_with_all = ["soak", "hot_path_only"])]
     tracing: bool,
     /// Seconds measured per sidecar and method of --tracing.
     #[arg(long, requires = "tracing")]
     tracing_secs: Option<f64>,
+    /// Calls per second of --tracing's paced load (8 connections).
+    #[arg(long, requires = "tracing")]
+    tracing_rate: Option<f64>,
     /// A lifeguard binary built before tracing existed, measured by --tracing as a third
     /// sidecar with export off: does export off cost anything?
     #[arg(long, value_name = "FILE", requires = "tracing")]

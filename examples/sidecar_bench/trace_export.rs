@@ -9,8 +9,13 @@
 //! existed, with export off: the comparison that shows whether export off costs anything.
 //!
 //! For each method of the hot path (`tools/call` of `greet`, `tasks/get` of a running task)
-//! every sidecar gets the same closed-loop load (`--connections` connections) in interleaved
-//! rounds — off, on, then on, off, … — so drift in the machine's conditions hits all alike.
+//! every sidecar gets the same load in interleaved rounds — off, on, then on, off, … — so
+//! drift in the machine's conditions hits all alike, under two load shapes: *paced* (a fixed
+//! rate every sidecar keeps up with, `--tracing-rate`, on 8 connections: the same calls per
+//! second whatever a call costs, with cores to spare) and *closed loop* (`--connections`
+//! connections, each sending as soon as its answer arrived: the sidecar's maximum, where the
+//! cores are the limit and everything on them competes, the receiver included).
+//!
 //! A sidecar's CPU per call is its process's CPU time (all threads, /proc/PID/stat) over the
 //! whole method's window — from before its first round to after the receiver has every span
 //! of the last one — divided by the calls it answered in its rounds: the batch exporter sends
@@ -20,8 +25,8 @@
 //!
 //! Every request makes one server span (`tools/call greet`, `tasks/get`) in the exporting
 //! sidecar; the receiver counts them by name, so the report says how many of the calls'
-//! spans arrived (all, unless the exporter's queue overflowed and it dropped some, which would
-//! make the export-on figure too low). No span at all fails the run.
+//! spans arrived (all, unless the exporter's queue overflowed and it dropped some, which makes
+//! the export-on figure too low). No span at all fails the run.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,6 +41,7 @@ use crate::bench_support::otlp::{OtlpReceiver, SPAN_KIND_SERVER};
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, cpu_ticks, preflight_noise};
 use crate::bench_support::report::{errors_section, heading};
 use crate::client::{self, Conn, Endpoint, Template};
+use crate::client::{describe_failure, is_success, timed};
 use crate::phases::{Load, closed_loop, task_id_of};
 use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
 use crate::report::{Machine, Target};
@@ -62,7 +68,10 @@ pub struct TracePlan {
     /// Measured closed loop per sidecar and method, split over the rounds.
     pub measured: Duration,
     pub rounds: usize,
+    /// Connections of the closed loop.
     pub connections: usize,
+    /// Calls per second of the paced load.
+    pub rate: f64,
     /// A `lifeguard` binary from before tracing, measured as a third sidecar with export off.
     pub before: Option<PathBuf>,
     pub smoke: bool,
@@ -77,6 +86,9 @@ impl TracePlan {
             measured: Duration::from_secs_f64(args.tracing_secs.unwrap_or(secs(10.0, 0.5))),
             rounds: if smoke { 2 } else { 6 },
             connections: args.connections.max(1),
+            rate: args
+                .tracing_rate
+                .unwrap_or(if smoke { 200.0 } else { 2_000.0 }),
             before: args.tracing_before.clone(),
             smoke,
         }
@@ -86,9 +98,31 @@ impl TracePlan {
         json!({
             "warmup_seconds_per_sidecar_and_method": self.warmup.as_secs_f64(),
             "measured_seconds_per_sidecar_and_method": self.measured.as_secs_f64(),
-            "rounds": self.rounds, "connections": self.connections,
+            "rounds": self.rounds, "closed_loop_connections": self.connections,
+            "paced_rate_per_second": self.rate, "paced_connections": PACED_CONNECTIONS,
             "before": self.before.as_ref().map(|p| p.display().to_string()),
         })
+    }
+}
+
+/// Connections of the paced load.
+pub const PACED_CONNECTIONS: usize = 8;
+
+/// How calls are sent.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// A fixed rate (calls per second), on [`PACED_CONNECTIONS`] connections.
+    Paced(f64),
+    /// Connections each sending as soon as the previous answer arrived.
+    Closed(usize),
+}
+
+impl Shape {
+    fn name(self) -> String {
+        match self {
+            Self::Paced(rate) => format!("paced, {rate:.0} calls/s"),
+            Self::Closed(connections) => format!("closed loop, {connections} connections"),
+        }
     }
 }
 
@@ -123,6 +157,7 @@ struct Config {
 
 /// One sidecar's outcome for one method.
 pub struct TraceLane {
+    pub shape: String,
     pub method: &'static str,
     pub config: &'static str,
     /// Calls answered in the measured rounds.
@@ -154,6 +189,7 @@ fn per_call(ticks: u64, calls: u64, ticks_per_sec: u64) -> f64 {
 
 /// Spans of one method's calls to the exporting sidecar.
 pub struct SpanCheck {
+    pub shape: String,
     pub method: &'static str,
     /// Requests sent to the exporting sidecar, warm-up included.
     pub calls: u64,
@@ -181,50 +217,82 @@ pub struct TraceResult {
 }
 
 impl TraceResult {
-    fn lane(&self, method: &str, config: &str) -> Option<&TraceLane> {
+    fn lane(&self, shape: &str, method: &str, config: &str) -> Option<&TraceLane> {
         self.lanes
             .iter()
-            .find(|l| l.method == method && l.config == config)
+            .find(|l| l.shape == shape && l.method == method && l.config == config)
     }
 
-    /// CPU per call of `config` over `base`, minus one, in percent: over the windows, and the
-    /// smallest and largest of the rounds' (paired by round).
-    pub fn added_percent(&self, method: &str, config: &str, base: &str) -> Option<Added> {
-        let (c, b) = (self.lane(method, config)?, self.lane(method, base)?);
+    /// The load shapes, in the order they ran.
+    fn shapes(&self) -> Vec<&str> {
+        let mut shapes: Vec<&str> = Vec::new();
+        for l in &self.lanes {
+            if !shapes.contains(&l.shape.as_str()) {
+                shapes.push(&l.shape);
+            }
+        }
+        shapes
+    }
+
+    /// CPU per call of `config` against `base`: added µs, and added percent over the windows
+    /// and the smallest and largest of the rounds' (paired by round).
+    pub fn added(&self, shape: &str, method: &str, config: &str, base: &str) -> Option<Added> {
+        let (c, b) = (
+            self.lane(shape, method, config)?,
+            self.lane(shape, method, base)?,
+        );
         let t = self.ticks_per_sec;
-        let window = (c.cpu_us_per_call(t) / b.cpu_us_per_call(t).max(1e-9) - 1.0) * 100.0;
+        let (cu, bu) = (c.cpu_us_per_call(t), b.cpu_us_per_call(t));
         let rounds: Vec<f64> = c
             .round_us_per_call(t)
             .iter()
             .zip(b.round_us_per_call(t))
             .map(|(c, b)| (c / b.max(1e-9) - 1.0) * 100.0)
             .collect();
-        let min = rounds.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Added { window, min, max })
+        Some(Added {
+            us: cu - bu,
+            percent: (cu / bu.max(1e-9) - 1.0) * 100.0,
+            min: rounds.iter().copied().fold(f64::INFINITY, f64::min),
+            max: rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
     }
 
     pub fn targets(&self) -> Vec<Target> {
-        METHODS
-            .iter()
-            .filter_map(|m| {
-                let added = self.added_percent(m.name, ON, OFF)?;
-                Some(Target {
+        let mut targets = Vec::new();
+        for shape in self.shapes() {
+            for m in &METHODS {
+                let Some(added) = self.added(shape, m.name, ON, OFF) else {
+                    continue;
+                };
+                let complete = self
+                    .spans
+                    .iter()
+                    .find(|s| s.shape == shape && s.method == m.name)
+                    .is_some_and(|s| s.server_spans >= s.calls);
+                targets.push(Target {
                     name: format!(
-                        "tracing: sidecar CPU per {} added by export (grpc, always_on) over export off",
+                        "tracing export (grpc, always_on): sidecar CPU per {} added over export off, {shape}",
                         m.name
                     ),
-                    measured: added.window,
+                    measured: added.percent,
                     limit: ADDED_CPU_LIMIT_PERCENT,
                     unit: "%",
                     at_least: false,
-                    not_applicable: self
-                        .plan
-                        .smoke
-                        .then(|| "smoke run: too short to measure".to_owned()),
-                })
-            })
-            .collect()
+                    not_applicable: if self.plan.smoke {
+                        Some("smoke run: too short to measure".to_owned())
+                    } else if !complete {
+                        Some(format!(
+                            "measured {:.1} %, but the exporter dropped spans: the cost of \
+                             exporting them all is higher",
+                            added.percent
+                        ))
+                    } else {
+                        None
+                    },
+                });
+            }
+        }
+        targets
     }
 
     pub fn table(&self) -> String {
@@ -244,8 +312,7 @@ impl TraceResult {
         );
         let _ = writeln!(
             o,
-            "tracing export (issue 32): closed loop, {} connections, {:.1} s per sidecar and method in {} interleaved rounds",
-            p.connections,
+            "tracing export (issue 32): {:.1} s per sidecar, method and load shape in {} interleaved rounds",
             p.measured.as_secs_f64(),
             p.rounds
         );
@@ -253,78 +320,83 @@ impl TraceResult {
             o,
             "  export on: OTLP gRPC to a receiver in the bench process, OTEL_TRACES_SAMPLER=always_on\n"
         );
-        let _ = writeln!(
-            o,
-            "{:<10} {:<27} {:>9} {:>8} {:>8} {:>8} | {:>12} {:>22}",
-            "method",
-            "sidecar",
-            "calls",
-            "req/s",
-            "p50 µs",
-            "p99 µs",
-            "cpu µs/call",
-            "rounds (cpu µs/call)"
-        );
-        for l in &self.lanes {
-            let rounds: Vec<String> = l
-                .round_us_per_call(self.ticks_per_sec)
-                .iter()
-                .map(|v| format!("{v:.1}"))
-                .collect();
+        for shape in self.shapes() {
+            let _ = writeln!(o, "{shape}");
             let _ = writeln!(
                 o,
-                "{:<10} {:<27} {:>9} {:>8.0} {:>8} {:>8} | {:>12.2} {:>22}",
-                l.method,
-                l.config,
-                l.requests,
-                l.requests as f64 / l.secs.max(1e-9),
-                us(l.latency.p50),
-                us(l.latency.p99),
-                l.cpu_us_per_call(self.ticks_per_sec),
-                rounds.join(" ")
+                "{:<10} {:<27} {:>9} {:>8} {:>8} {:>8} | {:>11} {:>10}  rounds (cpu µs/call)",
+                "method", "sidecar", "calls", "calls/s", "p50 µs", "p99 µs", "cpu µs/call", "spans/call"
             );
+            for l in self.lanes.iter().filter(|l| l.shape == shape) {
+                let rounds: Vec<String> = l
+                    .round_us_per_call(self.ticks_per_sec)
+                    .iter()
+                    .map(|v| format!("{v:.1}"))
+                    .collect();
+                let spans = if l.config == ON {
+                    self.spans
+                        .iter()
+                        .find(|s| s.shape == shape && s.method == l.method)
+                        .map_or("-".to_owned(), |s| format!("{:.2}", s.spans_per_call))
+                } else {
+                    "-".to_owned()
+                };
+                let _ = writeln!(
+                    o,
+                    "{:<10} {:<27} {:>9} {:>8.0} {:>8} {:>8} | {:>11.2} {:>10}  {}",
+                    l.method,
+                    l.config,
+                    l.requests,
+                    l.requests as f64 / l.secs.max(1e-9),
+                    us(l.latency.p50),
+                    us(l.latency.p99),
+                    l.cpu_us_per_call(self.ticks_per_sec),
+                    spans,
+                    rounds.join(" ")
+                );
+            }
+            for m in &METHODS {
+                let mut pairs = vec![(ON, OFF)];
+                if self.lane(shape, m.name, BEFORE).is_some() {
+                    pairs.push((OFF, BEFORE));
+                }
+                for (config, base) in pairs {
+                    if let Some(a) = self.added(shape, m.name, config, base) {
+                        let _ = writeln!(
+                            o,
+                            "  {}: {config} vs {base}: {:+.2} µs = {:+.1} % CPU per call (rounds {:+.1} … {:+.1} %)",
+                            m.name, a.us, a.percent, a.min, a.max
+                        );
+                    }
+                }
+            }
+            for s in self.spans.iter().filter(|s| s.shape == shape) {
+                let lost = s.calls.saturating_sub(s.server_spans);
+                let _ = writeln!(
+                    o,
+                    "  {}: {} server spans received for {} calls to the exporting sidecar{}",
+                    s.method,
+                    s.server_spans,
+                    s.calls,
+                    if lost > 0 {
+                        format!(
+                            " — WARNING: {lost} missing, dropped by the exporter's full queue: \
+                             export on is cheaper than exporting them all"
+                        )
+                    } else {
+                        " (all)".to_owned()
+                    },
+                );
+            }
+            o.push('\n');
         }
         let _ = writeln!(
             o,
             "  (cpu µs/call: the sidecar process's CPU over the method's window, export included, \
-             per call answered; rounds: its CPU during each of its rounds, per call)"
+             per call answered; spans/call: spans of any name received per call in that window; \
+             rounds: the sidecar's CPU during each of its rounds, per call)"
         );
-        for m in &METHODS {
-            let mut pairs = vec![(ON, OFF)];
-            if self.lane(m.name, BEFORE).is_some() {
-                pairs.push((OFF, BEFORE));
-            }
-            for (config, base) in pairs {
-                if let Some(a) = self.added_percent(m.name, config, base) {
-                    let _ = writeln!(
-                        o,
-                        "  {}: {config} vs {base}: {:+.1} % CPU per call (rounds {:+.1} … {:+.1} %)",
-                        m.name, a.window, a.min, a.max
-                    );
-                }
-            }
-        }
-        let _ = writeln!(
-            o,
-            "\nspans received: {} in all",
-            self.spans_total
-        );
-        for s in &self.spans {
-            let lost = s.calls.saturating_sub(s.server_spans);
-            let _ = writeln!(
-                o,
-                "  {}: {} server spans for {} calls to the exporting sidecar{}; {:.2} spans per call",
-                s.method,
-                s.server_spans,
-                s.calls,
-                if lost > 0 {
-                    format!(" — WARNING: {lost} missing (dropped by a full export queue?)")
-                } else {
-                    " (all)".to_owned()
-                },
-                s.spans_per_call
-            );
-        }
+        let _ = writeln!(o, "spans received: {} in all", self.spans_total);
         let _ = writeln!(o, "\ntargets");
         for t in self.targets() {
             let _ = writeln!(o, "{}", t.line());
@@ -336,14 +408,17 @@ impl TraceResult {
     pub fn to_json(&self) -> Value {
         let t = self.ticks_per_sec;
         let added = |config, base| {
-            METHODS
-                .iter()
-                .filter_map(|m| {
-                    let a = self.added_percent(m.name, config, base)?;
-                    Some(json!({"method": m.name, "percent": a.window,
-                        "rounds_min_percent": a.min, "rounds_max_percent": a.max}))
-                })
-                .collect::<Vec<_>>()
+            let mut rows = Vec::new();
+            for shape in self.shapes() {
+                for m in &METHODS {
+                    if let Some(a) = self.added(shape, m.name, config, base) {
+                        rows.push(json!({"shape": shape, "method": m.name, "us": a.us,
+                            "percent": a.percent, "rounds_min_percent": a.min,
+                            "rounds_max_percent": a.max}));
+                    }
+                }
+            }
+            rows
         };
         json!({
             "mode": self.mode,
@@ -354,7 +429,8 @@ impl TraceResult {
             "preflight_other_cores": self.preflight_other_cores,
             "other_cores": self.other_cores,
             "lanes": self.lanes.iter().map(|l| json!({
-                "method": l.method, "sidecar": l.config, "calls": l.requests, "secs": l.secs,
+                "shape": l.shape, "method": l.method, "sidecar": l.config,
+                "calls": l.requests, "secs": l.secs,
                 "window_cpu_ticks": l.window_ticks,
                 "cpu_us_per_call": l.cpu_us_per_call(t),
                 "rounds": l.rounds.iter().map(|&(n, ticks)| json!({
@@ -366,9 +442,10 @@ impl TraceResult {
             "export_off_vs_before": added(OFF, BEFORE),
             "spans": {
                 "total": self.spans_total,
-                "per_method": self.spans.iter().map(|s| json!({
-                    "method": s.method, "calls": s.calls, "server_spans": s.server_spans,
-                    "spans_per_call": s.spans_per_call,
+                "per_lane": self.spans.iter().map(|s| json!({
+                    "shape": s.shape, "method": s.method, "calls": s.calls,
+                    "server_spans": s.server_spans, "spans_per_call": s.spans_per_call,
+                    "complete": s.server_spans >= s.calls,
                 })).collect::<Vec<_>>(),
                 "receiver": self.receiver,
             },
@@ -379,9 +456,11 @@ impl TraceResult {
     }
 }
 
-/// Added CPU per call, percent.
+/// CPU per call added: µs, percent over the windows, and the rounds' smallest and largest
+/// percent.
 pub struct Added {
-    pub window: f64,
+    pub us: f64,
+    pub percent: f64,
     pub min: f64,
     pub max: f64,
 }
@@ -433,25 +512,76 @@ async fn exported(receiver: &OtlpReceiver, configs: &[Config], method: Method) -
         .await
 }
 
-/// Closed loop of `method` on `config` for `duration`; counts what was sent.
+/// `PACED_CONNECTIONS` connections that together send `rate` calls per second for `duration`,
+/// each on a fixed schedule (a late answer delays that connection's next call, never makes it
+/// send a burst).
+async fn paced(
+    endpoint: &Endpoint,
+    template: &Template,
+    rate: f64,
+    duration: Duration,
+    load: &mut Load,
+) -> Result<()> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let period = Duration::from_secs_f64(PACED_CONNECTIONS as f64 / rate.max(1e-3));
+    let mut workers = Vec::with_capacity(PACED_CONNECTIONS);
+    for w in 0..PACED_CONNECTIONS {
+        let mut template = template.clone();
+        let mut conn = Conn::connect(endpoint.addr).await?;
+        let first = tokio::time::Instant::from_std(started) + period * w as u32 / PACED_CONNECTIONS as u32;
+        workers.push(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(first, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut samples, mut errors) = (Vec::new(), Errors::default());
+            let mut n = (w as u64) << 32;
+            loop {
+                ticks.tick().await;
+                if Instant::now() >= deadline {
+                    break;
+                }
+                n += 1;
+                template.set_id(n);
+                match timed(&mut conn, template.bytes()).await {
+                    Ok((status, ns)) if is_success(status, conn.body()) => samples.push(ns),
+                    Ok((status, _)) => errors.record(describe_failure(status, conn.body())),
+                    Err(e) => {
+                        errors.record(format!("{e:#}"));
+                        break;
+                    }
+                }
+            }
+            (samples, errors)
+        }));
+    }
+    for worker in workers {
+        let (samples, errors) = worker.await.context("paced worker panicked")?;
+        load.requests += samples.len() as u64;
+        load.samples.extend(samples);
+        load.errors.merge(errors);
+    }
+    load.elapsed += started.elapsed();
+    Ok(())
+}
+
+/// `method` on `config` in `shape` for `duration`; counts what was sent.
 async fn load(
     config: &mut Config,
+    shape: Shape,
     method: Method,
     token: &str,
-    connections: usize,
     duration: Duration,
     errors: &mut Errors,
 ) -> Result<Load> {
     let template = template(config, method, token);
     let mut load = Load::default();
-    closed_loop(
-        &config.sidecar.endpoint,
-        &template,
-        connections,
-        duration,
-        &mut load,
-    )
-    .await?;
+    let endpoint = &config.sidecar.endpoint;
+    match shape {
+        Shape::Paced(rate) => paced(endpoint, &template, rate, duration, &mut load).await?,
+        Shape::Closed(connections) => {
+            closed_loop(endpoint, &template, connections, duration, &mut load).await?;
+        }
+    }
     *config.sent.entry(method.name).or_default() += load.requests + load.errors.count;
     let errs = std::mem::take(&mut load.errors);
     if errs.count > 0 {
@@ -473,6 +603,134 @@ fn ours(configs: &[Config], server: &Server) -> u64 {
         .sum::<u64>()
         + server.proc.cpu_ticks()
         + cpu_ticks("/proc/self/stat")
+}
+
+/// The running sidecars, the receiver and what the windows gathered.
+struct Lane<'a> {
+    plan: &'a TracePlan,
+    token: String,
+    receiver: OtlpReceiver,
+    server: Server,
+    configs: Vec<Config>,
+    errors: Errors,
+    lanes: Vec<TraceLane>,
+    spans: Vec<SpanCheck>,
+    other_ticks: u64,
+    window_secs: f64,
+}
+
+impl Lane<'_> {
+    /// One method in one load shape: warm-up, then the interleaved rounds, then the wait for
+    /// the last spans.
+    async fn window(&mut self, shape: Shape, method: Method) -> Result<()> {
+        eprintln!("phase: tracing export, {}, {}", shape.name(), method.name);
+        let plan = self.plan;
+        for config in self.configs.iter_mut() {
+            load(config, shape, method, &self.token, plan.warmup, &mut self.errors).await?;
+        }
+        // The warm-up's spans first: the measured window starts with an empty export queue.
+        exported(&self.receiver, &self.configs, method).await;
+        if self.receiver.spans_named(method.span, SPAN_KIND_SERVER) == 0 {
+            let on = self.configs.iter().find(|c| c.exports);
+            bail!(
+                "export on: no `{}` span reached the OTLP receiver at {} (spans in all: {})\n{}",
+                method.span,
+                self.receiver.addr,
+                self.receiver.spans(),
+                on.map(|c| c.sidecar.proc.logs()).unwrap_or_default()
+            );
+        }
+        let spans_before = self.receiver.spans();
+        let started = Instant::now();
+        let machine0 = MachineTicks::read().busy_without_irq();
+        let ours0 = ours(&self.configs, &self.server);
+        let start_ticks: Vec<u64> = self
+            .configs
+            .iter()
+            .map(|c| c.sidecar.proc.cpu_ticks())
+            .collect();
+        let mut measured: Vec<(Load, Vec<(u64, u64)>)> = self
+            .configs
+            .iter()
+            .map(|_| (Load::default(), Vec::new()))
+            .collect();
+        let rounds = plan.rounds.max(1);
+        let per_round = plan.measured / rounds as u32;
+        for round in 0..rounds {
+            let n = self.configs.len();
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..n).collect()
+            } else {
+                (0..n).rev().collect()
+            };
+            for i in order {
+                let config = &mut self.configs[i];
+                let before = config.sidecar.proc.cpu_ticks();
+                let mut l = load(
+                    config,
+                    shape,
+                    method,
+                    &self.token,
+                    per_round,
+                    &mut self.errors,
+                )
+                .await?;
+                let ticks = config.sidecar.proc.cpu_ticks().saturating_sub(before);
+                let (total, per) = &mut measured[i];
+                per.push((l.requests, ticks));
+                total.requests += l.requests;
+                total.elapsed += l.elapsed;
+                total.samples.append(&mut l.samples);
+            }
+        }
+        let complete = exported(&self.receiver, &self.configs, method).await;
+        let busy = MachineTicks::read()
+            .busy_without_irq()
+            .saturating_sub(machine0);
+        let ours = ours(&self.configs, &self.server).saturating_sub(ours0);
+        self.other_ticks += busy.saturating_sub(ours);
+        self.window_secs += started.elapsed().as_secs_f64();
+        let mut measured_calls_on = 0;
+        for ((config, (mut total, per)), start) in
+            self.configs.iter().zip(measured).zip(start_ticks)
+        {
+            if config.exports {
+                measured_calls_on += total.requests;
+            }
+            self.lanes.push(TraceLane {
+                shape: shape.name(),
+                method: method.name,
+                config: config.name,
+                requests: total.requests,
+                secs: total.elapsed.as_secs_f64(),
+                window_ticks: config.sidecar.proc.cpu_ticks().saturating_sub(start),
+                rounds: per,
+                latency: Summary::of(&mut total.samples),
+            });
+        }
+        let calls: u64 = self
+            .configs
+            .iter()
+            .filter(|c| c.exports)
+            .map(|c| c.sent.get(method.name).copied().unwrap_or(0))
+            .sum();
+        let server_spans = self.receiver.spans_named(method.span, SPAN_KIND_SERVER);
+        if !complete {
+            eprintln!(
+                "warning: {server_spans} of {calls} `{}` server spans arrived",
+                method.span
+            );
+        }
+        self.spans.push(SpanCheck {
+            shape: shape.name(),
+            method: method.name,
+            calls,
+            server_spans,
+            spans_per_call: self.receiver.spans().saturating_sub(spans_before) as f64
+                / measured_calls_on.max(1) as f64,
+        });
+        Ok(())
+    }
 }
 
 /// Runs the lane.
@@ -533,118 +791,40 @@ pub async fn run(
         });
     }
 
-    let mut errors = Errors::default();
-    let mut lanes = Vec::new();
-    let mut spans = Vec::new();
-    let (mut other_ticks, mut window_secs) = (0u64, 0.0f64);
-    for method in METHODS {
-        eprintln!("phase: tracing export, {}", method.name);
-        for config in configs.iter_mut() {
-            load(
-                config,
-                method,
-                &token,
-                plan.connections,
-                plan.warmup,
-                &mut errors,
-            )
-            .await?;
+    let mut lane = Lane {
+        plan: &plan,
+        token,
+        receiver,
+        server,
+        configs,
+        errors: Errors::default(),
+        lanes: Vec::new(),
+        spans: Vec::new(),
+        other_ticks: 0,
+        window_secs: 0.0,
+    };
+    for shape in [Shape::Paced(plan.rate), Shape::Closed(plan.connections)] {
+        for method in METHODS {
+            lane.window(shape, method).await?;
         }
-        // The warm-up's spans first: the measured window starts with an empty export queue.
-        exported(&receiver, &configs, method).await;
-        if receiver.spans_named(method.span, SPAN_KIND_SERVER) == 0 {
-            let on = configs.iter().find(|c| c.exports).map(|c| c.sidecar.proc.logs());
-            bail!(
-                "export on: no `{}` span reached the OTLP receiver at {} (spans in all: {})\n{}",
-                method.span,
-                receiver.addr,
-                receiver.spans(),
-                on.unwrap_or_default()
-            );
-        }
-        let spans_before = receiver.spans();
-        let (started, machine0, ours0) = (Instant::now(), MachineTicks::read(), ours(&configs, &server));
-        let start_ticks: Vec<u64> = configs.iter().map(|c| c.sidecar.proc.cpu_ticks()).collect();
-        let mut measured: Vec<(Load, Vec<(u64, u64)>)> =
-            configs.iter().map(|_| (Load::default(), Vec::new())).collect();
-        let rounds = plan.rounds.max(1);
-        let per_round = plan.measured / rounds as u32;
-        for round in 0..rounds {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..configs.len()).collect()
-            } else {
-                (0..configs.len()).rev().collect()
-            };
-            for i in order {
-                let before = configs[i].sidecar.proc.cpu_ticks();
-                let mut l = load(
-                    &mut configs[i],
-                    method,
-                    &token,
-                    plan.connections,
-                    per_round,
-                    &mut errors,
-                )
-                .await?;
-                let ticks = configs[i].sidecar.proc.cpu_ticks().saturating_sub(before);
-                let (total, per) = &mut measured[i];
-                per.push((l.requests, ticks));
-                total.requests += l.requests;
-                total.elapsed += l.elapsed;
-                total.samples.append(&mut l.samples);
-            }
-        }
-        let measured_calls_on: u64 = configs
-            .iter()
-            .zip(&measured)
-            .filter(|(c, _)| c.exports)
-            .map(|(_, (l, _))| l.requests)
-            .sum();
-        let complete = exported(&receiver, &configs, method).await;
-        let busy = MachineTicks::read()
-            .busy_without_irq()
-            .saturating_sub(machine0.busy_without_irq());
-        other_ticks += busy.saturating_sub(ours(&configs, &server).saturating_sub(ours0));
-        window_secs += started.elapsed().as_secs_f64();
-        for ((config, (mut total, per)), start) in configs.iter().zip(measured).zip(&start_ticks) {
-            lanes.push(TraceLane {
-                method: method.name,
-                config: config.name,
-                requests: total.requests,
-                secs: total.elapsed.as_secs_f64(),
-                window_ticks: config.sidecar.proc.cpu_ticks().saturating_sub(*start),
-                rounds: per,
-                latency: Summary::of(&mut total.samples),
-            });
-        }
-        let calls: u64 = configs
-            .iter()
-            .filter(|c| c.exports)
-            .map(|c| c.sent.get(method.name).copied().unwrap_or(0))
-            .sum();
-        let server_spans = receiver.spans_named(method.span, SPAN_KIND_SERVER);
-        if !complete {
-            eprintln!(
-                "warning: {} of {calls} `{}` server spans arrived",
-                server_spans, method.span
-            );
-        }
-        spans.push(SpanCheck {
-            method: method.name,
-            calls,
-            server_spans,
-            spans_per_call: receiver.spans().saturating_sub(spans_before) as f64
-                / measured_calls_on.max(1) as f64,
-        });
     }
-    for config in &configs {
+    for config in &lane.configs {
         config.sidecar.proc.check_alive()?;
     }
-    server.proc.check_alive()?;
-    let spans_total = receiver.spans();
+    lane.server.proc.check_alive()?;
+    let spans_total = lane.receiver.spans();
     if spans_total == 0 {
         bail!("export on: no span reached the OTLP receiver");
     }
+    let Lane {
+        receiver,
+        errors,
+        lanes,
+        spans,
+        other_ticks,
+        window_secs,
+        ..
+    } = lane;
     Ok(TraceResult {
         mode,
         machine,
