@@ -8,7 +8,9 @@
 //! - `procs`: child processes and what /proc says about them and the machine;
 //! - `stats`: nearest-rank percentiles and the error tally;
 //! - `machine`: where a benchmark ran;
-//! - `report`: pieces of the reports (heading, targets and their verdicts, the error summary).
+//! - `report`: pieces of the reports (heading, targets and their verdicts, the error summary);
+//! - `otlp`: an OTLP gRPC trace receiver that counts the spans a process under test exports
+//!   (`sidecar_bench --tracing`; any benchmark of a process that exports spans can use it).
 //!
 //! What only two benchmarks share stays with one of them, and the other includes it by path:
 //! `operator_bench/harness.rs` (the API emulator, the CA, the control-plane process) and
@@ -21,6 +23,7 @@
 
 pub mod cli;
 pub mod machine;
+pub mod otlp;
 pub mod procs;
 pub mod report;
 pub mod stats;

@@ -26,6 +26,7 @@ mod report;
 mod run;
 mod soak;
 mod stats;
+mod trace_export;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -114,6 +115,23 @@ struct Args {
     /// Fraction of the measured maximum throughput the soak holds.
     #[arg(long, default_value_t = 0.8)]
     soak_fraction: f64,
+    /// Instead of the run: what exporting traces costs (issue 32). Sidecars with export off
+    /// and with export on (OTLP gRPC to a receiver in this process, every trace sampled) take
+    /// `greet` and `tasks/get`, paced (--tracing-rate) and in a closed loop (--connections),
+    /// in interleaved rounds; reports each one's CPU per call and the spans received (results:
+    /// target/bench/tracing.json, tracing-smoke.json with --smoke, or --out).
+    #[arg(long, conflicts_with_all = ["soak", "hot_path_only"])]
+    tracing: bool,
+    /// Seconds measured per sidecar and method of --tracing.
+    #[arg(long, requires = "tracing")]
+    tracing_secs: Option<f64>,
+    /// Calls per second of --tracing's paced load (8 connections).
+    #[arg(long, requires = "tracing")]
+    tracing_rate: Option<f64>,
+    /// A lifeguard binary built before tracing existed, measured by --tracing as a third
+    /// sidecar with export off: does export off cost anything?
+    #[arg(long, value_name = "FILE", requires = "tracing")]
+    tracing_before: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -146,6 +164,35 @@ async fn soak(args: &Args, repo: &Path, work: &Path, bins: &Binaries, dirs: &Dir
         let _ = std::fs::remove_dir_all(work);
     }
     Ok(result.errors.count)
+}
+
+/// The tracing-export mode: one result file, exit status 1 when a request failed.
+async fn tracing(
+    args: &Args,
+    machine: Machine,
+    repo: &Path,
+    work: &Path,
+    bins: &Binaries,
+    dirs: &Dirs,
+) -> Result<u64> {
+    let plan = trace_export::TracePlan::new(args);
+    if let Some(before) = &plan.before
+        && !before.is_file()
+    {
+        bail!("--tracing-before {}: no such file", before.display());
+    }
+    let mode = if args.smoke { "smoke" } else { "full" };
+    let result = trace_export::run(plan, mode, machine, repo, work, bins).await;
+    let result = cli::logs_kept(result, work)?;
+    let out = dirs.results(args.out.clone(), "tracing", args.smoke);
+    cli::publish(
+        &result.table(),
+        &result.to_json(),
+        &out,
+        work,
+        args.keep,
+        result.errors.count,
+    )
 }
 
 /// The hot-path mode: the lanes, their two targets and a result file.
@@ -188,11 +235,13 @@ async fn run(args: Args) -> Result<u64> {
         args.example_server.clone(),
         dirs.profile.join("examples/example_server"),
     )?;
-    let mode = match (args.soak, args.smoke) {
-        (true, true) => "soak-smoke",
-        (true, false) => "soak",
-        (false, true) => "smoke",
-        (false, false) => "full",
+    let mode = match (args.soak, args.tracing, args.smoke) {
+        (true, _, true) => "soak-smoke",
+        (true, _, false) => "soak",
+        (_, true, true) => "tracing-smoke",
+        (_, true, false) => "tracing",
+        (false, false, true) => "smoke",
+        (false, false, false) => "full",
     };
     let work = dirs.work(
         args.work_dir.clone(),
@@ -232,6 +281,9 @@ async fn run(args: Args) -> Result<u64> {
     };
     if args.soak {
         return soak(&args, &repo, &work, &bins, &dirs).await;
+    }
+    if args.tracing {
+        return tracing(&args, machine, &repo, &work, &bins, &dirs).await;
     }
     if args.hot_path_only {
         let out = dirs.results(args.out.clone(), "hot-path", args.smoke);

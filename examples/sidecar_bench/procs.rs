@@ -166,6 +166,13 @@ impl Sidecar {
         if !args.iter().any(|a| a == "--ledger") {
             command.arg("--ledger").arg(&ledger);
         }
+        // Spans are exported only when `env` says so (`--tracing`): an OTLP collector set up in
+        // the shell that runs the benchmark must not change what the other phases measure.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("OTEL_") {
+                command.env_remove(name);
+            }
+        }
         command
             .arg("--audit-file")
             .arg(dir.join("audit.jsonl"))

@@ -33,7 +33,7 @@ impl Machine {
         }
     }
 
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         let mut json = self.host.to_json();
         json["ledger_filesystem"] = json!(self.ledger.fs);
         json["ledger_device"] = json!(self.ledger.device);

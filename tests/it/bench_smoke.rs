@@ -182,6 +182,84 @@ fn hot_path_only_smoke_run_reports_every_lane() {
     }
 }
 
+/// `--tracing`, tiny: sidecars with trace export off and on take both methods under both load
+/// shapes without a failed request; each reports its CPU per call, and the spans reach the
+/// benchmark's OTLP receiver. Asserts outcomes, never the
+/// CPU figures: a smoke run is too short for them to mean anything.
+#[test]
+fn benchmark_tracing_smoke_run_reports_cpu_and_spans() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/tracing-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--tracing", "--smoke"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the tracing smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "tracing smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for section in [
+        "paced, ",
+        "closed loop, ",
+        "export on vs export off",
+        "server spans received",
+        "no failed requests",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("tracing results")).expect("JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    let lanes = json["lanes"].as_array().expect("lanes");
+    for shape in ["paced", "closed loop"] {
+        for method in ["greet", "tasks/get"] {
+            for sidecar in ["export off", "export on"] {
+                let lane = lanes
+                    .iter()
+                    .find(|l| {
+                        l["shape"].as_str().is_some_and(|s| s.starts_with(shape))
+                            && l["method"] == method
+                            && l["sidecar"] == sidecar
+                    })
+                    .unwrap_or_else(|| panic!("no lane {shape} {method} {sidecar}: {lanes:?}"));
+                assert!(lane["calls"].as_u64().unwrap_or(0) > 0, "{lane}");
+                assert!(lane["cpu_us_per_call"].is_f64(), "{lane}");
+            }
+        }
+    }
+    let added = json["added_by_export"].as_array().expect("added by export");
+    assert_eq!(added.len(), 4, "{added:?}");
+    let spans = &json["spans"];
+    assert!(spans["total"].as_u64().unwrap_or(0) > 0, "{spans}");
+    for lane in spans["per_lane"].as_array().expect("spans per lane") {
+        let calls = lane["calls"].as_u64().unwrap_or(0);
+        assert!(calls > 0, "{lane}");
+        // Each call's server span, unless the exporter dropped some (a full queue on a busy
+        // machine: the report then says so); never more than one per call.
+        let server_spans = lane["server_spans"].as_u64().unwrap_or(0);
+        assert!(server_spans > 0 && server_spans <= calls, "{lane}");
+    }
+    let targets = json["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 4, "{targets:?}");
+    for target in targets {
+        assert_eq!(target["verdict"], "N/A", "smoke runs make no claim: {target}");
+    }
+}
+
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
 /// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
 /// tests).
