@@ -226,10 +226,12 @@ impl Hop {
 }
 
 /// The answer when the home replica cannot be reached: retry later (the task is neither lost
-/// nor revealed).
+/// nor revealed: only a request its owner or an administrator may make is routed).
 pub fn unreachable_answer(ctx: &RequestContext) -> Response {
     respond::retry_shortly(
         &ctx.id(),
         "The replica running this task did not answer; try again shortly",
+        "replica_unreachable",
+        Some(&ctx.policy.name),
     )
 }
