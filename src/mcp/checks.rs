@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::header_value::decode_mirrored;
 use super::jsonrpc::{ErrorObject, Request};
+use super::refusal::Refusal;
 use super::{TASKS_EXTENSION, codes, headers, meta, methods};
 
 /// What a request is, as far as Lifeguard's decisions go.
@@ -67,8 +68,20 @@ pub enum Violation {
 }
 
 impl Violation {
-    /// HTTP status and JSON-RPC error for this violation.
+    /// HTTP status and JSON-RPC error for this violation, with its structured refusal
+    /// ([`Self::refusal`]) in `data`.
     pub fn to_error(&self) -> (StatusCode, ErrorObject) {
+        let (status, error) = self.unstructured_error();
+        (status, error.with_refusal(&self.refusal()))
+    }
+
+    /// The structured refusal: `reason` is [`Self::reason`], and the remediation `none`: the
+    /// same request fails the same way however often it is sent (the client must change it).
+    pub fn refusal(&self) -> Refusal {
+        Refusal::final_(self.reason())
+    }
+
+    fn unstructured_error(&self) -> (StatusCode, ErrorObject) {
         use Violation::*;
         let bad = StatusCode::BAD_REQUEST;
         match self {
@@ -556,8 +569,46 @@ mod tests {
         assert_eq!(error.code, codes::MISSING_CAPABILITY);
         assert_eq!(
             error.data.unwrap(),
-            json!({"requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}})
+            json!({"requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+                   "reason": "missing_tasks_capability", "remediation": "none"})
         );
+    }
+
+    #[test]
+    fn every_violation_carries_its_reason_and_no_remediation() {
+        let all = [
+            Violation::MissingVersionHeader,
+            Violation::UnsupportedVersion {
+                requested: "2025-11-25".into(),
+                supported: vec!["2026-07-28".into()],
+            },
+            Violation::MissingMeta("x"),
+            Violation::VersionMismatch,
+            Violation::MissingHeader("Mcp-Method"),
+            Violation::HeaderMismatch("Mcp-Method"),
+            Violation::ParamHeaderMismatch("Region".into()),
+            Violation::MalformedHeader("Mcp-Name"),
+            Violation::MissingParam("name"),
+            Violation::MissingTasksCapability,
+            Violation::RemovedMethod("tasks/list".into()),
+            Violation::NotANotification("tools/call".into()),
+        ];
+        for v in all {
+            let data = v.to_error().1.data.expect("structured data");
+            assert_eq!(data["reason"], v.reason(), "{v:?}");
+            assert_eq!(data["remediation"], "none", "{v:?}");
+            assert!(data.get("retryAfterMs").is_none(), "{v:?}");
+            assert!(data.get("policy").is_none(), "named where the policy is known: {v:?}");
+        }
+        // Members a violation had before stay beside the refusal.
+        let (_, error) = Violation::UnsupportedVersion {
+            requested: "2025-11-25".into(),
+            supported: vec!["2026-07-28".into()],
+        }
+        .to_error();
+        let data = error.data.unwrap();
+        assert_eq!(data["supported"], json!(["2026-07-28"]));
+        assert_eq!(data["reason"], "unsupported_version");
     }
 
     #[test]

@@ -71,6 +71,12 @@ pub mod codes {
     /// The object authorizer (`tasks.objects`) refused the object a `tools/call` names. In the
     /// same Lifeguard range as [`QUOTA_EXCEEDED`].
     pub const OBJECT_FORBIDDEN: i64 = -31403;
+    /// A token without a scope the operation needs (HTTP 403 `insufficient_scope`). The same
+    /// code as [`OBJECT_FORBIDDEN`]: both are HTTP 403 refusals of an authenticated caller, and
+    /// `data.reason` tells them apart. SEP-2643's own code is not assigned yet.
+    pub const INSUFFICIENT_SCOPE: i64 = -31403;
+    /// No valid token (HTTP 401 with `WWW-Authenticate`): missing, expired, or not valid here.
+    pub const UNAUTHORIZED: i64 = -31401;
     /// A request-rate limit (`spec.rateLimits`) refused the request: HTTP 429, `Retry-After`,
     /// `data.retryAfterMs`. In the same Lifeguard range.
     pub const RATE_LIMITED: i64 = -31430;

@@ -117,8 +117,9 @@ pub struct TaskNumbers {
     pub quota: QuotaLimits,
     pub min_poll_ms: i64,
     pub idempotency_window_ms: i64,
-    /// `Retry-After` (seconds) of a quota refusal: one poll interval, at least a second.
-    pub retry_after_secs: u64,
+    /// The suggested wait (`data.retryAfterMs`; `Retry-After` is it in whole seconds, rounded
+    /// up) of a concurrency-quota refusal: one poll interval, at least a second.
+    pub quota_retry_after_ms: u64,
     /// `deleteResultAfterRetrieval`.
     pub read_once: bool,
 }
@@ -135,7 +136,9 @@ impl TaskNumbers {
             },
             min_poll_ms: millis(rules.min_poll_interval.get()),
             idempotency_window_ms: millis(rules.idempotency_window.get()),
-            retry_after_secs: rules.min_poll_interval.get().as_secs().max(1),
+            quota_retry_after_ms: u64::try_from(rules.min_poll_interval.get().as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1000),
             read_once: rules.delete_result_after_retrieval,
         }
     }
@@ -160,7 +163,7 @@ mod tests {
             "    enabled: true\n    minPollInterval: 2500ms\n    concurrency: {perPrincipal: 3, perTenant: 7}\n    idempotency: {window: 2m}\n    retention: {defaultTtl: 1m, maxTtl: 1h, deleteResultAfterRetrieval: true}\n",
         );
         assert_eq!(n.min_poll_ms, 2_500);
-        assert_eq!(n.retry_after_secs, 2);
+        assert_eq!(n.quota_retry_after_ms, 2_500);
         assert_eq!(n.quota.per_principal, 3);
         assert_eq!(n.quota.per_tenant, 7);
         assert_eq!(n.idempotency_window_ms, 120_000);
@@ -170,6 +173,6 @@ mod tests {
     #[test]
     fn retry_after_is_at_least_a_second() {
         let n = tasks_of("    enabled: true\n    minPollInterval: 100ms\n");
-        assert_eq!(n.retry_after_secs, 1);
+        assert_eq!(n.quota_retry_after_ms, 1_000);
     }
 }

@@ -4,8 +4,11 @@
 
 use serde_json::{Value, json};
 
-use crate::api::ExceptionCapability;
-use crate::exception::gate::{Rejection, capability_of};
+use crate::api::{CapabilityMode, ExceptionCapability};
+use crate::exception::gate::{Rejection, capability_key, capability_of};
+use crate::mcp::jsonrpc::ErrorObject;
+
+use super::active_policy::ActivePolicy;
 
 /// How the server learns that a refused input request will not be answered.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,19 +32,50 @@ pub fn refusal(capability_method: &str) -> Refusal {
 }
 
 /// The error a request or task ends with when the server asked for a capability the policy
-/// refuses and that cannot be declined.
-pub fn unanswerable_error(capability_method: &str, reason: Rejection, policy_name: &str) -> Value {
-    json!({
-        "code": crate::mcp::codes::INTERNAL_ERROR,
-        "message": format!(
-            "The MCP server asked for {capability_method}, which the Lifeguard policy {policy_name} does not allow"
+/// refuses and that cannot be declined. `data.method` is the input request's method,
+/// `data.capability` the capability to ask an exception for (see [`structured`]).
+pub fn unanswerable_error(capability_method: &str, reason: Rejection, policy: &ActivePolicy) -> Value {
+    let mut error = ErrorObject::new(
+        crate::mcp::codes::INTERNAL_ERROR,
+        format!(
+            "The MCP server asked for {capability_method}, which the Lifeguard policy {} does not allow",
+            policy.name
         ),
-        "data": {
-            "capability": capability_method,
-            "reason": reason.as_str(),
-            "policy": policy_name,
-        },
-    })
+    )
+    .with_data(json!({"method": capability_method}));
+    if let Some(capability) = capability_of(capability_method) {
+        error = error.with_refusal(&structured(capability, reason, policy));
+    }
+    error.to_value()
+}
+
+/// The structured refusal of a deprecated capability (sampling, roots, logging) for the
+/// gate's `reason`: under `exception` mode a CapabilityException for `capability` on `policy`
+/// would allow it (`requestException`, with the SEP-2643 envelope naming what to ask for);
+/// under `deny` no exception helps, nor when the request carries a credential (no exception
+/// ever lets one through): `none`. The reason is the gate's own (`no_exception`,
+/// `wrong_client`, `token_budget`, …), the word the audit trail and
+/// `lifeguard_capability_decisions_total{reason}` use.
+pub fn structured(
+    capability: ExceptionCapability,
+    reason: Rejection,
+    policy: &ActivePolicy,
+) -> crate::mcp::refusal::Refusal {
+    use crate::mcp::refusal::{Refusal, Remediation};
+    let remediable = policy.effective.capabilities.mode(capability) == CapabilityMode::Exception
+        && reason != Rejection::SecretInContext;
+    if remediable {
+        Refusal::new(
+            reason.as_str(),
+            Remediation::RequestException {
+                capability: capability_key(capability).to_owned(),
+            },
+        )
+        .policy(&policy.name)
+        .authorization()
+    } else {
+        Refusal::final_(reason.as_str()).policy(&policy.name)
+    }
 }
 
 #[cfg(test)]
@@ -51,6 +85,12 @@ mod tests {
     use super::*;
     use crate::exception::gate::Rejection;
 
+    fn policy(sampling: CapabilityMode) -> ActivePolicy {
+        let mut effective = crate::policy::testing::with_tasks("    enabled: true\n");
+        effective.capabilities.sampling = sampling;
+        ActivePolicy::new(effective, Default::default(), None)
+    }
+
     #[test]
     fn roots_are_refused_with_an_empty_list_and_sampling_cannot_be() {
         assert_eq!(refusal("roots/list"), Refusal::Answer(json!({"roots": []})));
@@ -58,10 +98,47 @@ mod tests {
         let e = unanswerable_error(
             "sampling/createMessage",
             Rejection::NoException,
-            "team-a/reports",
+            &policy(CapabilityMode::Deny),
         );
         assert_eq!(e["code"], crate::mcp::codes::INTERNAL_ERROR);
-        assert_eq!(e["data"]["reason"], "no_exception");
         assert!(e["message"].as_str().unwrap().contains("team-a/reports"));
+        // Under `deny` no exception helps.
+        assert_eq!(
+            e["data"],
+            json!({"reason": "no_exception", "remediation": "none",
+                   "method": "sampling/createMessage", "policy": "team-a/reports"})
+        );
+    }
+
+    #[test]
+    fn under_exception_mode_the_refusal_says_which_exception_to_ask_for() {
+        let e = unanswerable_error(
+            "sampling/createMessage",
+            Rejection::WrongClient,
+            &policy(CapabilityMode::Exception),
+        );
+        assert_eq!(
+            e["data"],
+            json!({
+                "reason": "wrong_client",
+                "remediation": "requestException",
+                "capability": "sampling",
+                "method": "sampling/createMessage",
+                "policy": "team-a/reports",
+                "authorization": {
+                    "reason": "insufficient_authorization",
+                    "remediationHints": [{"type": "lifeguard.dev/capability-exception",
+                        "capability": "sampling", "policy": "team-a/reports"}],
+                },
+            })
+        );
+        // No exception lets a credential through.
+        let secret = structured(
+            ExceptionCapability::Sampling,
+            Rejection::SecretInContext,
+            &policy(CapabilityMode::Exception),
+        );
+        assert_eq!(secret.remediation, crate::mcp::refusal::Remediation::None);
+        assert!(!secret.authorization);
     }
 }

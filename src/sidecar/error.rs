@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::ledger::LedgerError;
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, error_message};
+use crate::mcp::refusal::{Refusal, Remediation};
 use crate::model::ModelError;
 use crate::telemetry::metrics::{ReasonLabels, SidecarMetrics};
 
@@ -105,15 +106,39 @@ impl Error {
             Self::NoAcknowledgement => "The MCP server did not acknowledge the subscription",
         };
         let error = ErrorObject::new(codes::INTERNAL_ERROR, message);
-        if self.retryable() {
+        let error = if self.retryable() {
             error.with_data(serde_json::json!({"retryable": true}))
         } else {
             error
+        };
+        error.with_refusal(&self.refusal())
+    }
+
+    /// The structured refusal (`error.data`): a stable reason, and `retry` only where the same
+    /// request may pass shortly without repeating work (the ledger out of reach before anything
+    /// reached the server, the audit trail not writable). Every other failure is `none`: the
+    /// server may have started the work, so Lifeguard cannot say a retry is safe. Never names
+    /// the policy (a failure, not a policy decision) and says nothing internal.
+    pub fn refusal(&self) -> Refusal {
+        let retry = |reason| {
+            Refusal::new(
+                reason,
+                Remediation::Retry {
+                    after_ms: respond::RETRY_SHORTLY_MS,
+                },
+            )
+        };
+        match self {
+            Self::Ledger(e) if e.is_unavailable() => retry("ledger_unavailable"),
+            Self::AuditUnavailable => retry("audit_unavailable"),
+            Self::Ledger(_) | Self::Model(_) => Refusal::final_("internal_error"),
+            Self::NotRecorded(_) => Refusal::final_("task_not_recorded"),
+            other => Refusal::final_(other.metric_label()),
         }
     }
 
-    /// Whether the same request may succeed shortly: the answer then carries
-    /// `error.data.retryable: true` and, as a whole HTTP response, `Retry-After`.
+    /// Whether the same request may succeed shortly because the ledger is back: the answer then
+    /// carries `error.data.retryable: true` (beside the structured refusal, which says `retry`).
     pub fn retryable(&self) -> bool {
         matches!(self, Self::Ledger(e) if e.is_unavailable())
     }
@@ -151,9 +176,7 @@ impl Error {
     pub fn respond(&self, metrics: &SidecarMetrics, id: &Value) -> Response {
         self.record(metrics);
         let mut response = respond::rpc_error(self.http_status(), id, &self.error_object());
-        if self.retryable() {
-            respond::add_retry_after(&mut response);
-        }
+        respond::set_retry_after(&mut response, &self.refusal());
         response
     }
 
@@ -189,7 +212,10 @@ mod tests {
         assert_eq!(ledger.error_object().message, "Internal error");
         assert_eq!(ledger.metric_label(), "closed");
 
-        assert!(ledger.error_object().data.is_none());
+        assert_eq!(
+            ledger.error_object().data,
+            Some(serde_json::json!({"reason": "internal_error", "remediation": "none"}))
+        );
 
         let outage = Error::from(LedgerError::unavailable(
             "get a ledger database connection",
@@ -198,7 +224,11 @@ mod tests {
         assert_eq!(outage.http_status(), StatusCode::SERVICE_UNAVAILABLE);
         let object = outage.error_object();
         assert_eq!(object.message, LEDGER_UNAVAILABLE);
-        assert_eq!(object.data, Some(serde_json::json!({"retryable": true})));
+        assert_eq!(
+            object.data,
+            Some(serde_json::json!({"retryable": true, "reason": "ledger_unavailable",
+                                    "remediation": "retry", "retryAfterMs": 1000}))
+        );
         assert_eq!(outage.metric_label(), "unavailable");
         let response = outage.respond(&SidecarMetrics::new(), &serde_json::json!(1));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -211,7 +241,10 @@ mod tests {
         ));
         assert_eq!(lost.http_status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(lost.error_object().message, NOT_RECORDED);
-        assert!(lost.error_object().data.is_none());
+        let data = lost.error_object().data.unwrap();
+        assert_eq!(data["reason"], "task_not_recorded");
+        assert_eq!(data["remediation"], "none");
+        assert!(data.get("retryable").is_none() && data.get("retryAfterMs").is_none());
         let response = lost.respond(&SidecarMetrics::new(), &serde_json::json!(1));
         assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
 
@@ -222,6 +255,17 @@ mod tests {
             "The MCP server is unavailable"
         );
         assert_eq!(timeout.metric_label(), "upstream_timeout");
+        assert_eq!(
+            timeout.error_object().data,
+            Some(serde_json::json!({"reason": "upstream_timeout", "remediation": "none"}))
+        );
+
+        // The audit trail not writable: retry, and the header agrees.
+        let audit = Error::AuditUnavailable;
+        assert_eq!(audit.error_object().data.unwrap()["retryAfterMs"], 1000);
+        let response = audit.respond(&SidecarMetrics::new(), &serde_json::json!(1));
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
 
         let metrics = SidecarMetrics::new();
         let message = Error::MalformedTask.message(&metrics, &serde_json::json!(7));

@@ -6,7 +6,6 @@
 
 use axum::response::Response;
 use http::StatusCode;
-use serde_json::json;
 
 use crate::api::{CapabilityMode, ExceptionCapability};
 use crate::audit::Decision;
@@ -17,6 +16,7 @@ use crate::model::Owner;
 use crate::telemetry::metrics::CapabilityLabels;
 
 use super::active_policy::ActivePolicy;
+use super::capability_refusal::structured;
 use super::context::RequestContext;
 use super::respond;
 use super::state::AppState;
@@ -62,20 +62,22 @@ pub fn count_dropped_message(app: &AppState, reason: Rejection) {
 }
 
 /// `logging/setLevel` when the policy does not allow it for the caller: refused with
-/// -32601 and HTTP 404, as MCP answers a method that is not available; audited.
+/// -32601 and HTTP 404, as MCP answers a method that is not available; audited. The
+/// structured refusal names the gate's reason, and what to ask for (see
+/// [`capability_refusal::structured`](super::capability_refusal::structured)).
 pub fn refuse_set_level(app: &AppState, ctx: &RequestContext, reason: Rejection) -> Response {
     count_dropped_message(app, reason);
     app.audit.log(
         ctx.audit("capability.rejected", Decision::Deny, reason.as_str())
             .detail("capability", SET_LEVEL),
     );
-    let mut error = ErrorObject::new(
+    let error = ErrorObject::new(
         crate::mcp::codes::METHOD_NOT_FOUND,
         format!(
             "{SET_LEVEL} is not allowed by the Lifeguard policy {}",
             ctx.policy.name
         ),
     );
-    error.data = Some(json!({"reason": reason.as_str()}));
-    respond::rpc_error(StatusCode::NOT_FOUND, &ctx.id(), &error)
+    let refusal = structured(ExceptionCapability::Logging, reason, &ctx.policy);
+    respond::refuse(StatusCode::NOT_FOUND, &ctx.id(), error, &refusal)
 }

@@ -69,7 +69,7 @@ pub(crate) fn object_refusal(
     }
     app.audit.log(event);
     match verdict {
-        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id()),
+        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id(), &ctx.policy.name),
         _ => respond::task_not_found(&ctx.id()),
     }
 }

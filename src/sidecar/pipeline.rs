@@ -16,6 +16,7 @@ use crate::identity::{AuthError, Identity, bearer_token, validate_token};
 use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
+use crate::mcp::refusal::{Refusal, Remediation};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::metrics::RateLimitedLabels;
 use crate::telemetry::spans;
@@ -82,17 +83,24 @@ async fn serve_in_span(
     let Some(policy) = app.policy() else {
         // Fail closed: without a policy there is nothing to enforce, so nothing passes.
         return match app.standby() {
-            Some(reason) => respond::rpc_error(
+            // No policy selects this server: waiting does not change that (remediation none).
+            Some(reason) => respond::refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &Value::Null,
-                &ErrorObject::new(
+                ErrorObject::new(
                     codes::INTERNAL_ERROR,
                     format!("Nothing is enabled here: {reason}"),
                 ),
+                &Refusal::final_("standby"),
             ),
             // A policy is on its way (the file is read, the first snapshot streamed): say so,
             // and when to ask again.
-            None => respond::retry_shortly(&Value::Null, "No policy is loaded yet"),
+            None => respond::retry_shortly(
+                &Value::Null,
+                "No policy is loaded yet",
+                "policy_loading",
+                None,
+            ),
         };
     };
 
@@ -115,10 +123,12 @@ async fn serve_in_span(
                 "bad_origin",
             );
             span.in_scope(|| app.denials.log(&app.audit, event, None, Instant::now()));
-            return respond::rpc_error(
+            // Refused before authentication: names no policy.
+            return respond::refuse(
                 StatusCode::FORBIDDEN,
                 &Value::Null,
-                &ErrorObject::new(codes::INVALID_REQUEST, "Origin not allowed"),
+                ErrorObject::new(codes::INVALID_REQUEST, "Origin not allowed"),
+                &Refusal::final_("bad_origin"),
             );
         }
     }
@@ -152,7 +162,8 @@ async fn serve_in_span(
                 ),
                 None => app.denials.log(&app.audit, event, None, Instant::now()),
             }
-            return respond::unauthorized(&policy.resource_metadata_url, error);
+            // The body is not read, so the answer has no id to echo.
+            return respond::unauthorized(&policy.resource_metadata_url, &Value::Null, error);
         }
     };
     // Refusals from here on are of a known principal.
@@ -173,14 +184,15 @@ async fn serve_in_span(
 
     let body = match read_body(body, MAX_REQUEST_BYTES, body_timeout).await {
         Ok(body) => body,
-        Err(error) => return body_refused(error, body_timeout, refuse),
+        Err(error) => return body_refused(error, body_timeout, &policy.name, refuse),
     };
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(error) => {
             spans::authenticated(span, auth_started, auth_ended, "ok");
             refuse("invalid_envelope");
-            return respond::rpc_error(StatusCode::BAD_REQUEST, &Value::Null, &error);
+            let refusal = Refusal::final_("invalid_envelope").policy(&policy.name);
+            return respond::refuse(StatusCode::BAD_REQUEST, &Value::Null, error, &refusal);
         }
     };
     // The caller's trace may be named in the body; from here on the span is entered.
@@ -199,7 +211,8 @@ async fn serve_in_span(
             refuse(violation.reason());
             app.metrics.request(method, "deny");
             let (status, error) = violation.to_error();
-            return respond::rpc_error(status, &request.response_id(), &error);
+            let refusal = violation.refusal().policy(&policy.name);
+            return respond::refuse(status, &request.response_id(), error, &refusal);
         }
     };
 
@@ -299,6 +312,7 @@ fn deny_metric(app: &AppState, reason: &'static str) {
 fn body_refused(
     error: BodyError,
     timeout: BodyReadTimeout,
+    policy: &str,
     refuse: impl Fn(&'static str),
 ) -> Response {
     let (status, reason, message) = match error {
@@ -323,7 +337,21 @@ fn body_refused(
     };
     refuse(reason);
     let error = ErrorObject::new(codes::INVALID_REQUEST, message);
-    respond::rpc_error(status, &Value::Null, &error)
+    respond::refuse(status, &Value::Null, error, &body_refusal(reason).policy(policy))
+}
+
+/// What a client can do about a body that could not be read: one too large will never pass;
+/// one that came too slowly or broke off may pass when sent again.
+fn body_refusal(reason: &'static str) -> Refusal {
+    match reason {
+        "body_too_large" => Refusal::final_(reason),
+        _ => Refusal::new(
+            reason,
+            Remediation::Retry {
+                after_ms: respond::RETRY_SHORTLY_MS,
+            },
+        ),
+    }
 }
 
 /// Why a request was not authenticated.

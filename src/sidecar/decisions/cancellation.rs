@@ -48,10 +48,7 @@ pub(super) fn intended_end(intent: &CancelIntent, now_ms: i64, suffix: &str) -> 
         ending: Ending {
             reason: intent.reason,
             by: intent.by.clone(),
-            payload: deadline.then(|| {
-                serde_json::json!({"code": crate::mcp::codes::INTERNAL_ERROR,
-                                   "message": "Deadline exceeded"})
-            }),
+            payload: deadline.then(super::endings::deadline_error),
             at: now_ms,
         },
     }
@@ -213,6 +210,10 @@ mod tests {
         assert_eq!(
             end.ending.payload.as_ref().unwrap()["message"],
             "Deadline exceeded"
+        );
+        assert_eq!(
+            end.ending.payload.as_ref().unwrap()["data"],
+            serde_json::json!({"reason": "deadline", "remediation": "none"})
         );
     }
 

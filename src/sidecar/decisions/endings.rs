@@ -9,10 +9,23 @@ use crate::api::{PolicyDuration, RevocationReason};
 use crate::identity::Identity;
 use crate::ledger::{EndReason, Ending, Finish, TaskRecord};
 use crate::mcp::codes;
+use crate::mcp::refusal::Refusal;
 use crate::mcp::task::ReportedState;
 use crate::model::TaskStatus;
 
 use super::access::Access;
+
+/// The error a task the sidecar ended carries: `message`, and the structured refusal with
+/// `reason` and `remediation: none` (the task is over; no retry revives it).
+fn ended_error(message: &str, reason: &'static str) -> serde_json::Value {
+    json!({"code": codes::INTERNAL_ERROR, "message": message,
+           "data": Refusal::final_(reason).data()})
+}
+
+/// The error of a task that ran past its deadline (`data.reason: deadline`, as the ending).
+pub fn deadline_error() -> serde_json::Value {
+    ended_error("Deadline exceeded", EndReason::Deadline.as_str())
+}
 
 /// The ledger's terminal record for a state the server reported, if it is terminal.
 pub fn upstream_end(state: &ReportedState, now_ms: i64) -> Option<Finish> {
@@ -36,8 +49,10 @@ pub fn upstream_lost(now_ms: i64) -> Finish {
         ending: Ending {
             reason: EndReason::UpstreamLost,
             by: None,
-            payload: Some(json!({"code": codes::INTERNAL_ERROR,
-                                 "message": "The MCP server lost this task"})),
+            payload: Some(ended_error(
+                "The MCP server lost this task",
+                EndReason::UpstreamLost.as_str(),
+            )),
             at: now_ms,
         },
     }
@@ -55,8 +70,7 @@ pub fn home_replica_gone(home: &str, now_ms: i64) -> Finish {
         ending: Ending {
             reason: EndReason::UpstreamLost,
             by: None,
-            payload: Some(json!({"code": codes::INTERNAL_ERROR, "message": message,
-                                 "data": {"reason": "replica_gone"}})),
+            payload: Some(ended_error(&message, "replica_gone")),
             at: now_ms,
         },
     }
@@ -110,8 +124,7 @@ pub fn deadline_exceeded(record: &TaskRecord, now_ms: i64) -> Finish {
         ending: Ending {
             reason: EndReason::Deadline,
             by: None,
-            payload: Some(json!({"code": codes::INTERNAL_ERROR,
-                                 "message": "Deadline exceeded"})),
+            payload: Some(deadline_error()),
             at: now_ms,
         },
     }

@@ -105,6 +105,15 @@ impl Hop {
             .send(ledger, home, &ctx.headers, ctx.body.clone())
             .await?;
         let (parts, body) = response.into_parts();
+        if refused_the_hop(parts.status, &parts.headers) {
+            // The home refused the hop itself (signature, clock skew, replay): the client's
+            // request was never judged there, so this is no answer to relay (a 401 would tell
+            // the client to get another token); it is a home that did not answer.
+            return Err(ForwardError::Unreachable {
+                replica: home.to_owned(),
+                reason: "it refused the signed hop request (hop key or clocks disagree)".into(),
+            });
+        }
         let mut relayed = Response::new(Body::new(body));
         *relayed.status_mut() = parts.status;
         for name in [
@@ -225,11 +234,41 @@ impl Hop {
     }
 }
 
+/// Whether a home replica's answer is its refusal of the hop itself (401 without a bearer
+/// challenge; the answer to a client's bad token always carries `WWW-Authenticate`).
+fn refused_the_hop(status: http::StatusCode, headers: &HeaderMap) -> bool {
+    status == http::StatusCode::UNAUTHORIZED && !headers.contains_key(header::WWW_AUTHENTICATE)
+}
+
 /// The answer when the home replica cannot be reached: retry later (the task is neither lost
-/// nor revealed).
+/// nor revealed: only a request its owner or an administrator may make is routed).
 pub fn unreachable_answer(ctx: &RequestContext) -> Response {
     respond::retry_shortly(
         &ctx.id(),
         "The replica running this task did not answer; try again shortly",
+        "replica_unreachable",
+        Some(&ctx.policy.name),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_challenge_less_401_is_the_homes_refusal_of_the_hop() {
+        let none = HeaderMap::new();
+        let mut challenged = HeaderMap::new();
+        challenged.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer error=\"invalid_token\""),
+        );
+        assert!(refused_the_hop(http::StatusCode::UNAUTHORIZED, &none));
+        assert!(!refused_the_hop(
+            http::StatusCode::UNAUTHORIZED,
+            &challenged
+        ));
+        assert!(!refused_the_hop(http::StatusCode::BAD_REQUEST, &none));
+        assert!(!refused_the_hop(http::StatusCode::OK, &none));
+    }
 }

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::audit::Decision;
 use crate::mcp::jsonrpc::ErrorObject;
+use crate::mcp::refusal::{Refusal, Remediation};
 use crate::mcp::listen::{
     FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result, listener,
 };
@@ -45,16 +46,29 @@ pub const STREAM_BUFFER: usize = 16;
 /// How long the server may take to acknowledge a listen request.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Refuses a listen request, audited as `listen.denied` with `reason`, which is also the
+/// refusal's `data.reason` (with `remediation`, and the policy).
 fn deny(
     ctx: &RequestContext,
     app: &AppState,
     status: StatusCode,
     error: ErrorObject,
     reason: &'static str,
+    remediation: Remediation,
 ) -> Response {
     app.audit
         .log(ctx.audit("listen.denied", Decision::Deny, reason));
-    respond::rpc_error(status, &ctx.id(), &error)
+    let refusal = Refusal::new(reason, remediation).policy(&ctx.policy.name);
+    respond::refuse(status, &ctx.id(), error, &refusal)
+}
+
+/// The suggested wait before opening a stream again once the caller holds its maximum: the
+/// slot frees when one of its streams ends, which no clock predicts, so this is a suggestion
+/// (one poll interval, at least a second).
+fn stream_retry_after_ms(ctx: &RequestContext) -> u64 {
+    u64::try_from(ctx.policy.min_poll_ms())
+        .unwrap_or(0)
+        .max(respond::RETRY_SHORTLY_MS)
 }
 
 /// A response streaming `frames`: the listener's side of the stream.
@@ -82,6 +96,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
                 "subscriptions/listen is not enabled for this server",
             ),
             "not_enabled",
+            Remediation::None,
         );
     };
     let asked = match ListenFilter::parse_request(
@@ -100,6 +115,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
                 )
                 .with_data(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
                 "missing_tasks_capability",
+                Remediation::None,
             );
         }
         Err(e) => {
@@ -109,6 +125,7 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
                 StatusCode::BAD_REQUEST,
                 ErrorObject::new(codes::INVALID_PARAMS, format!("Invalid params: {e}")),
                 "invalid_filter",
+                Remediation::None,
             );
         }
     };
@@ -164,6 +181,9 @@ pub async fn listen(app: Arc<AppState>, ctx: RequestContext) -> Response {
             ErrorObject::new(codes::QUOTA_EXCEEDED, "Too many open listen streams")
                 .with_data(json!({"scope": "streams"})),
             "stream_quota",
+            Remediation::Retry {
+                after_ms: stream_retry_after_ms(&ctx),
+            },
         );
     };
 

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use crate::audit::{Decision, summarize};
 use crate::ledger::{Confirmed, IdempotencyClaim, Reservation, ReserveOutcome, TaskLedger};
 use crate::mcp::jsonrpc::{ErrorObject, result_message};
+use crate::mcp::refusal::{Refusal, Remediation};
 use crate::mcp::task::{iso_millis, parse_created_task, present_task};
 use crate::mcp::{TASKS_EXTENSION, codes};
 use crate::model::TaskId;
@@ -53,7 +54,12 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
                     .tool(&tool)
                     .detail("missingScopes", json!(missing)),
             );
-            return respond::insufficient_scope(&policy.resource_metadata_url, &missing);
+            return respond::insufficient_scope(
+                &policy.resource_metadata_url,
+                &ctx.id(),
+                &missing,
+                &policy.name,
+            );
         }
     }
     // The object the call acts on, when the tool names one: the authorizer decides first.
@@ -141,10 +147,11 @@ async fn authorize_object(
                     .tool(tool)
                     .detail("pointer", pointer.pointer.clone()),
             );
-            return Err(respond::rpc_error(
+            return Err(respond::refuse(
                 StatusCode::BAD_REQUEST,
                 &ctx.id(),
-                &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+                ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+                &Refusal::final_("object_missing").policy(&ctx.policy.name),
             ));
         }
     };
@@ -172,15 +179,18 @@ async fn authorize_object(
                 app.hasher.object_digest(&pointer.resource_type, &object),
             ),
     );
+    // Refused at creation the caller learns nothing it did not send: the object is its own
+    // argument, so the policy is named (unlike the uniform refusal about an existing task).
     Err(match verdict {
-        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id()),
-        _ => respond::rpc_error(
+        Verdict::Unavailable(_) => respond::authorizer_unavailable(&ctx.id(), &ctx.policy.name),
+        _ => respond::refuse(
             StatusCode::FORBIDDEN,
             &ctx.id(),
-            &ErrorObject::new(
+            ErrorObject::new(
                 codes::OBJECT_FORBIDDEN,
                 "Access to the object this call names is denied",
             ),
+            &Refusal::final_(reason).policy(&ctx.policy.name),
         ),
     })
 }
@@ -217,10 +227,11 @@ async fn reserve(
     let material = match idempotency::key_material(&ctx.headers, derive, &ctx.tool_arguments()) {
         Ok(m) => m,
         Err(e) => {
-            return Ok(Reserved::Answered(respond::rpc_error(
+            return Ok(Reserved::Answered(respond::refuse(
                 StatusCode::BAD_REQUEST,
                 &id,
-                &ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+                ErrorObject::new(codes::INVALID_PARAMS, e.to_string()),
+                &Refusal::final_("invalid_idempotency_key").policy(&ctx.policy.name),
             )));
         }
     };
@@ -275,19 +286,25 @@ async fn reserve(
                     .tool(tool)
                     .detail("scope", scope.as_str()),
             );
-            let mut response = respond::rpc_error(
+            // The slot frees when one of the caller's tasks ends, which no clock predicts:
+            // `retryAfterMs` is a suggestion (one poll interval, at least a second).
+            let refusal = Refusal::new(
+                "quota",
+                Remediation::Retry {
+                    after_ms: numbers.quota_retry_after_ms,
+                },
+            )
+            .policy(&ctx.policy.name);
+            Reserved::Answered(respond::refuse(
                 StatusCode::TOO_MANY_REQUESTS,
                 &id,
-                &ErrorObject::new(
+                ErrorObject::new(
                     codes::QUOTA_EXCEEDED,
                     format!("Concurrent task quota per {} exhausted", scope.as_str()),
                 )
                 .with_data(json!({"scope": scope.as_str()})),
-            );
-            response
-                .headers_mut()
-                .insert(http::header::RETRY_AFTER, numbers.retry_after_secs.into());
-            Reserved::Answered(response)
+                &refusal,
+            ))
         }
         ReserveOutcome::Existing(record) => {
             app.audit.log(
@@ -298,13 +315,20 @@ async fn reserve(
             let view = task_view(&record, numbers.min_poll_ms);
             Reserved::Answered(respond::rpc_result(&id, view.create_result()))
         }
-        ReserveOutcome::InFlight(_) => Reserved::Answered(respond::rpc_error(
+        ReserveOutcome::InFlight(_) => Reserved::Answered(respond::refuse(
             StatusCode::CONFLICT,
             &id,
-            &ErrorObject::new(
+            ErrorObject::new(
                 codes::INTERNAL_ERROR,
                 "An identical request is still being processed; retry",
             ),
+            &Refusal::new(
+                "duplicate_in_flight",
+                Remediation::Retry {
+                    after_ms: numbers.quota_retry_after_ms,
+                },
+            )
+            .policy(&ctx.policy.name),
         )),
     })
 }

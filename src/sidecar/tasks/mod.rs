@@ -162,7 +162,9 @@ async fn authorized_task(
             );
             return Err(respond::insufficient_scope(
                 &ctx.policy.resource_metadata_url,
+                &ctx.id(),
                 &missing,
+                &ctx.policy.name,
             ));
         }
     }

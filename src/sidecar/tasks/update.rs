@@ -95,6 +95,7 @@ pub async fn update(app: &AppState, ctx: &RequestContext, task_id: &str) -> Resp
         // Revoked while the server was asked what is outstanding: nothing more goes out.
         return respond::unauthorized(
             &ctx.policy.resource_metadata_url,
+            &ctx.id(),
             &crate::identity::AuthError::Revoked,
         );
     }

@@ -427,11 +427,12 @@ pub fn is_terminal(status: &str) -> bool {
 }
 
 /// The documented answer to every task ID a caller may not see (docs/sidecar.md, "Every later
-/// request"): HTTP 400 and this body, whatever the reason.
+/// request" and "Refusals"): HTTP 400 and this body, whatever the reason.
 pub fn is_task_not_found(answer: &Answer) -> bool {
     answer.status == 400
         && answer.body_without_id()
-            == json!({"jsonrpc": "2.0", "error": {"code": -32602, "message": "Task not found"}})
+            == json!({"jsonrpc": "2.0", "error": {"code": -32602, "message": "Task not found",
+                      "data": {"reason": "task_not_found", "remediation": "none"}}})
 }
 
 /// The first 300 characters of an answer, for a failure message.
