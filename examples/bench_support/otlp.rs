@@ -82,7 +82,9 @@ impl OtlpReceiver {
         listener
             .set_nonblocking(true)
             .context("the OTLP receiver's socket")?;
-        let addr = listener.local_addr().context("the OTLP receiver's address")?;
+        let addr = listener
+            .local_addr()
+            .context("the OTLP receiver's address")?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -140,13 +142,21 @@ impl OtlpReceiver {
 
     /// Spans received so far named `name` of `kind` (OTLP's `SpanKind`).
     pub fn spans_named(&self, name: &str, kind: i32) -> u64 {
-        let by_name = self.counts.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        let by_name = self
+            .counts
+            .by_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         by_name.get(&(name.to_owned(), kind)).copied().unwrap_or(0)
     }
 
     /// Spans by name and kind, most first, as JSON.
     pub fn to_json(&self) -> Value {
-        let by_name = self.counts.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        let by_name = self
+            .counts
+            .by_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut rows: Vec<_> = by_name.iter().collect();
         rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         json!({

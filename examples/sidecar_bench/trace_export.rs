@@ -325,7 +325,14 @@ impl TraceResult {
             let _ = writeln!(
                 o,
                 "{:<10} {:<27} {:>9} {:>8} {:>8} {:>8} | {:>11} {:>10}  rounds (cpu µs/call)",
-                "method", "sidecar", "calls", "calls/s", "p50 µs", "p99 µs", "cpu µs/call", "spans/call"
+                "method",
+                "sidecar",
+                "calls",
+                "calls/s",
+                "p50 µs",
+                "p99 µs",
+                "cpu µs/call",
+                "spans/call"
             );
             for l in self.lanes.iter().filter(|l| l.shape == shape) {
                 let rounds: Vec<String> = l
@@ -401,7 +408,12 @@ impl TraceResult {
         for t in self.targets() {
             let _ = writeln!(o, "{}", t.line());
         }
-        errors_section(&mut o, &self.errors, "request(s) failed", "no failed requests");
+        errors_section(
+            &mut o,
+            &self.errors,
+            "request(s) failed",
+            "no failed requests",
+        );
         o
     }
 
@@ -476,7 +488,8 @@ fn without_otel(env: &[(String, String)]) -> Vec<(String, String)> {
 /// Creates one long-running task through `endpoint` and returns its id.
 async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
     let mut conn = Conn::connect(endpoint.addr).await?;
-    let template = Template::tool_call(endpoint, token, TASK_TOOL, json!({"seconds": 86_400}), true);
+    let template =
+        Template::tool_call(endpoint, token, TASK_TOOL, json!({"seconds": 86_400}), true);
     let status = conn.send(template.bytes()).await?;
     conn.body_json()
         .filter(|_| status == 200)
@@ -529,7 +542,8 @@ async fn paced(
     for w in 0..PACED_CONNECTIONS {
         let mut template = template.clone();
         let mut conn = Conn::connect(endpoint.addr).await?;
-        let first = tokio::time::Instant::from_std(started) + period * w as u32 / PACED_CONNECTIONS as u32;
+        let first =
+            tokio::time::Instant::from_std(started) + period * w as u32 / PACED_CONNECTIONS as u32;
         workers.push(tokio::spawn(async move {
             let mut ticks = tokio::time::interval_at(first, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -626,7 +640,15 @@ impl Lane<'_> {
         eprintln!("phase: tracing export, {}, {}", shape.name(), method.name);
         let plan = self.plan;
         for config in self.configs.iter_mut() {
-            load(config, shape, method, &self.token, plan.warmup, &mut self.errors).await?;
+            load(
+                config,
+                shape,
+                method,
+                &self.token,
+                plan.warmup,
+                &mut self.errors,
+            )
+            .await?;
         }
         // The warm-up's spans first: the measured window starts with an empty export queue.
         exported(&self.receiver, &self.configs, method).await;

@@ -598,7 +598,10 @@ mod tests {
             assert_eq!(data["reason"], v.reason(), "{v:?}");
             assert_eq!(data["remediation"], "none", "{v:?}");
             assert!(data.get("retryAfterMs").is_none(), "{v:?}");
-            assert!(data.get("policy").is_none(), "named where the policy is known: {v:?}");
+            assert!(
+                data.get("policy").is_none(),
+                "named where the policy is known: {v:?}"
+            );
         }
         // Members a violation had before stay beside the refusal.
         let (_, error) = Violation::UnsupportedVersion {

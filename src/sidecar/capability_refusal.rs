@@ -34,7 +34,11 @@ pub fn refusal(capability_method: &str) -> Refusal {
 /// The error a request or task ends with when the server asked for a capability the policy
 /// refuses and that cannot be declined. `data.method` is the input request's method,
 /// `data.capability` the capability to ask an exception for (see [`structured`]).
-pub fn unanswerable_error(capability_method: &str, reason: Rejection, policy: &ActivePolicy) -> Value {
+pub fn unanswerable_error(
+    capability_method: &str,
+    reason: Rejection,
+    policy: &ActivePolicy,
+) -> Value {
     let mut error = ErrorObject::new(
         crate::mcp::codes::INTERNAL_ERROR,
         format!(

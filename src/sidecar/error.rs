@@ -226,8 +226,10 @@ mod tests {
         assert_eq!(object.message, LEDGER_UNAVAILABLE);
         assert_eq!(
             object.data,
-            Some(serde_json::json!({"retryable": true, "reason": "ledger_unavailable",
-                                    "remediation": "retry", "retryAfterMs": 1000}))
+            Some(
+                serde_json::json!({"retryable": true, "reason": "ledger_unavailable",
+                                    "remediation": "retry", "retryAfterMs": 1000})
+            )
         );
         assert_eq!(outage.metric_label(), "unavailable");
         let response = outage.respond(&SidecarMetrics::new(), &serde_json::json!(1));

@@ -337,7 +337,12 @@ fn body_refused(
     };
     refuse(reason);
     let error = ErrorObject::new(codes::INVALID_REQUEST, message);
-    respond::refuse(status, &Value::Null, error, &body_refusal(reason).policy(policy))
+    respond::refuse(
+        status,
+        &Value::Null,
+        error,
+        &body_refusal(reason).policy(policy),
+    )
 }
 
 /// What a client can do about a body that could not be read: one too large will never pass;

@@ -217,7 +217,12 @@ pub fn unauthorized(metadata_url: &str, id: &Value, error: &AuthError) -> Respon
 /// `data.scope`; `remediation: reauthenticate` (a token with those scopes), the policy that
 /// requires them, and the SEP-2643 `authorization` envelope. Reached only by the caller the
 /// operation is about (on a task, its owner: ownership is checked first).
-pub fn insufficient_scope(metadata_url: &str, id: &Value, scopes: &[&str], policy: &str) -> Response {
+pub fn insufficient_scope(
+    metadata_url: &str,
+    id: &Value,
+    scopes: &[&str],
+    policy: &str,
+) -> Response {
     let scope = scopes.join(" ");
     let challenge = format!(
         "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{metadata_url}\""

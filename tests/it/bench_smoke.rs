@@ -256,7 +256,10 @@ fn benchmark_tracing_smoke_run_reports_cpu_and_spans() {
     let targets = json["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), 4, "{targets:?}");
     for target in targets {
-        assert_eq!(target["verdict"], "N/A", "smoke runs make no claim: {target}");
+        assert_eq!(
+            target["verdict"], "N/A",
+            "smoke runs make no claim: {target}"
+        );
     }
 }
 

@@ -49,6 +49,7 @@ mod sidecar_lifecycle;
 mod sidecar_listen;
 mod sidecar_objects;
 mod sidecar_rate_limits;
+mod sidecar_refusals;
 mod sidecar_results;
 mod sidecar_revocation;
 mod sidecar_sampling_isolation;

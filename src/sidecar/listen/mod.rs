@@ -22,10 +22,10 @@ use tokio::sync::mpsc;
 
 use crate::audit::Decision;
 use crate::mcp::jsonrpc::ErrorObject;
-use crate::mcp::refusal::{Refusal, Remediation};
 use crate::mcp::listen::{
     FilterError, ListenEvent, ListenFilter, acknowledgement, classify_event, final_result, listener,
 };
+use crate::mcp::refusal::{Refusal, Remediation};
 use crate::mcp::{TASKS_EXTENSION, codes, methods};
 use crate::model::TaskId;
 
