@@ -10,7 +10,9 @@
 //! - `reason`: stable, snake_case, the same word the audit trail and the
 //!   `lifeguard_denials_total{reason}` metric use.
 //! - `remediation`: `retry` (with `retryAfterMs`, an integer), `reauthenticate`,
-//!   `requestException` (with `capability`), or `none`.
+//!   `requestException` (with `exceptionCapability`: what a CapabilityException would grant;
+//!   `capability` was already taken by the capability refusals' own `data.capability`, the
+//!   input request's method), or `none`.
 //! - `policy`: `namespace/name` of the McpServerPolicy that refused, only where naming it tells
 //!   the caller nothing it could not know (never on a uniform denial).
 //! - `authorization`: for refusals on authorization grounds the client can remedy (a missing
@@ -108,7 +110,7 @@ impl Refusal {
                 data.insert("retryAfterMs".into(), json!(after_ms));
             }
             Remediation::RequestException { capability } => {
-                data.insert("capability".into(), json!(capability));
+                data.insert("exceptionCapability".into(), json!(capability));
             }
             Remediation::Reauthenticate | Remediation::None => {}
         }
@@ -183,7 +185,7 @@ mod tests {
             json!({
                 "reason": "capability_denied",
                 "remediation": "requestException",
-                "capability": "sampling",
+                "exceptionCapability": "sampling",
                 "policy": "team-a/reports",
                 "authorization": {
                     "reason": "insufficient_authorization",

@@ -8,7 +8,7 @@ use crate::api::{CapabilityMode, ExceptionCapability};
 use crate::exception::gate::{Rejection, capability_key, capability_of};
 use crate::mcp::jsonrpc::ErrorObject;
 
-use super::active_policy::ActivePolicy;
+use crate::policy::CapabilityRules;
 
 /// How the server learns that a refused input request will not be answered.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,18 +37,19 @@ pub fn refusal(capability_method: &str) -> Refusal {
 pub fn unanswerable_error(
     capability_method: &str,
     reason: Rejection,
-    policy: &ActivePolicy,
+    capabilities: &CapabilityRules,
+    policy_name: &str,
 ) -> Value {
     let mut error = ErrorObject::new(
         crate::mcp::codes::INTERNAL_ERROR,
         format!(
-            "The MCP server asked for {capability_method}, which the Lifeguard policy {} does not allow",
-            policy.name
+            "The MCP server asked for {capability_method}, which the Lifeguard policy {policy_name} does not allow"
         ),
     )
-    .with_data(json!({"method": capability_method}));
+    .with_data(json!({"capability": capability_method}));
     if let Some(capability) = capability_of(capability_method) {
-        error = error.with_refusal(&structured(capability, reason, policy));
+        let mode = capabilities.mode(capability);
+        error = error.with_refusal(&structured(capability, mode, reason, policy_name));
     }
     error.to_value()
 }
@@ -62,12 +63,12 @@ pub fn unanswerable_error(
 /// `lifeguard_capability_decisions_total{reason}` use.
 pub fn structured(
     capability: ExceptionCapability,
+    mode: CapabilityMode,
     reason: Rejection,
-    policy: &ActivePolicy,
+    policy_name: &str,
 ) -> crate::mcp::refusal::Refusal {
     use crate::mcp::refusal::{Refusal, Remediation};
-    let remediable = policy.effective.capabilities.mode(capability) == CapabilityMode::Exception
-        && reason != Rejection::SecretInContext;
+    let remediable = mode == CapabilityMode::Exception && reason != Rejection::SecretInContext;
     if remediable {
         Refusal::new(
             reason.as_str(),
@@ -75,10 +76,10 @@ pub fn structured(
                 capability: capability_key(capability).to_owned(),
             },
         )
-        .policy(&policy.name)
+        .policy(policy_name)
         .authorization()
     } else {
-        Refusal::final_(reason.as_str()).policy(&policy.name)
+        Refusal::final_(reason.as_str()).policy(policy_name)
     }
 }
 
@@ -89,10 +90,10 @@ mod tests {
     use super::*;
     use crate::exception::gate::Rejection;
 
-    fn policy(sampling: CapabilityMode) -> ActivePolicy {
+    fn policy(sampling: CapabilityMode) -> CapabilityRules {
         let mut effective = crate::policy::testing::with_tasks("    enabled: true\n");
         effective.capabilities.sampling = sampling;
-        ActivePolicy::new(effective, Default::default(), None)
+        effective.capabilities
     }
 
     #[test]
@@ -103,6 +104,7 @@ mod tests {
             "sampling/createMessage",
             Rejection::NoException,
             &policy(CapabilityMode::Deny),
+            "team-a/reports",
         );
         assert_eq!(e["code"], crate::mcp::codes::INTERNAL_ERROR);
         assert!(e["message"].as_str().unwrap().contains("team-a/reports"));
@@ -110,7 +112,7 @@ mod tests {
         assert_eq!(
             e["data"],
             json!({"reason": "no_exception", "remediation": "none",
-                   "method": "sampling/createMessage", "policy": "team-a/reports"})
+                   "capability": "sampling/createMessage", "policy": "team-a/reports"})
         );
     }
 
@@ -120,14 +122,15 @@ mod tests {
             "sampling/createMessage",
             Rejection::WrongClient,
             &policy(CapabilityMode::Exception),
+            "team-a/reports",
         );
         assert_eq!(
             e["data"],
             json!({
                 "reason": "wrong_client",
                 "remediation": "requestException",
-                "capability": "sampling",
-                "method": "sampling/createMessage",
+                "exceptionCapability": "sampling",
+                "capability": "sampling/createMessage",
                 "policy": "team-a/reports",
                 "authorization": {
                     "reason": "insufficient_authorization",
@@ -139,8 +142,9 @@ mod tests {
         // No exception lets a credential through.
         let secret = structured(
             ExceptionCapability::Sampling,
+            CapabilityMode::Exception,
             Rejection::SecretInContext,
-            &policy(CapabilityMode::Exception),
+            "team-a/reports",
         );
         assert_eq!(secret.remediation, crate::mcp::refusal::Remediation::None);
         assert!(!secret.authorization);

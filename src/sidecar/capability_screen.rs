@@ -111,7 +111,12 @@ pub async fn screen_task_state(
                 }
             }
             Refusal::Unanswerable => {
-                let error = unanswerable_error(method, *reason, policy);
+                let error = unanswerable_error(
+                    method,
+                    *reason,
+                    &policy.effective.capabilities,
+                    &policy.name,
+                );
                 let finish = capability_refused(error, now_ms());
                 let settled =
                     settle_terminal(app, policy, recipient.correlation_id, record, finish).await;
@@ -197,7 +202,12 @@ pub async fn screen_request_inputs(
             .iter()
             .find(|(_, method, _)| refusal(method) == Refusal::Unanswerable)
         {
-            let error = unanswerable_error(method, *reason, &ctx.policy);
+            let error = unanswerable_error(
+                method,
+                *reason,
+                &ctx.policy.effective.capabilities,
+                &ctx.policy.name,
+            );
             app.audit.log(
                 ctx.audit("request.failed", Decision::Deny, "capability_refused")
                     .detail("capability", method.clone()),

@@ -78,6 +78,14 @@ pub fn refuse_set_level(app: &AppState, ctx: &RequestContext, reason: Rejection)
             ctx.policy.name
         ),
     );
-    let refusal = structured(ExceptionCapability::Logging, reason, &ctx.policy);
+    let refusal = structured(
+        ExceptionCapability::Logging,
+        ctx.policy
+            .effective
+            .capabilities
+            .mode(ExceptionCapability::Logging),
+        reason,
+        &ctx.policy.name,
+    );
     respond::refuse(StatusCode::NOT_FOUND, &ctx.id(), error, &refusal)
 }

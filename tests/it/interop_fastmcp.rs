@@ -142,14 +142,6 @@ fn refusal_message() -> String {
     )
 }
 
-/// The documented error of a refused sampling request.
-fn refusal_error() -> Value {
-    json!({
-        "code": -32603,
-        "message": refusal_message(),
-        "data": {"capability": "sampling/createMessage", "reason": "no_exception", "policy": POLICY},
-    })
-}
 
 /// Polls `tasks/get` (declaring sampling and roots) until the task ends; asserts no poll showed
 /// the client an input request.
@@ -219,7 +211,7 @@ async fn a_refused_sampling_request_in_a_synchronous_call_ends_it_with_the_docum
     assert_eq!(reply.status, 200, "{reply:?}\n{}", sidecar.logs());
     never_asked(&reply);
     assert!(reply.body.get("result").is_none(), "{reply:?}");
-    assert_eq!(reply.body["error"], refusal_error(), "{reply:?}");
+    support::capability::assert_refusal_error(&reply.body["error"], "no_exception");
     assert_eq!(rejections(&sidecar, "sampling", 1).await, ["no_exception"]);
     let failed = sidecar
         .audit_event(|e| e["event"] == "request.failed")
@@ -257,7 +249,7 @@ async fn a_task_whose_sampling_request_is_refused_fails_with_the_documented_erro
     let done = task_end(&client, &token, &task).await;
     assert_eq!(done["status"], "failed", "{done}\n{}", sidecar.logs());
     assert_eq!(done["statusMessage"], json!(refusal_message()), "{done}");
-    assert_eq!(done["error"], refusal_error(), "{done}");
+    support::capability::assert_refusal_error(&done["error"], "no_exception");
     assert!(done.get("result").is_none(), "{done}");
     // Audited in order: the request, its rejection, the task's end.
     let failed = sidecar

@@ -395,11 +395,7 @@ async fn sampling_in_a_multi_round_trip_request_passes_the_gate_or_ends_the_call
     let refused = call(&stranger, json!({})).await;
     assert_eq!(refused.status, 200, "{refused:?}");
     assert!(refused.body.get("result").is_none(), "{refused:?}");
-    assert_eq!(
-        refused.body["error"],
-        refusal_error("wrong_client"),
-        "{refused:?}"
-    );
+    support::capability::assert_refusal_error(&refused.body["error"], "wrong_client");
     assert!(!refused.raw.contains("inputRequests"), "{refused:?}");
     assert_eq!(
         upstream_requests(&s.server, "tools/call").await,

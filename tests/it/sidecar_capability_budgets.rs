@@ -252,11 +252,7 @@ async fn iterations_bound_multi_round_trip_exchanges_across_retries() {
     }
     let third = call().await;
     assert!(third.body.get("result").is_none(), "{third:?}");
-    assert_eq!(
-        third.body["error"],
-        refusal_error("iteration_budget"),
-        "{third:?}"
-    );
+    support::capability::assert_refusal_error(&third.body["error"], "iteration_budget");
 }
 
 #[tokio::test]

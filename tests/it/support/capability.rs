@@ -263,13 +263,28 @@ pub fn refusal_message() -> String {
     )
 }
 
-/// The JSON-RPC error a refused sampling request ends a task or a call with.
-pub fn refusal_error(reason: &str) -> Value {
-    json!({
-        "code": -32603,
-        "message": refusal_message(),
-        "data": {"capability": "sampling/createMessage", "reason": reason, "policy": POLICY},
-    })
+/// Asserts `error` is the JSON-RPC error a refused sampling request ends a task or a call
+/// with: the documented code, message and `data` members (`capability`, `reason`, `policy`),
+/// and the structured refusal beside them (`remediation`: `requestException` naming the
+/// exception to ask for where one would help, else `none`).
+pub fn assert_refusal_error(error: &Value, reason: &str) {
+    assert_eq!(error["code"], -32603, "{error}");
+    assert_eq!(error["message"], json!(refusal_message()), "{error}");
+    let data = &error["data"];
+    assert_eq!(data["capability"], "sampling/createMessage", "{error}");
+    assert_eq!(data["reason"], reason, "{error}");
+    assert_eq!(data["policy"], POLICY, "{error}");
+    match data["remediation"].as_str() {
+        Some("requestException") => {
+            assert_eq!(data["exceptionCapability"], "sampling", "{error}");
+            assert_eq!(
+                data["authorization"]["reason"], "insufficient_authorization",
+                "{error}"
+            );
+        }
+        Some("none") => assert!(data.get("authorization").is_none(), "{error}"),
+        other => panic!("unexpected remediation {other:?}: {error}"),
+    }
 }
 
 /// Asserts that `state` (a `tasks/get` result) is a task ended by a sampling request refused
@@ -277,7 +292,7 @@ pub fn refusal_error(reason: &str) -> Value {
 pub fn assert_refused(state: &Value, reason: &str) {
     assert_eq!(state["status"], "failed", "{state}");
     assert_eq!(state["statusMessage"], json!(refusal_message()), "{state}");
-    assert_eq!(state["error"], refusal_error(reason), "{state}");
+    assert_refusal_error(&state["error"], reason);
     assert!(
         state.get("result").is_none() && state.get("inputRequests").is_none(),
         "{state}"
