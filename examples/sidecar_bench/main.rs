@@ -27,6 +27,7 @@ mod run;
 mod soak;
 mod stats;
 mod trace_export;
+mod trace_report;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

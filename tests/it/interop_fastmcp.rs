@@ -142,7 +142,6 @@ fn refusal_message() -> String {
     )
 }
 
-
 /// Polls `tasks/get` (declaring sampling and roots) until the task ends; asserts no poll showed
 /// the client an input request.
 async fn task_end(client: &McpClient, token: &str, task: &str) -> Value {
