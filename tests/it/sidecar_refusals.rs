@@ -305,7 +305,7 @@ async fn a_refused_capability_says_which_exception_to_ask_for_only_where_one_wou
         &json!({
             "reason": "no_exception",
             "remediation": "requestException",
-            "capability": "logging",
+            "exceptionCapability": "logging",
             "policy": POLICY,
             "authorization": {
                 "reason": "insufficient_authorization",
