@@ -10,7 +10,9 @@
 //! - `machine`: where a benchmark ran;
 //! - `report`: pieces of the reports (heading, targets and their verdicts, the error summary);
 //! - `otlp`: an OTLP gRPC trace receiver that counts the spans a process under test exports
-//!   (`sidecar_bench --tracing`; any benchmark of a process that exports spans can use it).
+//!   (`sidecar_bench --tracing`; any benchmark of a process that exports spans can use it);
+//! - `postgres`: a database of the benchmark's own on a PostgreSQL server (`scale_out_bench`,
+//!   `sidecar_bench --rate-limits`).
 //!
 //! What only two benchmarks share stays with one of them, and the other includes it by path:
 //! `operator_bench/harness.rs` (the API emulator, the CA, the control-plane process) and
@@ -24,6 +26,7 @@
 pub mod cli;
 pub mod machine;
 pub mod otlp;
+pub mod postgres;
 pub mod procs;
 pub mod report;
 pub mod stats;

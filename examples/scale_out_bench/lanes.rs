@@ -11,70 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};
-use tokio_postgres::NoTls;
 
 use crate::Plan;
 use crate::client::{Conn, Endpoint, Template, describe_failure, is_success, timed};
 use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
 use crate::stats::{Added, Errors, Summary, us, us_signed};
-
-/// A database of the bench's own on the PostgreSQL server, dropped at the end.
-pub struct Database {
-    server: String,
-    name: String,
-    pub url: String,
-}
-
-async fn connect(url: &str) -> Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .with_context(|| format!("connecting to PostgreSQL ({})", redact(url)))?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-/// `url` without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}{}", &url[..s + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-impl Database {
-    pub async fn create(server: &str) -> Result<Self> {
-        let name = format!("lifeguard_bench_{}", std::process::id());
-        let admin = connect(server).await?;
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await?;
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .context("creating the bench database")?;
-        let base = server.rsplit_once('/').map_or(server, |(b, _)| b);
-        Ok(Self {
-            url: format!("{base}/{name}"),
-            server: server.to_owned(),
-            name,
-        })
-    }
-
-    pub async fn drop_now(&self) {
-        if let Ok(admin) = connect(&self.server).await {
-            let _ = admin
-                .batch_execute(&format!(
-                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                    self.name
-                ))
-                .await;
-        }
-    }
-}
 
 /// Every process of the run.
 pub struct Fleet {

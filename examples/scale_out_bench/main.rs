@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(
         long,
         env = "LIFEGUARD_BENCH_POSTGRES",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        default_value = bench_support::postgres::DEFAULT_SERVER
     )]
     pub postgres: String,
     /// Sequential task creations per lane.
@@ -112,7 +112,7 @@ async fn run(args: Args) -> Result<u64> {
     let out = dirs.results(args.out.clone(), "scale-out", args.smoke);
     eprintln!("scale_out_bench: {mode} run; work dir {}", work.display());
 
-    let database = lanes::Database::create(&args.postgres).await?;
+    let database = bench_support::postgres::Database::create(&args.postgres, "scale").await?;
     let fleet = Fleet::start(&repo, &dirs.profile, &work, &database.url).await;
     let fleet = match cli::logs_kept(fleet, &work) {
         Ok(fleet) => fleet,

@@ -291,6 +291,12 @@ pub fn is_success(status: u16, body: &[u8]) -> bool {
         && find(body, b"\"isError\":true").is_none()
 }
 
+/// Whether a response is the sidecar's rate-limit refusal: HTTP 429 with `reason:
+/// "rate_limited"` in the JSON-RPC error's data.
+pub fn is_rate_limited(status: u16, body: &[u8]) -> bool {
+    status == 429 && find(body, b"\"reason\":\"rate_limited\"").is_some()
+}
+
 /// A short description of a failed response, for the error report.
 pub fn describe_failure(status: u16, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(300)]);

@@ -22,6 +22,8 @@ mod hot_path;
 mod listen;
 mod phases;
 mod procs;
+mod rate_limit_report;
+mod rate_limits;
 mod report;
 mod run;
 mod soak;
@@ -133,6 +135,19 @@ struct Args {
     /// sidecar with export off: does export off cost anything?
     #[arg(long, value_name = "FILE", requires = "tracing")]
     tracing_before: Option<PathBuf>,
+    /// Instead of the run: what request-rate limits do (issue 33). A quiet principal alone
+    /// and beside one flooding at ten times its limit; the CPU of an allowed and a refused
+    /// call; three replicas on PostgreSQL (--postgres) holding one limit together (results:
+    /// target/bench/rate-limits.json, rate-limits-smoke.json with --smoke, or --out).
+    #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing"])]
+    rate_limits: bool,
+    /// PostgreSQL server where --rate-limits creates (and drops) a database of its own.
+    #[arg(
+        long,
+        env = "LIFEGUARD_BENCH_POSTGRES",
+        default_value = bench_support::postgres::DEFAULT_SERVER
+    )]
+    postgres: String,
 }
 
 fn main() -> ExitCode {
@@ -196,6 +211,30 @@ async fn tracing(
     )
 }
 
+/// The rate-limit mode: one result file, exit status 1 when a request failed.
+async fn rate_limits(
+    args: &Args,
+    machine: Machine,
+    repo: &Path,
+    work: &Path,
+    bins: &Binaries,
+    dirs: &Dirs,
+) -> Result<u64> {
+    let plan = rate_limits::RatePlan::new(args.smoke, args.postgres.clone());
+    let mode = if args.smoke { "smoke" } else { "full" };
+    let result = rate_limits::run(plan, mode, machine, repo, work, bins).await;
+    let result = cli::logs_kept(result, work)?;
+    let out = dirs.results(args.out.clone(), "rate-limits", args.smoke);
+    cli::publish(
+        &result.table(),
+        &result.to_json(),
+        &out,
+        work,
+        args.keep,
+        result.errors.count,
+    )
+}
+
 /// The hot-path mode: the lanes, their two targets and a result file.
 fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, out: &Path) -> Result<u64> {
     let lanes = hot_path::measure(
@@ -236,13 +275,15 @@ async fn run(args: Args) -> Result<u64> {
         args.example_server.clone(),
         dirs.profile.join("examples/example_server"),
     )?;
-    let mode = match (args.soak, args.tracing, args.smoke) {
-        (true, _, true) => "soak-smoke",
-        (true, _, false) => "soak",
-        (_, true, true) => "tracing-smoke",
-        (_, true, false) => "tracing",
-        (false, false, true) => "smoke",
-        (false, false, false) => "full",
+    let mode = match (args.soak, args.tracing, args.rate_limits, args.smoke) {
+        (true, _, _, true) => "soak-smoke",
+        (true, _, _, false) => "soak",
+        (_, true, _, true) => "tracing-smoke",
+        (_, true, _, false) => "tracing",
+        (_, _, true, true) => "rate-limits-smoke",
+        (_, _, true, false) => "rate-limits",
+        (false, false, false, true) => "smoke",
+        (false, false, false, false) => "full",
     };
     let work = dirs.work(
         args.work_dir.clone(),
@@ -285,6 +326,9 @@ async fn run(args: Args) -> Result<u64> {
     }
     if args.tracing {
         return tracing(&args, machine, &repo, &work, &bins, &dirs).await;
+    }
+    if args.rate_limits {
+        return rate_limits(&args, machine, &repo, &work, &bins, &dirs).await;
     }
     if args.hot_path_only {
         let out = dirs.results(args.out.clone(), "hot-path", args.smoke);

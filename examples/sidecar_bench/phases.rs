@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::bench_support::procs::{MachineTicks, cpu_ticks};
-use crate::client::{Conn, Endpoint, Template, describe_failure, is_success, timed};
+use crate::client::{
+    Conn, Endpoint, Template, describe_failure, is_rate_limited, is_success, timed,
+};
 use crate::procs::{Server, Sidecar, TASK_TOOL};
 use crate::stats::Errors;
 
@@ -272,9 +274,13 @@ async fn settle_on(
 #[derive(Default)]
 pub struct Load {
     pub name: &'static str,
+    /// Latencies of the successes.
     pub samples: Vec<u64>,
     pub errors: Errors,
+    /// Successes.
     pub requests: u64,
+    /// Latencies of the rate-limit refusals, when the load accepts them ([`Accept`]).
+    pub refused: Vec<u64>,
     pub elapsed: Duration,
     pub usage: Usage,
 }
@@ -282,6 +288,57 @@ pub struct Load {
 impl Load {
     pub fn rps(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Answers of every kind counted (successes, refusals, failures).
+    pub fn answered(&self) -> u64 {
+        self.requests + self.refused.len() as u64 + self.errors.count
+    }
+
+    fn absorb(&mut self, tally: Tally) {
+        self.requests += tally.samples.len() as u64;
+        self.samples.extend(tally.samples);
+        self.refused.extend(tally.refused);
+        self.errors.merge(tally.errors);
+    }
+}
+
+/// What a load accepts as an answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Accept {
+    /// JSON-RPC successes only; anything else is a failure.
+    #[default]
+    Successes,
+    /// Successes, and rate-limit refusals (HTTP 429, `reason: rate_limited`) counted apart.
+    RateLimited,
+}
+
+/// One connection's answers.
+#[derive(Default)]
+struct Tally {
+    samples: Vec<u64>,
+    refused: Vec<u64>,
+    errors: Errors,
+}
+
+impl Tally {
+    /// Sends `request` on `conn` and sorts the answer; `false` when the connection broke (the
+    /// worker stops).
+    async fn send(&mut self, conn: &mut Conn, request: &[u8], accept: Accept) -> bool {
+        match timed(conn, request).await {
+            Ok((status, ns)) if is_success(status, conn.body()) => self.samples.push(ns),
+            Ok((status, ns))
+                if accept == Accept::RateLimited && is_rate_limited(status, conn.body()) =>
+            {
+                self.refused.push(ns)
+            }
+            Ok((status, _)) => self.errors.record(describe_failure(status, conn.body())),
+            Err(e) => {
+                self.errors.record(format!("{e:#}"));
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -301,29 +358,74 @@ pub async fn closed_loop(
         let mut template = template.clone();
         let mut conn = Conn::connect(endpoint.addr).await?;
         workers.push(tokio::spawn(async move {
-            let mut samples = Vec::with_capacity(64 * 1024);
-            let mut errors = Errors::default();
+            let mut tally = Tally {
+                samples: Vec::with_capacity(64 * 1024),
+                ..Tally::default()
+            };
             let mut n = (w as u64) << 32;
             while Instant::now() < deadline {
                 n += 1;
                 template.set_id(n);
-                match timed(&mut conn, template.bytes()).await {
-                    Ok((status, ns)) if is_success(status, conn.body()) => samples.push(ns),
-                    Ok((status, _)) => errors.record(describe_failure(status, conn.body())),
-                    Err(e) => {
-                        errors.record(format!("{e:#}"));
-                        break;
-                    }
+                if !tally
+                    .send(&mut conn, template.bytes(), Accept::Successes)
+                    .await
+                {
+                    break;
                 }
             }
-            (samples, errors)
+            tally
         }));
     }
     for worker in workers {
-        let (samples, errors) = worker.await.context("load worker panicked")?;
-        load.requests += samples.len() as u64;
-        load.samples.extend(samples);
-        load.errors.merge(errors);
+        load.absorb(worker.await.context("load worker panicked")?);
+    }
+    load.elapsed += started.elapsed();
+    Ok(())
+}
+
+/// Paced load: `connections` connections that together send `rate` calls per second for
+/// `duration`, each on a fixed schedule (a late answer delays that connection's next call,
+/// never makes it send a burst).
+pub async fn paced(
+    endpoint: &Endpoint,
+    template: &Template,
+    connections: usize,
+    rate: f64,
+    duration: Duration,
+    accept: Accept,
+    load: &mut Load,
+) -> Result<()> {
+    let connections = connections.max(1);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let period = Duration::from_secs_f64(connections as f64 / rate.max(1e-3));
+    let mut workers = Vec::with_capacity(connections);
+    for w in 0..connections {
+        let mut template = template.clone();
+        let mut conn = Conn::connect(endpoint.addr).await?;
+        let first =
+            tokio::time::Instant::from_std(started) + period * w as u32 / connections as u32;
+        workers.push(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(first, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tally = Tally::default();
+            let mut n = (w as u64) << 32;
+            loop {
+                ticks.tick().await;
+                if Instant::now() >= deadline {
+                    break;
+                }
+                n += 1;
+                template.set_id(n);
+                if !tally.send(&mut conn, template.bytes(), accept).await {
+                    break;
+                }
+            }
+            tally
+        }));
+    }
+    for worker in workers {
+        load.absorb(worker.await.context("paced worker panicked")?);
     }
     load.elapsed += started.elapsed();
     Ok(())

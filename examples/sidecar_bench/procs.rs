@@ -22,6 +22,11 @@ pub const TASK_TOOL: &str = "slow_compute";
 /// answers polls faster than `minPollInterval` from the ledger, which would measure the cheap
 /// path instead.
 pub fn policy_yaml() -> String {
+    policy_yaml_with("")
+}
+
+/// [`policy_yaml`] with `extra` (YAML lines indented under `spec:`, e.g. `rateLimits`) added.
+pub fn policy_yaml_with(extra: &str) -> String {
     format!(
         r#"apiVersion: lifeguard.dev/v1alpha1
 kind: McpServerPolicy
@@ -44,7 +49,7 @@ spec:
     resourceSubscriptions: {{allow: ["example://bench/*"]}}
     maxStreamsPerPrincipal: {STREAMS_PER_PRINCIPAL}
     maxStreamDuration: 4h
-"#
+{extra}"#
     )
 }
 
@@ -150,9 +155,23 @@ impl Sidecar {
         env: &[(String, String)],
         args: &[String],
     ) -> Result<Self> {
+        Self::start_with(binary, dir, upstream, keys, env, args, "").await
+    }
+
+    /// [`Sidecar::start`] with `spec_extra` added to the bench policy ([`policy_yaml_with`]).
+    pub async fn start_with(
+        binary: &Path,
+        dir: &Path,
+        upstream: &Endpoint,
+        keys: &Keys,
+        env: &[(String, String)],
+        args: &[String],
+        spec_extra: &str,
+    ) -> Result<Self> {
         std::fs::write(dir.join("jwks.json"), &keys.jwks).context("writing jwks.json")?;
         let policy = dir.join("policy.yaml");
-        std::fs::write(&policy, policy_yaml()).context("writing the bench policy")?;
+        std::fs::write(&policy, policy_yaml_with(spec_extra))
+            .context("writing the bench policy")?;
         let ledger = dir.join("ledger.db");
         let mut command = Command::new(binary);
         command

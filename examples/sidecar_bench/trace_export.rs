@@ -39,8 +39,7 @@ use serde_json::{Value, json};
 use crate::bench_support::otlp::{OtlpReceiver, SPAN_KIND_SERVER};
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, cpu_ticks, preflight_noise};
 use crate::client::{self, Conn, Endpoint, Template};
-use crate::client::{describe_failure, is_success, timed};
-use crate::phases::{Load, closed_loop, task_id_of};
+use crate::phases::{Accept, Load, closed_loop, paced, task_id_of};
 use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
 use crate::report::Machine;
 use crate::run::Binaries;
@@ -234,59 +233,6 @@ async fn exported(receiver: &OtlpReceiver, configs: &[Config], method: Method) -
         .await
 }
 
-/// `PACED_CONNECTIONS` connections that together send `rate` calls per second for `duration`,
-/// each on a fixed schedule (a late answer delays that connection's next call, never makes it
-/// send a burst).
-async fn paced(
-    endpoint: &Endpoint,
-    template: &Template,
-    rate: f64,
-    duration: Duration,
-    load: &mut Load,
-) -> Result<()> {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let period = Duration::from_secs_f64(PACED_CONNECTIONS as f64 / rate.max(1e-3));
-    let mut workers = Vec::with_capacity(PACED_CONNECTIONS);
-    for w in 0..PACED_CONNECTIONS {
-        let mut template = template.clone();
-        let mut conn = Conn::connect(endpoint.addr).await?;
-        let first =
-            tokio::time::Instant::from_std(started) + period * w as u32 / PACED_CONNECTIONS as u32;
-        workers.push(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval_at(first, period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let (mut samples, mut errors) = (Vec::new(), Errors::default());
-            let mut n = (w as u64) << 32;
-            loop {
-                ticks.tick().await;
-                if Instant::now() >= deadline {
-                    break;
-                }
-                n += 1;
-                template.set_id(n);
-                match timed(&mut conn, template.bytes()).await {
-                    Ok((status, ns)) if is_success(status, conn.body()) => samples.push(ns),
-                    Ok((status, _)) => errors.record(describe_failure(status, conn.body())),
-                    Err(e) => {
-                        errors.record(format!("{e:#}"));
-                        break;
-                    }
-                }
-            }
-            (samples, errors)
-        }));
-    }
-    for worker in workers {
-        let (samples, errors) = worker.await.context("paced worker panicked")?;
-        load.requests += samples.len() as u64;
-        load.samples.extend(samples);
-        load.errors.merge(errors);
-    }
-    load.elapsed += started.elapsed();
-    Ok(())
-}
-
 /// `method` on `config` in `shape` for `duration`; counts what was sent.
 async fn load(
     config: &mut Config,
@@ -300,7 +246,10 @@ async fn load(
     let mut load = Load::default();
     let endpoint = &config.sidecar.endpoint;
     match shape {
-        Shape::Paced(rate) => paced(endpoint, &template, rate, duration, &mut load).await?,
+        Shape::Paced(rate) => {
+            let (n, accept) = (PACED_CONNECTIONS, Accept::Successes);
+            paced(endpoint, &template, n, rate, duration, accept, &mut load).await?;
+        }
         Shape::Closed(connections) => {
             closed_loop(endpoint, &template, connections, duration, &mut load).await?;
         }

@@ -11,6 +11,7 @@ pub mod trace_context;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -36,6 +37,11 @@ pub fn init_logging(format: LogFormat) {
     let _ = result;
 }
 
+/// Whether a span or event is this crate's (its target names the crate).
+fn is_ours(metadata: &tracing::Metadata<'_>) -> bool {
+    metadata.target().starts_with("lifeguard")
+}
+
 /// Logs (as [`init_logging`]) and, when the standard `OTEL_*` variables name a collector, trace
 /// export (`otel_config`, `otel`) for a serving subcommand whose `service.name` defaults to
 /// `default_service`. Keep the guard until the subcommand ends: dropping it flushes the last
@@ -44,6 +50,12 @@ pub fn init(format: LogFormat, default_service: &str) -> anyhow::Result<Option<o
     let config = otel_config::from_env(|name| std::env::var(name).ok(), default_service)
         .map_err(anyhow::Error::msg)?;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The crate's spans are for traces, not logs: the log layer never sees them, so it does not
+    // format every span's fields on every request (log lines carry no span context, as they
+    // did before spans existed).
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| {
+        !(metadata.is_span() && is_ours(metadata))
+    }));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = match format {
         LogFormat::Text => logs.with_filter(filter).boxed(),
@@ -56,9 +68,7 @@ pub fn init(format: LogFormat, default_service: &str) -> anyhow::Result<Option<o
         // Only this crate's spans become OpenTelemetry spans (not hyper's, kube's, ...), and no
         // log event rides along as a span event: logs may name what a span must not.
         let ours = tracing_subscriber::filter::filter_fn(|metadata| {
-            metadata.is_span()
-                && metadata.target().starts_with("lifeguard")
-                && *metadata.level() <= tracing::Level::INFO
+            metadata.is_span() && is_ours(metadata) && *metadata.level() <= tracing::Level::INFO
         });
         layers.push(traces.with_filter(ours).boxed());
         guard = Some(flush);

@@ -3,6 +3,7 @@
 //! configured protocol. Built only when `otel_config` says spans are exported; otherwise nothing
 //! here runs and no span leaves the process.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
@@ -14,6 +15,15 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use super::otel_config::{OtelConfig, OtlpProtocol, SamplerChoice};
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
+/// The tracer of the spans recorded after the fact (`spans::authenticated`), set once by
+/// [`install`]: looked up per request through the global provider it would cost a lock and an
+/// allocation.
+static TRACER: OnceLock<opentelemetry_sdk::trace::Tracer> = OnceLock::new();
+
+/// The tracer [`install`] made, when spans are exported.
+pub fn tracer() -> Option<&'static opentelemetry_sdk::trace::Tracer> {
+    TRACER.get().filter(|_| exporting())
+}
 
 /// Whether spans are exported. The request path asks before doing any tracing work, so with no
 /// endpoint it does nothing it did not do before.
@@ -107,14 +117,27 @@ where
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
-    // The global provider serves the spans recorded after the fact with their own timestamps
-    // (`spans::authenticated`); the `tracing` layer below serves every other span.
+    // Also the global provider, for any library instrumented with the OpenTelemetry API. Ours
+    // use `TRACER` (spans recorded after the fact, `spans::authenticated`) and the `tracing`
+    // layer below (every other span).
     opentelemetry::global::set_tracer_provider(provider.clone());
     drop(entered);
     let tracer = provider.tracer("lifeguard");
+    let _ = TRACER.set(tracer.clone());
     EXPORTING.store(true, Ordering::Relaxed);
+    // Only what the spans say: no source location, thread, target or busy/idle attributes on
+    // every span (each one more to build and encode per request), and no OpenTelemetry
+    // context attached on every poll of an instrumented future: Lifeguard reads a span's
+    // context from the span itself (`OpenTelemetrySpanExt::context`), never the ambient one.
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false);
     Ok((
-        tracing_opentelemetry::layer().with_tracer(tracer),
+        layer,
         OtelGuard {
             provider,
             _runtime: runtime,

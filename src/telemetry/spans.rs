@@ -134,18 +134,17 @@ pub fn now(span: &Span) -> SystemTime {
 /// with its `outcome` (`ok`, or the refusal's reason). It is recorded after the fact, with its
 /// own timestamps, because the check runs before the body names the caller's trace.
 pub fn authenticated(span: &Span, started: SystemTime, ended: SystemTime, outcome: &str) {
-    if span.is_none() {
+    let Some(tracer) = super::otel::tracer().filter(|_| !span.is_none()) else {
         return;
-    }
+    };
     use opentelemetry::trace::{Span as _, SpanKind, Tracer as _};
     let parent = span.context();
-    let tracer = opentelemetry::global::tracer("lifeguard");
     let mut child = tracer
         .span_builder("lifeguard.authenticate")
         .with_kind(SpanKind::Internal)
         .with_start_time(started)
         .with_attributes([KeyValue::new("lifeguard.auth.outcome", outcome.to_owned())])
-        .start_with_context(&tracer, &parent);
+        .start_with_context(tracer, &parent);
     child.end_with_timestamp(ended);
 }
 

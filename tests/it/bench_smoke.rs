@@ -263,6 +263,80 @@ fn benchmark_tracing_smoke_run_reports_cpu_and_spans() {
     }
 }
 
+/// `--rate-limits`, tiny: a quiet principal beside a flooding one, the CPU of allowed and
+/// refused calls, and three replicas on PostgreSQL (scripts/test.sh starts it) sharing one
+/// bucket. What the limits decide is checked (the quiet principal is never refused, the flood
+/// and the replicas admit no more than the buckets allow, no charge falls back to memory);
+/// latency, throughput and CPU are the full run's, N/A here.
+#[test]
+fn benchmark_rate_limits_smoke_run_enforces_and_reports() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/rate-limits-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--rate-limits", "--smoke"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--postgres")
+        .arg(support::postgres::server_url())
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the rate-limit smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "rate-limit smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("rate-limit results")).expect("JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    let isolation = &json["isolation"];
+    assert_eq!(isolation["quiet_beside_flood"]["refused"], 0, "{isolation}");
+    assert!(
+        isolation["quiet_beside_flood"]["ok"].as_u64() > Some(0),
+        "{isolation}"
+    );
+    assert!(
+        isolation["flood"]["refused"].as_u64() > Some(0),
+        "{isolation}"
+    );
+    let cpu = json["cpu"].as_array().expect("cpu lanes");
+    let lane = |name: &str| {
+        cpu.iter()
+            .find(|l| l["sidecar"] == name)
+            .unwrap_or_else(|| panic!("no CPU lane `{name}`: {cpu:?}"))
+    };
+    assert_eq!(lane("limit never reached")["refused"], 0);
+    assert!(lane("limit exceeded")["refused"].as_u64() > Some(0));
+    assert!(lane("limit exceeded")["allowed"].as_u64() <= Some(1));
+    let rounds = json["shared"]["rounds"].as_array().expect("shared rounds");
+    assert!(!rounds.is_empty());
+    for round in rounds {
+        assert!(round["refused"].as_u64() > Some(0), "{round}");
+    }
+    for target in json["targets"].as_array().expect("targets") {
+        let name = target["target"].as_str().unwrap_or_default();
+        let verdict = target["verdict"].as_str().unwrap_or_default();
+        // What a limit decides is an outcome, checked even in a smoke run; what it costs in
+        // time is not.
+        let outcome = name.contains("refused or failed")
+            || name.starts_with("flood: admitted")
+            || name.contains("× (T + 0.25 s)")
+            || name.contains("fell back");
+        if outcome {
+            assert_eq!(verdict, "PASS", "{target}");
+        } else {
+            assert_eq!(verdict, "N/A", "smoke runs make no claim on cost: {target}");
+        }
+    }
+}
+
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
 /// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
 /// tests).

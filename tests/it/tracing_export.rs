@@ -126,9 +126,26 @@ async fn one_protocol(protocol: &'static str) {
     assert_eq!(poll.attributes["error.type"], code);
     assert!(!poll.attributes.contains_key("gen_ai.operation.name"));
     assert!(!poll.attributes["lifeguard.reason"].is_empty(), "{poll:#?}");
-    // No span anywhere carries the task ID, and no log line rides along as a span event.
+    // No span anywhere carries the task ID, and no log line rides along as a span event; nor
+    // the bridge's default extras (source location, thread, target, busy/idle times), which
+    // say nothing about the request and cost CPU on every span.
     for span in &spans {
         assert!(span.events.is_empty(), "log events exported: {span:#?}");
+        for extra in [
+            "code.file.path",
+            "code.line.number",
+            "code.module.name",
+            "thread.id",
+            "thread.name",
+            "target",
+            "busy_ns",
+            "idle_ns",
+        ] {
+            assert!(
+                !span.attributes.contains_key(extra),
+                "{extra} on a span: {span:#?}"
+            );
+        }
         for (key, value) in &span.attributes {
             assert!(
                 !value.contains(&task_id),
