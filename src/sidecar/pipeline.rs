@@ -134,13 +134,20 @@ async fn serve_in_span(
     }
 
     let auth_started = spans::now(span);
-    let authenticated = authenticate(&policy, &headers).await;
+    let (authenticated, from_cache) = authenticate(&policy, &headers).await;
     let auth_ended = spans::now(span);
+    // A token the cache answered took no time worth a span of its own; a validation (keys,
+    // perhaps a refetch) and every refusal get one.
+    let auth_span = |outcome: &str| {
+        if !(from_cache && outcome == "ok") {
+            spans::authenticated(span, auth_started, auth_ended, outcome);
+        }
+    };
     let identity = match authenticated {
         Ok(identity) => identity,
         Err(refused) => {
             let error = &refused.error;
-            spans::authenticated(span, auth_started, auth_ended, error.reason());
+            auth_span(error.reason());
             let _in_span = span.enter();
             deny_metric(&app, error.reason());
             let event = AuditEvent::new(
@@ -189,7 +196,7 @@ async fn serve_in_span(
     let request = match parse_request(&body) {
         Ok(r) => r,
         Err(error) => {
-            spans::authenticated(span, auth_started, auth_ended, "ok");
+            auth_span("ok");
             refuse("invalid_envelope");
             let refusal = Refusal::final_("invalid_envelope").policy(&policy.name);
             return respond::refuse(StatusCode::BAD_REQUEST, &Value::Null, error, &refusal);
@@ -198,7 +205,7 @@ async fn serve_in_span(
     // The caller's trace may be named in the body; from here on the span is entered.
     spans::continue_meta_trace(span, &headers, &request.message);
     spans::request_id(span, request.id.as_ref());
-    spans::authenticated(span, auth_started, auth_ended, "ok");
+    auth_span("ok");
     let method = method_label(&request.method);
 
     let options = CheckOptions {
@@ -375,9 +382,26 @@ impl From<AuthError> for Refused {
     }
 }
 
-/// Validates the bearer token against the policy (refetching the issuer's keys once, rate
-/// limited, when the token names an unknown key) and refuses revoked principals.
-async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Identity, Refused> {
+/// The caller's identity from the request's bearer token, refusing revoked principals, and
+/// whether the token cache answered (a token validated before and not yet expired) rather than
+/// a validation.
+async fn authenticate(
+    policy: &ActivePolicy,
+    headers: &HeaderMap,
+) -> (Result<Identity, Refused>, bool) {
+    let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
+    let token = match single_token(headers) {
+        Ok(token) => token,
+        Err(refused) => return (Err(refused), false),
+    };
+    if let Some(identity) = policy.tokens.get(token, now_secs) {
+        return (check_revocations(policy, identity), true);
+    }
+    (validate(policy, token, now_secs).await, false)
+}
+
+/// The one bearer token of a request.
+fn single_token(headers: &HeaderMap) -> Result<&str, Refused> {
     // One credential per request: with two, which one was checked and which one the server
     // reads (forwardToken mode) could differ.
     let mut authorizations = headers.get_all(header::AUTHORIZATION).iter();
@@ -385,11 +409,13 @@ async fn authenticate(policy: &ActivePolicy, headers: &HeaderMap) -> Result<Iden
     if authorizations.next().is_some() {
         return Err(AuthError::MultipleCredentials.into());
     }
-    let token = bearer_token(first.map(|v| v.as_bytes()))?;
-    let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
-    if let Some(identity) = policy.tokens.get(token, now_secs) {
-        return check_revocations(policy, identity);
-    }
+    Ok(bearer_token(first.map(|v| v.as_bytes()))?)
+}
+
+/// Validates a token the cache did not know against the policy (refetching the issuer's keys
+/// once, rate limited, when the token names an unknown key), caches the identity and refuses
+/// revoked principals.
+async fn validate(policy: &ActivePolicy, token: &str, now_secs: u64) -> Result<Identity, Refused> {
     let keys = |issuer: &crate::policy::TrustedIssuer| policy.keys.keys_for(issuer);
     let identity = match validate_token(token, &policy.effective, &keys, now_secs) {
         Err(AuthError::UnknownKey { issuer, .. }) => {

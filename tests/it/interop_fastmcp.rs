@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::client::{Reply, TASKS_EXTENSION, request_meta};
-use support::python::{FastMcpServer, run_fastmcp_client};
+use support::python::{FastMcpServer, run_fastmcp_client, run_fastmcp_script};
 use support::{McpClient, Sidecar, SidecarOptions, User};
 
 const LENIENT: &str = "  tasks: {}\n  protocol:\n    allowMissingNameHeader: true\n";
@@ -83,6 +83,48 @@ async fn without_the_compatibility_switch_a_missing_mcp_name_is_refused() {
     assert!(stderr.contains("Missing Mcp-Name header"), "{stderr}");
     // The task was created (tools/call carries Mcp-Name); only the follow-up was refused.
     assert_eq!(lines.len(), 1, "{lines:?}");
+}
+
+/// FastMCP's client through a per-tool rate limit: the 429 reaches the application as the
+/// library's `MCPError` with the structured data intact (`rate_limited`, `retry`, an integer
+/// `retryAfterMs`, the policy), and a client that waits that long gets its next call through.
+#[tokio::test]
+async fn a_fastmcp_client_reads_a_rate_limit_refusal_and_gets_through_after_the_wait() {
+    let server = FastMcpServer::start().await;
+    let spec = format!(
+        "{LENIENT}  rateLimits:\n    tools:\n      echo: {{perPrincipal: {{requestsPerSecond: 0.5, burst: 2}}}}\n"
+    );
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec,
+            ..Default::default()
+        },
+    )
+    .await;
+    let alice = User::new("alice", "tenant-a", "interop");
+    let (ok, lines, stderr) =
+        run_fastmcp_script("fastmcp_rate_limited.py", &sidecar.url, &alice.token()).await;
+    assert!(ok, "client failed:\n{stderr}\n{}", sidecar.logs());
+    // The burst passed (a slow machine may see a token refill in between, never fewer).
+    let passed = lines.iter().filter(|l| l["event"] == "ok").count();
+    assert!(passed >= 2, "{lines:?}");
+    let refused = lines
+        .iter()
+        .find(|l| l["event"] == "refused")
+        .unwrap_or_else(|| panic!("no refusal: {lines:?}"));
+    assert_eq!(refused["code"], -31430, "{refused}");
+    let data = &refused["data"];
+    assert_eq!(data["reason"], "rate_limited", "{data}");
+    assert_eq!(data["remediation"], "retry", "{data}");
+    assert_eq!(data["policy"], POLICY, "{data}");
+    let wait = data["retryAfterMs"]
+        .as_u64()
+        .expect("an integer retryAfterMs");
+    assert!(wait > 0 && wait <= 2_000, "one token at 0.5/s: {data}");
+    let last = lines.last().expect("lines");
+    assert_eq!(last["event"], "ok_after_wait", "{lines:?}");
+    assert_eq!(last["data"], "after the wait", "{lines:?}");
 }
 
 /// The policy the sidecar runs under, as refusals name it.

@@ -26,12 +26,16 @@ async fn sidecar(server: &ExampleServer, env: Vec<(String, String)>) -> Sidecar 
 }
 
 async fn call_with_traceparent(sidecar: &Sidecar) -> Reply {
+    call_with_traceparent_as(sidecar, &alice().token()).await
+}
+
+async fn call_with_traceparent_as(sidecar: &Sidecar, token: &str) -> Reply {
     McpClient::new(&sidecar.url)
         .request(
             "tools/call",
             json!({"name": "write_rows", "arguments": {"count": 1, "intervalMs": 10}}),
         )
-        .token(&alice().token())
+        .token(token)
         .header("traceparent", &format!("00-{TRACE}-{CALLER_SPAN}-01"))
         .send()
         .await
@@ -409,7 +413,8 @@ async fn the_token_check_and_the_ledger_are_child_spans_of_the_request() {
     let server = ExampleServer::start();
     let sidecar = sidecar(&server, receiver.env("http/json")).await;
 
-    let reply = call_with_traceparent(&sidecar).await;
+    let token = alice().token();
+    let reply = call_with_traceparent_as(&sidecar, &token).await;
     assert_eq!(reply.status, 200, "{reply:?}");
     let children_of = |spans: &[ReceivedSpan], parent: &str, name: &str| {
         spans
@@ -440,6 +445,34 @@ async fn the_token_check_and_the_ledger_are_child_spans_of_the_request() {
     let reserve = spans.iter().find(|s| s.name == "ledger reserve").unwrap();
     assert_eq!(reserve.attributes["db.system.name"], "sqlite");
     assert_eq!(reserve.attributes["db.operation.name"], "reserve");
+
+    // The same token again is answered by the token cache: no span for a check that took no
+    // time, while the request's own span and its ledger children are there as before.
+    let again = call_with_traceparent_as(&sidecar, &token).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    let spans = receiver
+        .wait_for("the second call's server span", |spans| {
+            spans
+                .iter()
+                .filter(|s| s.kind == 2 && s.trace_id == TRACE)
+                .count()
+                >= 2
+        })
+        .await;
+    let second = spans
+        .iter()
+        .filter(|s| s.kind == 2 && s.trace_id == TRACE)
+        .find(|s| s.span_id != server_span.span_id)
+        .unwrap();
+    let spans = receiver
+        .wait_for("the second call's ledger spans", |spans| {
+            children_of(spans, &second.span_id, "ledger ").len() >= 2
+        })
+        .await;
+    assert!(
+        children_of(&spans, &second.span_id, "lifeguard.authenticate").is_empty(),
+        "a cached token check has no span: {spans:#?}"
+    );
 
     // A forged token is refused before the body is read: a span of its own, in the caller's
     // trace, whose token check says why.

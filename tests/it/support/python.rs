@@ -53,8 +53,18 @@ impl Drop for FastMcpServer {
 /// Runs `tests/interop/fastmcp_client.py URL TOKEN`; returns (success, stdout lines as JSON,
 /// stderr).
 pub async fn run_fastmcp_client(url: &str, token: &str) -> (bool, Vec<serde_json::Value>, String) {
+    run_fastmcp_script("fastmcp_client.py", url, token).await
+}
+
+/// Runs `tests/interop/<script>` with `URL TOKEN`, as [`run_fastmcp_client`]: whether it
+/// succeeded, the JSON lines it printed, its stderr.
+pub async fn run_fastmcp_script(
+    script: &str,
+    url: &str,
+    token: &str,
+) -> (bool, Vec<serde_json::Value>, String) {
     let output = tokio::process::Command::new(python())
-        .arg(super::repo().join("tests/interop/fastmcp_client.py"))
+        .arg(super::repo().join("tests/interop").join(script))
         .arg(url)
         .arg(token)
         .output()
