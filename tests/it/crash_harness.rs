@@ -180,8 +180,19 @@ async fn survive(fleet: &mut impl Fleet) {
             retry.clone(),
             stop.clone(),
         ));
-        // Let the load run, then kill in the middle of it.
+        // Let the load run, then kill in the middle of it: after a while, and once this cycle
+        // has had at least one creation acknowledged (a busy machine may need longer for the
+        // first; the kill must never land on a cycle that did nothing).
+        let before = acked.lock().unwrap().tasks.len();
         tokio::time::sleep(Duration::from_millis(150 + 37 * (cycle as u64 % 5))).await;
+        let waiting = std::time::Instant::now();
+        while acked.lock().unwrap().tasks.len() == before {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(60),
+                "cycle {cycle}: no creation acknowledged in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         fleet.crash(cycle).await;
         stop.store(true, Ordering::Relaxed);
         running.await.unwrap();
