@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::Plan;
 use crate::client::{Conn, Endpoint, Template, describe_failure, is_success, timed};
-use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
+use crate::procs::{Keys, Server, Sidecar, TASK_TOOL, replica_args};
 use crate::stats::{Added, Errors, Summary, us, us_signed};
 
 /// Every process of the run.
@@ -62,19 +62,7 @@ impl Fleet {
         for i in 0..3 {
             let d = dir(&format!("r{i}"))?;
             let server = Server::start(&example, &d)?;
-            let args: Vec<String> = [
-                "--ledger",
-                ledger,
-                "--ledger-scope",
-                "bench/bench",
-                "--replica-id",
-                &format!("r{i}"),
-                "--internal-listen",
-                "127.0.0.1:0",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let args = replica_args(ledger, i);
             let sidecar = Sidecar::start(&lifeguard, &d, &server.endpoint, &keys, &[], &args)
                 .await
                 .with_context(|| format!("starting replica r{i}"))?;

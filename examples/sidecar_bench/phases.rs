@@ -295,6 +295,15 @@ impl Load {
         self.requests + self.refused.len() as u64 + self.errors.count
     }
 
+    /// Adds `round`'s answers (successes, refusals, their latencies and time) to this total;
+    /// its failures stay with `round`.
+    pub fn add_round(&mut self, round: &mut Load) {
+        self.requests += round.requests;
+        self.samples.append(&mut round.samples);
+        self.refused.append(&mut round.refused);
+        self.elapsed += round.elapsed;
+    }
+
     fn absorb(&mut self, tally: Tally) {
         self.requests += tally.samples.len() as u64;
         self.samples.extend(tally.samples);

@@ -53,6 +53,23 @@ spec:
     )
 }
 
+/// The arguments of replica `r{i}` of the bench server on the PostgreSQL `ledger`: one ledger
+/// scope, its replica id, and its internal hop on a free port.
+pub fn replica_args(ledger: &str, i: usize) -> Vec<String> {
+    let replica = format!("r{i}");
+    let args = [
+        "--ledger",
+        ledger,
+        "--ledger-scope",
+        "bench/bench",
+        "--replica-id",
+        &replica,
+        "--internal-listen",
+        "127.0.0.1:0",
+    ];
+    args.iter().map(|s| s.to_string()).collect()
+}
+
 /// Listen streams each bench principal opens (the policy's cap).
 pub const STREAMS_PER_PRINCIPAL: usize = 16;
 

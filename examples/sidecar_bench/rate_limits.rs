@@ -32,7 +32,7 @@ use crate::bench_support::postgres::Database;
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, preflight_noise};
 use crate::client::Template;
 use crate::phases::{Accept, Load, paced};
-use crate::procs::{Keys, Server, Sidecar};
+use crate::procs::{Keys, Server, Sidecar, replica_args};
 use crate::rate_limit_report::{CpuLane, RateResult, SharedRound};
 use crate::report::Machine;
 use crate::run::Binaries;
@@ -207,60 +207,44 @@ async fn isolation(
         };
         let span = if measured { plan.round } else { warm };
         for with_flood in order {
-            let mut q = Load::default();
+            let (mut q, mut f) = (Load::default(), Load::default());
+            let accept = Accept::RateLimited;
+            let quiet_run = paced(
+                e,
+                &quiet,
+                QUIET_CONNECTIONS,
+                plan.quiet_rate(),
+                span,
+                accept,
+                &mut q,
+            );
             if with_flood {
-                let mut f = Load::default();
-                let (a, b) = tokio::join!(
-                    paced(
-                        e,
-                        &quiet,
-                        QUIET_CONNECTIONS,
-                        plan.quiet_rate(),
-                        span,
-                        Accept::RateLimited,
-                        &mut q
-                    ),
-                    paced(
-                        e,
-                        &flood,
-                        FLOOD_CONNECTIONS,
-                        plan.flood_rate(),
-                        span,
-                        Accept::RateLimited,
-                        &mut f
-                    ),
+                let flood_run = paced(
+                    e,
+                    &flood,
+                    FLOOD_CONNECTIONS,
+                    plan.flood_rate(),
+                    span,
+                    accept,
+                    &mut f,
                 );
+                let (a, b) = tokio::join!(quiet_run, flood_run);
                 a?;
                 b?;
                 let _ = collect(errors, "flood", &mut f);
                 if measured {
                     flood_secs += f.elapsed.as_secs_f64();
                     flood_rounds += 1;
-                    flooded.requests += f.requests;
-                    flooded.samples.append(&mut f.samples);
-                    flooded.refused.append(&mut f.refused);
-                    flooded.elapsed += f.elapsed;
+                    flooded.add_round(&mut f);
                 }
             } else {
-                paced(
-                    e,
-                    &quiet,
-                    QUIET_CONNECTIONS,
-                    plan.quiet_rate(),
-                    span,
-                    Accept::RateLimited,
-                    &mut q,
-                )
-                .await?;
+                quiet_run.await?;
             }
             let failed = collect(errors, "quiet", &mut q);
             if measured {
                 let into = if with_flood { &mut beside } else { &mut alone };
                 into.errors.count += failed;
-                into.requests += q.requests;
-                into.samples.append(&mut q.samples);
-                into.refused.append(&mut q.refused);
-                into.elapsed += q.elapsed;
+                into.add_round(&mut q);
             }
         }
         // The flood's bucket refills before the next round: each round starts from the same
@@ -342,10 +326,7 @@ async fn cpu(
                 let lane = &mut lanes[i];
                 lane.ticks += ticks;
                 lane.rounds.push((l.answered(), ticks));
-                lane.load.requests += l.requests;
-                lane.load.samples.append(&mut l.samples);
-                lane.load.refused.append(&mut l.refused);
-                lane.load.elapsed += l.elapsed;
+                lane.load.add_round(&mut l);
             }
         }
     }
@@ -395,26 +376,13 @@ async fn shared_on(
     for i in 0..3 {
         let d = dir(work, &format!("rates-r{i}"))?;
         let server = Server::start(&bins.example, &d)?;
-        let args: Vec<String> = [
-            "--ledger",
-            ledger,
-            "--ledger-scope",
-            "bench/bench",
-            "--replica-id",
-            &format!("r{i}"),
-            "--internal-listen",
-            "127.0.0.1:0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
         let sidecar = Sidecar::start_with(
             &bins.lifeguard,
             &d,
             &server.endpoint,
             keys,
             &bins.sidecar_env,
-            &args,
+            &replica_args(ledger, i),
             &per_principal(plan.limit),
         )
         .await
