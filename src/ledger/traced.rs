@@ -3,15 +3,15 @@
 //! after the OpenTelemetry database conventions), so a trace shows where a request's time went
 //! between the token check, the ledger and the server.
 //!
-//! Installed only when spans are exported; background work (sweeps, heartbeats) runs outside
-//! any request span and records nothing. Only the operation's name is recorded, never a task
+//! Installed only when spans are exported. An operation made under any span (a request's, a
+//! listen delivery's, a retried cancellation's, a revocation's apply) is its child; background
+//! work (sweeps, heartbeats) runs outside any span and records nothing. Only the operation's name is recorded, never a task
 //! ID, an owner or a key.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tracing::{Instrument, Span};
 
 use super::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
@@ -37,23 +37,13 @@ impl TracedLedger {
         Self { inner, system }
     }
 
-    /// Runs `operation` in a child span of the request being served, if any.
+    /// Runs `operation` in a child span of the current span, if any (the span ends when the
+    /// operation does).
     async fn traced<T>(&self, name: &'static str, operation: impl Future<Output = T>) -> T {
-        let in_request = Span::current()
-            .metadata()
-            .is_some_and(|m| m.target().starts_with("lifeguard::mcp"));
-        if !in_request {
-            return operation.await;
-        }
-        let span = tracing::info_span!(
-            target: "lifeguard::ledger",
-            "lifeguard.ledger",
-            otel.name = %format_args!("ledger {name}"),
-            otel.kind = if self.inner.is_shared() { "client" } else { "internal" },
-            db.system.name = self.system,
-            db.operation.name = name,
-        );
-        operation.instrument(span).await
+        let span = crate::telemetry::spans::ledger(name, self.system, self.inner.is_shared());
+        let output = operation.await;
+        drop(span);
+        output
     }
 }
 

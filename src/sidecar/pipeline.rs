@@ -19,8 +19,7 @@ use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
 use crate::mcp::refusal::{Refusal, Remediation};
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::metrics::RateLimitedLabels;
-use crate::telemetry::spans;
-use tracing::Span;
+use crate::telemetry::spans::{self, ServerSpan};
 
 use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
@@ -63,11 +62,11 @@ pub async fn serve(
     arrival: Arrival,
 ) -> Response {
     // The request's server span (none unless traces are exported), continuing the caller's
-    // trace from `traceparent`, or from the body's `_meta` once it is parsed: it is entered
-    // only from then on (or to record a refusal), because a started span's parent is fixed.
+    // trace from `traceparent`, or from the body's `_meta` once it is parsed: it starts only
+    // then (or to record a refusal), because a started span's parent is fixed.
     let span = spans::server(&headers);
     let response = serve_in_span(app, body_timeout, headers, body, arrival, &span).await;
-    spans::finish_server(&span, &response);
+    span.finish(&response);
     response
 }
 
@@ -77,7 +76,7 @@ async fn serve_in_span(
     headers: HeaderMap,
     body: Body,
     arrival: Arrival,
-    span: &Span,
+    span: &ServerSpan,
 ) -> Response {
     let correlation_id = new_correlation_id();
     let Some(policy) = app.policy() else {
@@ -202,9 +201,9 @@ async fn serve_in_span(
             return respond::refuse(StatusCode::BAD_REQUEST, &Value::Null, error, &refusal);
         }
     };
-    // The caller's trace may be named in the body; from here on the span is entered.
-    spans::continue_meta_trace(span, &headers, &request.message);
-    spans::request_id(span, request.id.as_ref());
+    // The caller's trace may be named in the body; from here on the span has started.
+    span.continue_meta_trace(&request.message);
+    span.request_id(request.id.as_ref());
     auth_span("ok");
     let method = method_label(&request.method);
 
@@ -280,7 +279,7 @@ async fn serve_in_span(
     };
     // In flight until answered: only its caller may cancel it at the server.
     let in_flight = app.in_flight.enter(&ctx.identity.owner, &ctx.id());
-    let response = tracing::Instrument::instrument(dispatch(&app, ctx), span.clone()).await;
+    let response = span.run(dispatch(&app, ctx)).await;
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
         "allow"
     } else {

@@ -15,9 +15,9 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use super::otel_config::{OtelConfig, OtlpProtocol, SamplerChoice};
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
-/// The tracer of the spans recorded after the fact (`spans::authenticated`), set once by
-/// [`install`]: looked up per request through the global provider it would cost a lock and an
-/// allocation.
+/// The tracer of the spans recorded with the OpenTelemetry API directly (a request's spans,
+/// `spans`), set once by [`install`]: looked up per request through the global provider it
+/// would cost a lock and an allocation.
 static TRACER: OnceLock<opentelemetry_sdk::trace::Tracer> = OnceLock::new();
 
 /// The tracer [`install`] made, when spans are exported.
@@ -118,24 +118,25 @@ where
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
     // Also the global provider, for any library instrumented with the OpenTelemetry API. Ours
-    // use `TRACER` (spans recorded after the fact, `spans::authenticated`) and the `tracing`
-    // layer below (every other span).
+    // use `TRACER` (a request's spans, `spans`) and the `tracing` layer below (the spans of a
+    // revocation's trace, a listen delivery, a cancellation retried from the outbox).
     opentelemetry::global::set_tracer_provider(provider.clone());
     drop(entered);
     let tracer = provider.tracer("lifeguard");
     let _ = TRACER.set(tracer.clone());
     EXPORTING.store(true, Ordering::Relaxed);
     // Only what the spans say: no source location, thread, target or busy/idle attributes on
-    // every span (each one more to build and encode per request), and no OpenTelemetry
-    // context attached on every poll of an instrumented future: Lifeguard reads a span's
-    // context from the span itself (`OpenTelemetrySpanExt::context`), never the ambient one.
+    // every span (each one more to build and encode). A `tracing` span that is entered is the
+    // current OpenTelemetry context too, where the spans recorded with the API directly (the
+    // ledger's, an upstream `tasks/cancel`'s) and `spans::audit` find it; no request span is a
+    // `tracing` span, so this costs the request path nothing.
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_location(false)
         .with_threads(false)
         .with_target(false)
         .with_tracked_inactivity(false)
-        .with_context_activation(false);
+        .with_context_activation(true);
     Ok((
         layer,
         OtelGuard {

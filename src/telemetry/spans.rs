@@ -2,23 +2,33 @@
 //! MCP (`{mcp.method.name} {target}`, `mcp.method.name`, `gen_ai.tool.name`) and carried across
 //! processes in W3C Trace Context headers (`traceparent`, `tracestate`).
 //!
-//! Every function returns [`tracing::Span::none`] and does nothing when spans are not exported
+//! The spans of a request (its server span, the token check, the ledger and authorizer calls, the
+//! client span of the hop upstream) are recorded with the OpenTelemetry API directly, not through
+//! `tracing` spans and the `tracing-opentelemetry` bridge: on the request path the bridge's
+//! bookkeeping (a registry slot, extensions, field visitors, enter and exit) cost more CPU than
+//! the spans themselves. The span being served is the current OpenTelemetry
+//! [`Context`](opentelemetry::Context), attached while the request's future is polled; spans made
+//! through the bridge elsewhere (a revocation's, a listen delivery's) are activated as the current
+//! context too, so everything here finds its parent in one place.
+//!
+//! Every function does nothing (and every span type holds nothing) when spans are not exported
 //! ([`super::otel::exporting`]), so the request path does no tracing work without a collector.
 //!
 //! Only what is safe to show an operator is recorded: the method, and for `tools/call` the tool
 //! name. `Mcp-Name` of a task request is a task ID, which never goes into a span.
 
+use std::future::Future;
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use http::HeaderMap;
-use opentelemetry::KeyValue;
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{
+    FutureExt as _, Span as _, SpanBuilder, SpanKind, Status, TraceContextExt, Tracer as _,
+};
+use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
-use tracing::Span;
-use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::otel::exporting;
+use super::otel::tracer;
 use super::trace_context;
 
 const MCP_METHOD: &str = "mcp-method";
@@ -47,81 +57,214 @@ fn naming(headers: &HeaderMap) -> (String, String, Option<String>) {
     (name, method, tool)
 }
 
-/// The server span of a request that arrived with `headers`: a child of the caller's span when
-/// `traceparent` names one, else the root of a new trace (as the sampler decides).
-pub fn server(headers: &HeaderMap) -> Span {
-    if !exporting() {
-        return Span::none();
-    }
-    let (name, method, tool) = naming(headers);
-    let span = tracing::info_span!(
-        target: "lifeguard::mcp",
-        "mcp.server",
-        otel.name = %name,
-        otel.kind = "server",
-        otel.status_code = Empty,
-        mcp.method.name = %method,
-        gen_ai.tool.name = tool.as_deref(),
-        gen_ai.operation.name = tool.is_some().then_some("execute_tool"),
-        mcp.protocol.version = header(headers, "mcp-protocol-version"),
-        network.transport = "tcp",
-        network.protocol.name = "http",
-        jsonrpc.request.id = Empty,
-        http.response.status_code = Empty,
-        rpc.response.status_code = Empty,
-        error.r#type = Empty,
-        lifeguard.decision = Empty,
-        lifeguard.reason = Empty,
-        lifeguard.policy.hash = Empty,
-        lifeguard.task = Empty,
-    );
-    continue_caller_trace(&span, headers);
-    span
-}
-
 /// The caller's context named by `traceparent`/`tracestate` in `headers` (empty without one).
-fn header_context(headers: &HeaderMap) -> opentelemetry::Context {
+fn header_context(headers: &HeaderMap) -> Context {
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     })
 }
 
-/// Makes the just-created `span` a child of the caller's span named by `traceparent` in
-/// `headers` (no parent without one).
-fn continue_caller_trace(span: &Span, headers: &HeaderMap) {
-    // Cannot fail: the span was just made and the layer is installed whenever spans are exported.
-    let _ = span.set_parent(header_context(headers));
+/// Writes `traceparent`/`tracestate` naming the span of `context` into `headers`, replacing any
+/// there.
+fn inject(context: &Context, headers: &mut HeaderMap) {
+    headers.remove(trace_context::TRACEPARENT);
+    headers.remove(trace_context::TRACESTATE);
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(context, &mut HeaderInjector(headers))
+    });
 }
 
-/// Continues the caller's trace from the request's `params._meta` (`traceparent`,
-/// `tracestate`) when its headers named none: the server `span` of a request whose body was just
-/// parsed becomes a child of the span named there. The header wins when both name a context.
+/// The server span of a request to `POST /mcp`. Made when the request arrives (its start time
+/// is then), started once its parent is known: the caller's span named by `traceparent`, or by
+/// the body's `params._meta` when the headers name none ([`ServerSpan::continue_meta_trace`]).
+/// A request refused before its body is parsed starts it with the header's parent, or none.
 ///
-/// Call it before the span is first entered or given a child (the pipeline enters it only once
-/// the body is parsed, or earlier to refuse a request, whose span then has the header's parent
-/// or none): a started span's parent cannot change.
-pub fn continue_meta_trace(span: &Span, headers: &HeaderMap, message: &serde_json::Value) {
-    if span.is_none() {
-        return;
+/// Attributes recorded before it starts go on the span when it starts. It ends in
+/// [`ServerSpan::finish`] (or when dropped).
+pub struct ServerSpan(Option<Mutex<ServerState>>);
+
+enum ServerState {
+    /// Not started: the span to start and the parent the headers name (maybe none).
+    Pending {
+        builder: Box<SpanBuilder>,
+        parent: Context,
+    },
+    /// Started: the context whose span it is (the parent's context with this span in it).
+    Started(Context),
+}
+
+impl ServerSpan {
+    /// A span that records nothing (traces are not exported).
+    pub const fn none() -> Self {
+        Self(None)
     }
-    if header_context(headers).span().span_context().is_valid() {
-        return;
+
+    /// Whether this records nothing.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
     }
-    let Some(meta) = trace_context::meta_of(message) else {
-        return;
-    };
-    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&trace_context::MetaExtractor(meta))
-    });
-    if parent.span().span_context().is_valid() {
-        // Cannot fail before the span started (above).
-        let _ = span.set_parent(parent);
+
+    fn with_state<T>(&self, f: impl FnOnce(&mut ServerState) -> T) -> Option<T> {
+        let state = self.0.as_ref()?;
+        let mut state = state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Some(f(&mut state))
     }
+
+    /// Starts the span (if it has not started) with `parent`, or the headers' parent when
+    /// `parent` names no span; returns its context.
+    fn start(state: &mut ServerState, parent: Option<Context>) -> Context {
+        let ServerState::Pending {
+            builder,
+            parent: from_headers,
+        } = state
+        else {
+            let ServerState::Started(context) = state else {
+                unreachable!()
+            };
+            return context.clone();
+        };
+        let parent = parent.unwrap_or_else(|| std::mem::take(from_headers));
+        let builder = std::mem::replace(builder.as_mut(), SpanBuilder::from_name(""));
+        let context = match tracer() {
+            Some(tracer) => {
+                let span = builder.start_with_context(tracer, &parent);
+                parent.with_span(span)
+            }
+            None => parent,
+        };
+        *state = ServerState::Started(context.clone());
+        context
+    }
+
+    /// The span's context (starting it with the headers' parent if it had not started); `None`
+    /// when traces are not exported.
+    pub fn context(&self) -> Option<Context> {
+        self.with_state(|state| Self::start(state, None))
+    }
+
+    /// Makes the span current until the guard is dropped (for refusals logged from synchronous
+    /// code: the audit trail's decision lands on the span). Never hold it across an `.await`.
+    pub fn enter(&self) -> Option<ContextGuard> {
+        self.context().map(Context::attach)
+    }
+
+    /// Runs `f` with the span current.
+    pub fn in_scope<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _current = self.enter();
+        f()
+    }
+
+    /// Polls `future` with the span current, so the spans it makes are the request's children.
+    pub async fn run<F: Future>(&self, future: F) -> F::Output {
+        match self.context() {
+            Some(context) => future.with_context(context).await,
+            None => future.await,
+        }
+    }
+
+    /// Continues the caller's trace from the request's `params._meta` (`traceparent`,
+    /// `tracestate`) when its headers named none, and starts the span. The header wins when both
+    /// name a context. Call it once the body is parsed, before anything else makes the span
+    /// current: a started span's parent cannot change.
+    pub fn continue_meta_trace(&self, message: &serde_json::Value) {
+        self.with_state(|state| {
+            let ServerState::Pending { parent, .. } = state else {
+                return;
+            };
+            let from_meta = (!parent.span().span_context().is_valid())
+                .then(|| trace_context::meta_of(message))
+                .flatten()
+                .map(|meta| {
+                    opentelemetry::global::get_text_map_propagator(|propagator| {
+                        propagator.extract(&trace_context::MetaExtractor(meta))
+                    })
+                })
+                .filter(|context| context.span().span_context().is_valid());
+            Self::start(state, from_meta);
+        });
+    }
+
+    /// Records `attribute`: on the span, or kept for it until it starts.
+    fn record(&self, attribute: KeyValue) {
+        self.with_state(|state| match state {
+            ServerState::Pending { builder, .. } => builder
+                .attributes
+                .get_or_insert_with(Vec::new)
+                .push(attribute),
+            ServerState::Started(context) => context.span().set_attribute(attribute),
+        });
+    }
+
+    /// Records the JSON-RPC `id` of the request (`jsonrpc.request.id`, as a string; the audit
+    /// trail's correlation ID is the same value). A notification has none.
+    pub fn request_id(&self, id: Option<&serde_json::Value>) {
+        let Some(id) = id.filter(|_| !self.is_none()) else {
+            return;
+        };
+        self.record(KeyValue::new("jsonrpc.request.id", request_id_text(id)));
+    }
+
+    /// Records the outcome of the request and ends the span: the HTTP status and, for a
+    /// JSON-RPC error the sidecar answered, its code as `rpc.response.status_code` and
+    /// `error.type` (as the OpenTelemetry MCP conventions ask). A 5xx also marks the span's
+    /// status `ERROR`.
+    pub fn finish(&self, response: &axum::response::Response) {
+        let Some(context) = self.context() else {
+            return;
+        };
+        let span = context.span();
+        let status = response.status().as_u16();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if let Some(RpcErrorCode(code)) = response.extensions().get::<RpcErrorCode>() {
+            span.set_attribute(KeyValue::new("rpc.response.status_code", code.to_string()));
+            span.set_attribute(KeyValue::new("error.type", code.to_string()));
+        } else if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+        }
+        if status >= 500 {
+            span.set_status(Status::error(""));
+        }
+        span.end();
+    }
+}
+
+/// The server span of a request that arrived with `headers`, not yet started
+/// ([`ServerSpan`]): a child of the caller's span when `traceparent` names one, else (unless
+/// the body's `_meta` names one) the root of a new trace, as the sampler decides.
+pub fn server(headers: &HeaderMap) -> ServerSpan {
+    if tracer().is_none() {
+        return ServerSpan::none();
+    }
+    let (name, method, tool) = naming(headers);
+    let mut attributes = Vec::with_capacity(12);
+    attributes.push(KeyValue::new("mcp.method.name", method));
+    if let Some(tool) = tool {
+        attributes.push(KeyValue::new("gen_ai.tool.name", tool));
+        attributes.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+    }
+    if let Some(version) = header(headers, "mcp-protocol-version") {
+        attributes.push(KeyValue::new("mcp.protocol.version", version.to_owned()));
+    }
+    attributes.push(KeyValue::new("network.transport", "tcp"));
+    attributes.push(KeyValue::new("network.protocol.name", "http"));
+    let builder = SpanBuilder::from_name(name)
+        .with_kind(SpanKind::Server)
+        .with_start_time(SystemTime::now())
+        .with_attributes(attributes);
+    ServerSpan(Some(Mutex::new(ServerState::Pending {
+        builder: Box::new(builder),
+        parent: header_context(headers),
+    })))
 }
 
 /// The wall clock for a child span recorded after the fact under `span` (not read when spans
 /// are not exported).
-pub fn now(span: &Span) -> SystemTime {
+pub fn now(span: &ServerSpan) -> SystemTime {
     if span.is_none() {
         SystemTime::UNIX_EPOCH
     } else {
@@ -133,12 +276,10 @@ pub fn now(span: &Span) -> SystemTime {
 /// `ended` (cache lookup or validation, a refetch of the issuer's keys, the revocation check),
 /// with its `outcome` (`ok`, or the refusal's reason). It is recorded after the fact, with its
 /// own timestamps, because the check runs before the body names the caller's trace.
-pub fn authenticated(span: &Span, started: SystemTime, ended: SystemTime, outcome: &str) {
-    let Some(tracer) = super::otel::tracer().filter(|_| !span.is_none()) else {
+pub fn authenticated(span: &ServerSpan, started: SystemTime, ended: SystemTime, outcome: &str) {
+    let (Some(tracer), Some(parent)) = (tracer(), span.context()) else {
         return;
     };
-    use opentelemetry::trace::{Span as _, SpanKind, Tracer as _};
-    let parent = span.context();
     let mut child = tracer
         .span_builder("lifeguard.authenticate")
         .with_kind(SpanKind::Internal)
@@ -150,33 +291,39 @@ pub fn authenticated(span: &Span, started: SystemTime, ended: SystemTime, outcom
 
 /// Axum middleware: a server span for each request of a control-plane endpoint (the webhook's
 /// admission reviews, the operator's Security Event pushes), named `{METHOD} {path}` after the
-/// HTTP conventions, continuing the caller's `traceparent`, with the response status.
+/// HTTP conventions, continuing the caller's `traceparent`, with the response status. The
+/// handler runs with the span current.
 pub async fn http_server(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if !exporting() {
+    let Some(tracer) = tracer() else {
         return next.run(request).await;
+    };
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let parent = header_context(request.headers());
+    let span = tracer
+        .span_builder(format!("{method} {path}"))
+        .with_kind(SpanKind::Server)
+        .with_attributes([
+            KeyValue::new("http.request.method", method),
+            KeyValue::new("url.path", path),
+        ])
+        .start_with_context(tracer, &parent);
+    let context = parent.with_span(span);
+    let response = next.run(request).with_context(context.clone()).await;
+    let span = context.span();
+    let status = response.status().as_u16();
+    span.set_attribute(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status),
+    ));
+    if status >= 500 {
+        span.set_status(Status::error(""));
+        span.set_attribute(KeyValue::new("error.type", status.to_string()));
     }
-    let route = format!("{} {}", request.method(), request.uri().path());
-    let span = tracing::info_span!(
-        target: "lifeguard::http",
-        "http.server",
-        otel.name = %route,
-        otel.kind = "server",
-        otel.status_code = Empty,
-        http.request.method = %request.method(),
-        url.path = %request.uri().path(),
-        http.response.status_code = Empty,
-        error.r#type = Empty,
-        lifeguard.decision = Empty,
-        lifeguard.reason = Empty,
-        lifeguard.policy.hash = Empty,
-        lifeguard.task = Empty,
-    );
-    continue_caller_trace(&span, request.headers());
-    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
-    finish_http_server(&span, response.status().as_u16());
+    span.end();
     response
 }
 
@@ -188,49 +335,27 @@ pub struct RpcErrorCode(pub i64);
 /// The longest `jsonrpc.request.id` recorded (a client chooses it; longer ones are cut).
 const MAX_REQUEST_ID: usize = 128;
 
-/// Records the JSON-RPC `id` of the request on its server `span` (`jsonrpc.request.id`, as a
-/// string; the audit trail's correlation ID is the same value). A notification has none.
-pub fn request_id(span: &Span, id: Option<&serde_json::Value>) {
-    let Some(id) = id.filter(|_| !span.is_none()) else {
-        return;
-    };
-    let text = match id {
+/// A JSON-RPC `id` as the text recorded (a string as it is, anything else as JSON), cut to
+/// [`MAX_REQUEST_ID`] characters.
+fn request_id_text(id: &serde_json::Value) -> String {
+    let mut text = match id {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
         other => other.to_string(),
     };
-    let cut = text
-        .char_indices()
-        .nth(MAX_REQUEST_ID)
-        .map_or(text.as_str(), |(at, _)| &text[..at]);
-    span.record("jsonrpc.request.id", cut);
+    if let Some((at, _)) = text.char_indices().nth(MAX_REQUEST_ID) {
+        text.truncate(at);
+    }
+    text
 }
 
-/// Records the outcome of the request on its server `span`: the HTTP status and, for a
-/// JSON-RPC error the sidecar answered, its code as `rpc.response.status_code` and `error.type`
-/// (as the OpenTelemetry MCP conventions ask). A 5xx also marks the span's status `ERROR`.
-pub fn finish_server(span: &Span, response: &axum::response::Response) {
-    if span.is_none() {
-        return;
-    }
-    let status = response.status().as_u16();
-    span.record("http.response.status_code", status);
-    if let Some(RpcErrorCode(code)) = response.extensions().get::<RpcErrorCode>() {
-        span.record("rpc.response.status_code", code.to_string());
-        span.record("error.type", code.to_string());
-    } else if status >= 500 {
-        span.record("error.type", status.to_string());
-    }
-    if status >= 500 {
-        span.record("otel.status_code", "ERROR");
-    }
-}
+/// The client span of a request the sidecar sends upstream: ends when dropped.
+pub struct ClientSpan(Option<opentelemetry_sdk::trace::Span>);
 
-fn finish_http_server(span: &Span, status: u16) {
-    span.record("http.response.status_code", status);
-    if status >= 500 {
-        span.record("otel.status_code", "ERROR");
-        span.record("error.type", status.to_string());
+impl ClientSpan {
+    /// Whether this records nothing (traces are not exported).
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
     }
 }
 
@@ -238,77 +363,101 @@ fn finish_http_server(span: &Span, status: u16) {
 /// current span), whose context replaces any `traceparent`/`tracestate` in `headers`, so the
 /// MCP server's own spans join the trace with this span as their parent. Without export the
 /// headers are left as they are (a caller's `traceparent` passes through, as it always has).
-pub fn client(headers: &mut HeaderMap) -> Span {
-    if !exporting() {
-        return Span::none();
-    }
+pub fn client(headers: &mut HeaderMap) -> ClientSpan {
+    let Some(tracer) = tracer() else {
+        return ClientSpan(None);
+    };
     let (name, method, tool) = naming(headers);
-    let span = tracing::info_span!(
-        target: "lifeguard::mcp",
-        "mcp.client",
-        otel.name = %name,
-        otel.kind = "client",
-        mcp.method.name = %method,
-        gen_ai.tool.name = tool.as_deref(),
-    );
-    let context = span.context();
-    headers.remove("traceparent");
-    headers.remove("tracestate");
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.inject_context(&context, &mut HeaderInjector(headers))
+    let mut attributes = Vec::with_capacity(2);
+    attributes.push(KeyValue::new("mcp.method.name", method));
+    if let Some(tool) = tool {
+        attributes.push(KeyValue::new("gen_ai.tool.name", tool));
+    }
+    let span = Context::map_current(|parent| {
+        tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+            .start_with_context(tracer, parent)
     });
-    span
+    inject(
+        &Context::new().with_remote_span_context(span.span_context().clone()),
+        headers,
+    );
+    ClientSpan(Some(span))
 }
 
 /// Records an audit event's `decision` (`allow`, `deny`, `record`) and `reason`, the policy hash
 /// it was decided under and the keyed hash of its task (as the audit trail writes it, never the
-/// task ID) on the current request's span, so traces and the audit trail agree.
+/// task ID) on the current span (the request's), so traces and the audit trail agree.
 pub fn audit(decision: &str, reason: &str, policy_hash: &str, task: Option<&str>) {
-    if !exporting() {
+    if tracer().is_none() {
         return;
     }
-    let span = Span::current();
-    span.record("lifeguard.decision", decision);
-    span.record("lifeguard.reason", reason);
-    if !policy_hash.is_empty() {
-        span.record("lifeguard.policy.hash", policy_hash);
-    }
-    if let Some(task) = task {
-        span.record("lifeguard.task", task);
-    }
+    Context::map_current(|context| {
+        if !context.has_active_span() {
+            return;
+        }
+        let span = context.span();
+        span.set_attribute(KeyValue::new("lifeguard.decision", decision.to_owned()));
+        span.set_attribute(KeyValue::new("lifeguard.reason", reason.to_owned()));
+        if !policy_hash.is_empty() {
+            span.set_attribute(KeyValue::new(
+                "lifeguard.policy.hash",
+                policy_hash.to_owned(),
+            ));
+        }
+        if let Some(task) = task {
+            span.set_attribute(KeyValue::new("lifeguard.task", task.to_owned()));
+        }
+    });
 }
 
-/// A child of the current span for the object authorizer's decision about `action`
+/// A child of the current span for the object authorizer's decision
 /// (`lifeguard.authorize`, kind client): answered from the cache or asked over HTTP
-/// ([`authorized`] records which, and the decision). Never names the object or the principal.
-pub fn authorizer(action: &str) -> Span {
-    if !exporting() {
-        return Span::none();
-    }
-    tracing::info_span!(
-        target: "lifeguard::mcp",
-        "lifeguard.authorize",
-        otel.name = "lifeguard.authorize",
-        otel.kind = "client",
-        otel.status_code = Empty,
-        lifeguard.action = %action,
-        lifeguard.authorizer.source = Empty,
-        lifeguard.decision = Empty,
-        error.r#type = Empty,
-    )
+/// ([`Authorizing::decided`] records which, and the decision, and ends it). Never names the
+/// object or the principal.
+pub struct Authorizing(Option<Context>);
+
+/// Starts the [`Authorizing`] span for `action`.
+pub fn authorizer(action: &str) -> Authorizing {
+    let Some(tracer) = tracer() else {
+        return Authorizing(None);
+    };
+    Authorizing(Some(Context::map_current(|parent| {
+        let span = tracer
+            .span_builder("lifeguard.authorize")
+            .with_kind(SpanKind::Client)
+            .with_attributes([KeyValue::new("lifeguard.action", action.to_owned())])
+            .start_with_context(tracer, parent);
+        parent.with_span(span)
+    })))
 }
 
-/// Records on an authorizer `span` where the decision came from (`cache` or `authorizer`) and
-/// what it was (`allow`, `deny`, or `error` when the authorizer gave none: an `ERROR` span).
-pub fn authorized(span: &Span, source: &str, decision: &str) {
-    if span.is_none() {
-        return;
+impl Authorizing {
+    /// Polls `future` (the question over HTTP) with this span current, so the request it sends
+    /// names this span as its parent ([`current_context_headers`]).
+    pub async fn run<F: Future>(&self, future: F) -> F::Output {
+        match &self.0 {
+            Some(context) => future.with_context(context.clone()).await,
+            None => future.await,
+        }
     }
-    span.record("lifeguard.authorizer.source", source);
-    span.record("lifeguard.decision", decision);
-    if decision == "error" {
-        span.record("otel.status_code", "ERROR");
-        span.record("error.type", "authorizer_unavailable");
+
+    /// Records where the decision came from (`cache` or `authorizer`) and what it was (`allow`,
+    /// `deny`, or `error` when the authorizer gave none: an `ERROR` span), and ends the span.
+    pub fn decided(&self, source: &'static str, decision: &'static str) {
+        let Some(context) = &self.0 else {
+            return;
+        };
+        let span = context.span();
+        span.set_attribute(KeyValue::new("lifeguard.authorizer.source", source));
+        span.set_attribute(KeyValue::new("lifeguard.decision", decision));
+        if decision == "error" {
+            span.set_status(Status::error(""));
+            span.set_attribute(KeyValue::new("error.type", "authorizer_unavailable"));
+        }
+        span.end();
     }
 }
 
@@ -317,11 +466,33 @@ pub fn authorized(span: &Span, source: &str, decision: &str) {
 /// Empty when spans are not exported.
 pub fn current_context_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
-    if exporting() {
-        let context = Span::current().context();
-        opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.inject_context(&context, &mut HeaderInjector(&mut headers))
-        });
+    if tracer().is_some() {
+        Context::map_current(|context| inject(context, &mut headers));
     }
     headers
+}
+
+/// A child span of the current span (when it records) for a ledger operation `name` on
+/// `system` (`sqlite` or `postgresql`, as the OpenTelemetry database conventions name them),
+/// ending when dropped. `None` outside any span, so background work records nothing.
+pub fn ledger(name: &'static str, system: &'static str, remote: bool) -> ClientSpan {
+    let Some(tracer) = tracer() else {
+        return ClientSpan(None);
+    };
+    ClientSpan(Context::map_current(|parent| {
+        parent.span().is_recording().then(|| {
+            tracer
+                .span_builder(format!("ledger {name}"))
+                .with_kind(if remote {
+                    SpanKind::Client
+                } else {
+                    SpanKind::Internal
+                })
+                .with_attributes([
+                    KeyValue::new("db.system.name", system),
+                    KeyValue::new("db.operation.name", name),
+                ])
+                .start_with_context(tracer, parent)
+        })
+    }))
 }

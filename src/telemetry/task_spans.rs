@@ -35,11 +35,20 @@ pub fn current_traceparent() -> Option<String> {
     if !exporting() {
         return None;
     }
-    let span = Span::current();
-    if span.is_none() {
-        return None;
-    }
-    TraceParent::of(span.context().span().span_context()).map(|t| t.to_string())
+    opentelemetry::Context::map_current(|context| {
+        TraceParent::of(context.span().span_context()).map(|t| t.to_string())
+    })
+}
+
+/// The link to the task's creating span named by `trace` (the ledger's value).
+fn creation_link(
+    trace: Option<&str>,
+) -> Option<(opentelemetry::trace::SpanContext, Vec<KeyValue>)> {
+    let created = trace.and_then(TraceParent::parse)?;
+    Some((
+        created.context().span().span_context().clone(),
+        vec![KeyValue::new(LINK_KIND, CREATED_BY)],
+    ))
 }
 
 /// Links `span` to the task's creating span named by `trace` (the ledger's value).
@@ -47,22 +56,25 @@ fn link(span: &Span, trace: Option<&str>) {
     if span.is_none() {
         return;
     }
-    let Some(created) = trace.and_then(TraceParent::parse) else {
-        return;
-    };
-    let context = created.context();
-    span.add_link_with_attributes(
-        context.span().span_context().clone(),
-        vec![KeyValue::new(LINK_KIND, CREATED_BY)],
-    );
+    if let Some((context, attributes)) = creation_link(trace) {
+        span.add_link_with_attributes(context, attributes);
+    }
 }
 
 /// The current span (the request's) links to the span that created the task, named by the
 /// task's `trace` in the ledger.
 pub fn link_task(trace: Option<&str>) {
-    if exporting() {
-        link(&Span::current(), trace);
+    if !exporting() {
+        return;
     }
+    let Some((created, attributes)) = creation_link(trace) else {
+        return;
+    };
+    opentelemetry::Context::map_current(|context| {
+        if context.has_active_span() {
+            context.span().add_link(created, attributes);
+        }
+    });
 }
 
 /// The span of a listen stream's delivery of `method` about a task: a child of the listen

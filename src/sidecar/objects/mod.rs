@@ -25,7 +25,6 @@ use crate::ledger::TaskRecord;
 use crate::policy::{AuthorizerRules, ObjectRules};
 use crate::telemetry::metrics::{ObjectDecisionLabels, SidecarMetrics};
 use crate::telemetry::spans;
-use tracing::Instrument;
 
 use cache::DecisionCache;
 pub use wire::object_of;
@@ -194,14 +193,12 @@ impl ObjectGate {
         let span = spans::authorizer(question.action.as_str());
         if let Some(allowed) = authorizer.cache.get(&question, Instant::now()) {
             let decision = if allowed { "allow" } else { "deny" };
-            spans::authorized(&span, "cache", decision);
+            span.decided("cache", decision);
             count(metrics, decision, "cache");
             return verdict(allowed);
         }
         let started = Instant::now();
-        let answer = ask(&authorizer, server, &question)
-            .instrument(span.clone())
-            .await;
+        let answer = span.run(ask(&authorizer, server, &question)).await;
         metrics
             .authorizer_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -209,12 +206,12 @@ impl ObjectGate {
             Ok(allowed) => {
                 authorizer.cache.insert(question, allowed, Instant::now());
                 let decision = if allowed { "allow" } else { "deny" };
-                spans::authorized(&span, "authorizer", decision);
+                span.decided("authorizer", decision);
                 count(metrics, decision, "authorizer");
                 verdict(allowed)
             }
             Err(error) => {
-                spans::authorized(&span, "authorizer", "error");
+                span.decided("authorizer", "error");
                 count(metrics, "error", "authorizer");
                 tracing::warn!(%error, url = %rules.url, "the object authorizer gave no decision; refusing (fail closed)");
                 Verdict::Unavailable(error)

@@ -116,10 +116,15 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     // Run to completion even if the client disconnects, so a task the server created is
     // either recorded (and subject to deadlines) or released — never silently lost.
     let app2 = app.clone();
-    // In the request's span (none unless traces are exported), so the hop upstream is its child.
-    let work = tokio::spawn(tracing::Instrument::in_current_span(async move {
-        send_and_relay(app2, ctx, headers, body, creation).await
-    }));
+    let work = async move { send_and_relay(app2, ctx, headers, body, creation).await };
+    // In the request's span (when traces are exported), so the hop upstream is its child.
+    let work = match crate::telemetry::otel::exporting() {
+        true => tokio::spawn(opentelemetry::trace::FutureExt::with_context(
+            work,
+            opentelemetry::Context::current(),
+        )),
+        false => tokio::spawn(work),
+    };
     work.await
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
 }

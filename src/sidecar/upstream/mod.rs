@@ -251,10 +251,10 @@ impl Upstream {
                 }
             }
         };
-        let (response, lease) =
-            tokio::time::timeout(self.timeout, tracing::Instrument::instrument(sent, span))
-                .await
-                .map_err(|_| UpstreamError::Timeout(self.timeout))??;
+        let answered = tokio::time::timeout(self.timeout, sent).await;
+        // The client span ends once the server's answer (its headers) arrived, or did not.
+        drop(span);
+        let (response, lease) = answered.map_err(|_| UpstreamError::Timeout(self.timeout))??;
         if let Some(h) = &self.metrics {
             h.observe(started.elapsed().as_secs_f64());
         }
