@@ -17,16 +17,20 @@
 //! Only what is safe to show an operator is recorded: the method, and for `tools/call` the tool
 //! name. `Mcp-Name` of a task request is a task ID, which never goes into a span.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use opentelemetry::trace::{
-    FutureExt as _, Span as _, SpanBuilder, SpanKind, Status, TraceContextExt, Tracer as _,
+    FutureExt as _, Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt,
+    Tracer as _,
 };
 use opentelemetry::{Context, ContextGuard, KeyValue};
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_http::HeaderExtractor;
+
+use crate::mcp::methods;
 
 use super::otel::tracer;
 use super::trace_context;
@@ -34,7 +38,7 @@ use super::trace_context;
 const MCP_METHOD: &str = "mcp-method";
 const MCP_NAME: &str = "mcp-name";
 /// The one method whose `Mcp-Name` (the tool) may name a span.
-const TOOLS_CALL: &str = "tools/call";
+const TOOLS_CALL: &str = methods::TOOLS_CALL;
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -44,14 +48,43 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty() && v.len() <= 128)
 }
 
+/// The methods a span names without copying the name (those a sidecar sees most).
+const KNOWN_METHODS: &[&str] = &[
+    methods::TOOLS_CALL,
+    methods::TASKS_GET,
+    methods::TASKS_UPDATE,
+    methods::TASKS_CANCEL,
+    methods::TASKS_LIST,
+    methods::TASKS_RESULT,
+    methods::LISTEN,
+    methods::PROMPTS_GET,
+    methods::RESOURCES_READ,
+    "tools/list",
+    "prompts/list",
+    "resources/list",
+    "server/discover",
+    "initialize",
+    "ping",
+    "logging/setLevel",
+    "notifications/cancelled",
+];
+
+/// `method` as a name kept for the span: the constant for a known method, else a copy.
+fn method_name(method: &str) -> Cow<'static, str> {
+    match KNOWN_METHODS.iter().find(|known| **known == method) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(method.to_owned()),
+    }
+}
+
 /// `(span name, method, tool)` from the MCP routing headers.
-fn naming(headers: &HeaderMap) -> (String, String, Option<String>) {
-    let method = header(headers, MCP_METHOD).unwrap_or("mcp").to_owned();
+fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<String>) {
+    let method = method_name(header(headers, MCP_METHOD).unwrap_or("mcp"));
     let tool = (method == TOOLS_CALL)
         .then(|| header(headers, MCP_NAME).map(str::to_owned))
         .flatten();
     let name = match &tool {
-        Some(tool) => format!("{method} {tool}"),
+        Some(tool) => Cow::Owned(format!("{method} {tool}")),
         None => method.clone(),
     };
     (name, method, tool)
@@ -64,14 +97,21 @@ fn header_context(headers: &HeaderMap) -> Context {
     })
 }
 
-/// Writes `traceparent`/`tracestate` naming the span of `context` into `headers`, replacing any
-/// there.
-fn inject(context: &Context, headers: &mut HeaderMap) {
-    headers.remove(trace_context::TRACEPARENT);
+/// Writes `traceparent`/`tracestate` naming `span` into `headers`, replacing any there (what
+/// the W3C propagator writes, without a detour through the global propagator and formatting).
+fn inject(span: &SpanContext, headers: &mut HeaderMap) {
     headers.remove(trace_context::TRACESTATE);
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.inject_context(context, &mut HeaderInjector(headers))
-    });
+    let Some(traceparent) = trace_context::TraceParent::of(span) else {
+        headers.remove(trace_context::TRACEPARENT);
+        return;
+    };
+    headers.insert(trace_context::TRACEPARENT, traceparent.header_value());
+    let state = span.trace_state().header();
+    if !state.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&state)
+    {
+        headers.insert(trace_context::TRACESTATE, value);
+    }
 }
 
 /// The server span of a request to `POST /mcp`. Made when the request arrives (its start time
@@ -380,10 +420,7 @@ pub fn client(headers: &mut HeaderMap) -> ClientSpan {
             .with_attributes(attributes)
             .start_with_context(tracer, parent)
     });
-    inject(
-        &Context::new().with_remote_span_context(span.span_context().clone()),
-        headers,
-    );
+    inject(span.span_context(), headers);
     ClientSpan(Some(span))
 }
 
@@ -467,7 +504,7 @@ impl Authorizing {
 pub fn current_context_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     if tracer().is_some() {
-        Context::map_current(|context| inject(context, &mut headers));
+        Context::map_current(|context| inject(context.span().span_context(), &mut headers));
     }
     headers
 }

@@ -83,6 +83,26 @@ impl TraceParent {
     }
 }
 
+impl TraceParent {
+    /// The `traceparent` as a header value (the text [`Display`](std::fmt::Display) writes).
+    pub fn header_value(&self) -> http::HeaderValue {
+        // "00-" + 32 hex + "-" + 16 hex + "-" + 2 hex.
+        let mut text = [0u8; 55];
+        text[..3].copy_from_slice(b"00-");
+        let hex = |bytes: &[u8], out: &mut [u8]| {
+            // Cannot fail: `out` is exactly twice as long as `bytes`.
+            let _ = hex::encode_to_slice(bytes, out);
+        };
+        hex(&self.trace_id, &mut text[3..35]);
+        text[35] = b'-';
+        hex(&self.span_id, &mut text[36..52]);
+        text[52] = b'-';
+        hex(&[self.flags], &mut text[53..55]);
+        // Cannot fail: lowercase hex and dashes are visible ASCII.
+        http::HeaderValue::from_bytes(&text).expect("a traceparent is visible ASCII")
+    }
+}
+
 impl std::fmt::Display for TraceParent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -175,6 +195,18 @@ mod tests {
             "params": {"name": "greet", "arguments": {"traceparent": "an argument"}, "_meta": meta}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_header_value_is_the_traceparent_text_and_parses_back() {
+        for text in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000001-ffffffffffffffff-00",
+        ] {
+            let parsed = TraceParent::parse(text).unwrap();
+            assert_eq!(parsed.header_value().to_str().unwrap(), text);
+            assert_eq!(parsed.to_string(), text);
+        }
     }
 
     #[test]
