@@ -427,7 +427,7 @@ pub fn client(headers: &mut HeaderMap) -> ClientSpan {
 /// Records an audit event's `decision` (`allow`, `deny`, `record`) and `reason`, the policy hash
 /// it was decided under and the keyed hash of its task (as the audit trail writes it, never the
 /// task ID) on the current span (the request's), so traces and the audit trail agree.
-pub fn audit(decision: &str, reason: &str, policy_hash: &str, task: Option<&str>) {
+pub fn audit(decision: &'static str, reason: &'static str, policy_hash: &str, task: Option<&str>) {
     if tracer().is_none() {
         return;
     }
@@ -436,8 +436,8 @@ pub fn audit(decision: &str, reason: &str, policy_hash: &str, task: Option<&str>
             return;
         }
         let span = context.span();
-        span.set_attribute(KeyValue::new("lifeguard.decision", decision.to_owned()));
-        span.set_attribute(KeyValue::new("lifeguard.reason", reason.to_owned()));
+        span.set_attribute(KeyValue::new("lifeguard.decision", decision));
+        span.set_attribute(KeyValue::new("lifeguard.reason", reason));
         if !policy_hash.is_empty() {
             span.set_attribute(KeyValue::new(
                 "lifeguard.policy.hash",
