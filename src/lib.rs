@@ -16,7 +16,7 @@
 //! |---|---|
 //! | `model` (domain types), `api` (CRD types), `telemetry`, `runtime` | nothing of the crate |
 //! | `policy` (pure compiler) | `api` |
-//! | `ledger` (task store) | `model` |
+//! | `ledger` (task store) | `model`, `telemetry` (each ledger call a child span of the request's) |
 //! | `identity`, `mcp` (the wire, pure) | `model`, `api`, `policy` |
 //! | `audit` | `model`, `telemetry` (each event's decision on the request's span) |
 //! | `exception` | `model`, `api`, `policy`, `identity`, `mcp` |

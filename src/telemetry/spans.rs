@@ -30,15 +30,15 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_http::HeaderExtractor;
 
-use crate::mcp::methods;
-
 use super::otel::tracer;
 use super::trace_context;
 
 const MCP_METHOD: &str = "mcp-method";
 const MCP_NAME: &str = "mcp-name";
-/// The one method whose `Mcp-Name` (the tool) may name a span.
-const TOOLS_CALL: &str = methods::TOOLS_CALL;
+/// The one method whose `Mcp-Name` (the tool) may name a span. Telemetry sits below the
+/// `mcp` wire module (it imports nothing of the crate), so the MCP method names it needs are
+/// spelled here, as the MCP semantic conventions list them.
+const TOOLS_CALL: &str = "tools/call";
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -48,17 +48,18 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty() && v.len() <= 128)
 }
 
-/// The methods a span names without copying the name (those a sidecar sees most).
+/// The methods a span names without copying the name (those a sidecar sees most). A method
+/// not listed is named all the same, by a copy.
 const KNOWN_METHODS: &[&str] = &[
-    methods::TOOLS_CALL,
-    methods::TASKS_GET,
-    methods::TASKS_UPDATE,
-    methods::TASKS_CANCEL,
-    methods::TASKS_LIST,
-    methods::TASKS_RESULT,
-    methods::LISTEN,
-    methods::PROMPTS_GET,
-    methods::RESOURCES_READ,
+    TOOLS_CALL,
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+    "tasks/list",
+    "tasks/result",
+    "subscriptions/listen",
+    "prompts/get",
+    "resources/read",
     "tools/list",
     "prompts/list",
     "resources/list",

@@ -303,18 +303,18 @@ fn a_layer_order_breach_is_caught() {
 fn an_unused_permission_is_caught() {
     let lib = read(&src().join("lib.rs"));
     let widened = lib.replace(
-        "| `ledger` (task store) | `model` |",
-        "| `ledger` (task store) | `model`, `api` |",
+        "| `policy` (pure compiler) | `api` |",
+        "| `policy` (pure compiler) | `api`, `model` |",
     );
     assert_ne!(
         lib, widened,
-        "the ledger row of src/lib.rs changed: update this test"
+        "the policy row of src/lib.rs changed: update this test"
     );
     let planted = Planted::new("lib.rs", "");
     std::fs::write(planted.0.join("lib.rs"), widened).expect("rewrite lib.rs");
     let found = lib_table_violations(&planted.0);
     assert!(
-        found.contains(&"`ledger` may import `api` but does not: drop the permission".to_owned()),
+        found.contains(&"`policy` may import `model` but does not: drop the permission".to_owned()),
         "{found:?}"
     );
 }
