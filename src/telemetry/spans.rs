@@ -115,6 +115,14 @@ fn inject(span: &SpanContext, headers: &mut HeaderMap) {
     }
 }
 
+/// Polls `future` with `context` current (as it is without one when traces are not exported).
+async fn run_in<F: Future>(context: Option<Context>, future: F) -> F::Output {
+    match context {
+        Some(context) => future.with_context(context).await,
+        None => future.await,
+    }
+}
+
 /// The server span of a request to `POST /mcp`. Made when the request arrives (its start time
 /// is then), started once its parent is known: the caller's span named by `traceparent`, or by
 /// the body's `params._meta` when the headers name none ([`ServerSpan::continue_meta_trace`]).
@@ -156,15 +164,9 @@ impl ServerSpan {
     /// Starts the span (if it has not started) with `parent`, or the headers' parent when
     /// `parent` names no span; returns its context.
     fn start(state: &mut ServerState, parent: Option<Context>) -> Context {
-        let ServerState::Pending {
-            builder,
-            parent: from_headers,
-        } = state
-        else {
-            let ServerState::Started(context) = state else {
-                unreachable!()
-            };
-            return context.clone();
+        let (builder, from_headers) = match state {
+            ServerState::Started(context) => return context.clone(),
+            ServerState::Pending { builder, parent } => (builder, parent),
         };
         let parent = parent.unwrap_or_else(|| std::mem::take(from_headers));
         let builder = std::mem::replace(builder.as_mut(), SpanBuilder::from_name(""));
@@ -199,10 +201,7 @@ impl ServerSpan {
 
     /// Polls `future` with the span current, so the spans it makes are the request's children.
     pub async fn run<F: Future>(&self, future: F) -> F::Output {
-        match self.context() {
-            Some(context) => future.with_context(context).await,
-            None => future.await,
-        }
+        run_in(self.context(), future).await
     }
 
     /// Continues the caller's trace from the request's `params._meta` (`traceparent`,
@@ -390,10 +389,10 @@ fn request_id_text(id: &serde_json::Value) -> String {
     text
 }
 
-/// The client span of a request the sidecar sends upstream: ends when dropped.
-pub struct ClientSpan(Option<opentelemetry_sdk::trace::Span>);
+/// A child span of the request's (the hop upstream, a ledger call): ends when dropped.
+pub struct ChildSpan(Option<opentelemetry_sdk::trace::Span>);
 
-impl ClientSpan {
+impl ChildSpan {
     /// Whether this records nothing (traces are not exported).
     pub fn is_none(&self) -> bool {
         self.0.is_none()
@@ -404,9 +403,9 @@ impl ClientSpan {
 /// current span), whose context replaces any `traceparent`/`tracestate` in `headers`, so the
 /// MCP server's own spans join the trace with this span as their parent. Without export the
 /// headers are left as they are (a caller's `traceparent` passes through, as it always has).
-pub fn client(headers: &mut HeaderMap) -> ClientSpan {
+pub fn client(headers: &mut HeaderMap) -> ChildSpan {
     let Some(tracer) = tracer() else {
-        return ClientSpan(None);
+        return ChildSpan(None);
     };
     let (name, method, tool) = naming(headers);
     let mut attributes = Vec::with_capacity(2);
@@ -422,7 +421,7 @@ pub fn client(headers: &mut HeaderMap) -> ClientSpan {
             .start_with_context(tracer, parent)
     });
     inject(span.span_context(), headers);
-    ClientSpan(Some(span))
+    ChildSpan(Some(span))
 }
 
 /// Records an audit event's `decision` (`allow`, `deny`, `record`) and `reason`, the policy hash
@@ -476,10 +475,7 @@ impl Authorizing {
     /// Polls `future` (the question over HTTP) with this span current, so the request it sends
     /// names this span as its parent ([`current_context_headers`]).
     pub async fn run<F: Future>(&self, future: F) -> F::Output {
-        match &self.0 {
-            Some(context) => future.with_context(context.clone()).await,
-            None => future.await,
-        }
+        run_in(self.0.clone(), future).await
     }
 
     /// Records where the decision came from (`cache` or `authorizer`) and what it was (`allow`,
@@ -513,11 +509,11 @@ pub fn current_context_headers() -> HeaderMap {
 /// A child span of the current span (when it records) for a ledger operation `name` on
 /// `system` (`sqlite` or `postgresql`, as the OpenTelemetry database conventions name them),
 /// ending when dropped. `None` outside any span, so background work records nothing.
-pub fn ledger(name: &'static str, system: &'static str, remote: bool) -> ClientSpan {
+pub fn ledger(name: &'static str, system: &'static str, remote: bool) -> ChildSpan {
     let Some(tracer) = tracer() else {
-        return ClientSpan(None);
+        return ChildSpan(None);
     };
-    ClientSpan(Context::map_current(|parent| {
+    ChildSpan(Context::map_current(|parent| {
         parent.span().is_recording().then(|| {
             tracer
                 .span_builder(format!("ledger {name}"))

@@ -118,12 +118,13 @@ pub async fn call_tool(app: Arc<AppState>, ctx: RequestContext, tool: String) ->
     let app2 = app.clone();
     let work = async move { send_and_relay(app2, ctx, headers, body, creation).await };
     // In the request's span (when traces are exported), so the hop upstream is its child.
-    let work = match crate::telemetry::otel::exporting() {
-        true => tokio::spawn(opentelemetry::trace::FutureExt::with_context(
+    let work = if crate::telemetry::otel::exporting() {
+        tokio::spawn(opentelemetry::trace::FutureExt::with_context(
             work,
             opentelemetry::Context::current(),
-        )),
-        false => tokio::spawn(work),
+        ))
+    } else {
+        tokio::spawn(work)
     };
     work.await
         .unwrap_or_else(|_| respond::status(StatusCode::INTERNAL_SERVER_ERROR))
