@@ -84,6 +84,64 @@ pub struct Owner {
     pub client: String,
 }
 
+/// The key a caller proved possession of, from its token's `cnf` confirmation: the RFC 7638
+/// thumbprint of a DPoP key (RFC 9449 `jkt`) or the SHA-256 thumbprint of a client certificate
+/// (RFC 8705 `x5t#S256`), both base64url. A task created by a key-bound token is bound to that
+/// key: only requests proving the same key may touch it. Thumbprints are digests of public
+/// keys, not secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KeyBinding {
+    /// A DPoP proof key (`cnf.jkt`).
+    Dpop { jkt: String },
+    /// A TLS client certificate (`cnf["x5t#S256"]`).
+    Mtls { x5t_s256: String },
+}
+
+impl KeyBinding {
+    const DPOP_PREFIX: &'static str = "jkt:";
+    const MTLS_PREFIX: &'static str = "x5t#S256:";
+
+    /// How the key is proven: `dpop` or `mtls` (metrics, audit, delegation assertions).
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Dpop { .. } => "dpop",
+            Self::Mtls { .. } => "mtls",
+        }
+    }
+
+    /// The thumbprint, base64url.
+    pub fn thumbprint(&self) -> &str {
+        match self {
+            Self::Dpop { jkt } => jkt,
+            Self::Mtls { x5t_s256 } => x5t_s256,
+        }
+    }
+
+    /// The form kept in the ledger and written to the audit trail: `jkt:<thumbprint>` or
+    /// `x5t#S256:<thumbprint>`.
+    pub fn to_stored(&self) -> String {
+        match self {
+            Self::Dpop { jkt } => format!("{}{jkt}", Self::DPOP_PREFIX),
+            Self::Mtls { x5t_s256 } => format!("{}{x5t_s256}", Self::MTLS_PREFIX),
+        }
+    }
+
+    /// Reads [`KeyBinding::to_stored`]'s form; `None` for anything else (including an empty
+    /// thumbprint).
+    pub fn from_stored(stored: &str) -> Option<Self> {
+        if let Some(jkt) = stored.strip_prefix(Self::DPOP_PREFIX) {
+            return (!jkt.is_empty()).then(|| Self::Dpop {
+                jkt: jkt.to_owned(),
+            });
+        }
+        let x5t = stored.strip_prefix(Self::MTLS_PREFIX)?;
+        (!x5t.is_empty()).then(|| Self::Mtls {
+            x5t_s256: x5t.to_owned(),
+        })
+    }
+}
+
 /// Task status as in the MCP Tasks extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,6 +184,34 @@ impl TaskStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_bindings_round_trip_through_their_stored_form() {
+        let dpop = KeyBinding::Dpop {
+            jkt: "0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I".into(),
+        };
+        let mtls = KeyBinding::Mtls {
+            x5t_s256: "bwcK0esc3ACC3DB2Y5_lESsXE8o9ltc05O89jdN-dg2".into(),
+        };
+        assert_eq!(
+            dpop.to_stored(),
+            "jkt:0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I"
+        );
+        assert_eq!(
+            mtls.to_stored(),
+            "x5t#S256:bwcK0esc3ACC3DB2Y5_lESsXE8o9ltc05O89jdN-dg2"
+        );
+        for binding in [&dpop, &mtls] {
+            assert_eq!(
+                KeyBinding::from_stored(&binding.to_stored()).as_ref(),
+                Some(binding)
+            );
+        }
+        assert_eq!((dpop.method(), mtls.method()), ("dpop", "mtls"));
+        for bad in ["", "jkt:", "x5t#S256:", "sha256:abc", "JKT:abc"] {
+            assert_eq!(KeyBinding::from_stored(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn minted_ids_are_unique_and_well_formed() {
