@@ -14,6 +14,7 @@ pub mod duration;
 pub mod exception;
 pub mod kstatus;
 pub mod objects;
+pub mod proof_of_possession;
 pub mod rate_limits;
 pub mod revocation;
 pub mod rules;
@@ -29,6 +30,7 @@ pub use exception::{
     ExceptionLimits, ExceptionState, IncludeContextGrant, PolicyRef, PrincipalRef, TenantRef,
 };
 pub use objects::{AuthorizerFormat, AuthorizerSpec, ObjectsSpec, ToolObject};
+pub use proof_of_possession::{DpopSpec, ProofOfPossession};
 pub use rate_limits::{BucketSpec, MethodLimitsSpec, RateLimitsSpec, ScopedLimitsSpec};
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,

@@ -137,6 +137,11 @@ pub struct IdentitySpec {
     /// it validates against that entry's keys.
     #[schemars(length(min = 1, max = 16))]
     pub issuers: Vec<IssuerSpec>,
+
+    /// How DPoP proofs (RFC 9449) are checked for key-bound tokens of every issuer: accepted
+    /// algorithms, the `iat` window, server nonces. Defaults apply when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop: Option<super::proof_of_possession::DpopSpec>,
 }
 
 /// One trusted OAuth 2.1 / OpenID Connect token issuer.
@@ -174,6 +179,14 @@ pub struct IssuerSpec {
     /// client `client_id`, scopes `scope`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claims: Option<ClaimNames>,
+
+    /// `optional` (default): bearer tokens are accepted, and a token bound to a key (`cnf.jkt`,
+    /// sent with `Authorization: DPoP` and a `DPoP` proof) must prove that key on every
+    /// request. `required`: every token must be key-bound and proven; a plain bearer token
+    /// gets HTTP 401 with `WWW-Authenticate: DPoP`. Either way a task created with a key-bound
+    /// token is bound to the key: only requests proving the same key may touch it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof_of_possession: Option<super::proof_of_possession::ProofOfPossession>,
 }
 
 /// Asymmetric JWS algorithms a JWKS issuer may use.

@@ -87,7 +87,7 @@ impl AuthError {
     }
 }
 
-fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
+pub(super) fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
     match alg {
         JwsAlgorithm::RS256 => Algorithm::RS256,
         JwsAlgorithm::RS384 => Algorithm::RS384,

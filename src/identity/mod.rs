@@ -2,6 +2,8 @@
 
 pub mod cache;
 pub mod delegation;
+pub mod dpop;
+pub mod dpop_mint;
 pub mod jwt;
 pub mod keys;
 pub mod mint;

@@ -248,6 +248,7 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
         generation: policy.metadata.generation,
         resource: policy.spec.resource.clone(),
         issuers: compile_issuers(policy),
+        dpop: policy.spec.identity.dpop.as_ref().map(compile_dpop),
         upstream_identity: policy
             .spec
             .upstream
@@ -336,6 +337,18 @@ fn serde_plain_name<T: Serialize>(value: &T) -> String {
         .unwrap_or_default()
 }
 
+fn compile_dpop(spec: &crate::api::DpopSpec) -> DpopRules {
+    let defaults = DpopRules::default();
+    DpopRules {
+        algorithms: spec.algorithms.clone().unwrap_or(defaults.algorithms),
+        proof_window_secs: spec
+            .proof_window
+            .as_ref()
+            .map_or(defaults.proof_window_secs, |w| w.get().as_secs()),
+        require_nonce: spec.require_nonce.unwrap_or(defaults.require_nonce),
+    }
+}
+
 fn compile_issuers(policy: &McpServerPolicy) -> Vec<TrustedIssuer> {
     policy
         .spec
@@ -382,6 +395,7 @@ fn compile_issuers(policy: &McpServerPolicy) -> Vec<TrustedIssuer> {
                         .scopes
                         .unwrap_or_else(|| defaults::SCOPES_CLAIM.into()),
                 },
+                proof_of_possession: issuer.proof_of_possession.unwrap_or_default(),
             }
         })
         .collect()

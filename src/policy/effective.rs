@@ -12,7 +12,8 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{
     AuditFailureMode, AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability,
-    JwsAlgorithm, ListenNotification, PolicyDuration, RevocationReason, UpstreamIdentity,
+    JwsAlgorithm, ListenNotification, PolicyDuration, ProofOfPossession, RevocationReason,
+    UpstreamIdentity,
 };
 
 /// Where the protected container keeps its task state (`spec.upstream.taskState`).
@@ -44,6 +45,10 @@ pub struct EffectivePolicy {
     /// Canonical server URI (required token audience, advertised resource).
     pub resource: String,
     pub issuers: Vec<TrustedIssuer>,
+    /// `spec.identity.dpop`; `None`: the defaults ([`EffectivePolicy::dpop_rules`]). Left out of
+    /// the serialization when absent, so policies without it keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop: Option<DpopRules>,
     /// What the protected container learns about callers.
     pub upstream_identity: UpstreamIdentity,
     /// Who answers requests about an existing task: the replica whose container created it
@@ -84,6 +89,24 @@ impl EffectivePolicy {
         hex::encode(digest)
     }
 
+    /// How DPoP proofs are checked: the policy's rules, or the defaults.
+    pub fn dpop_rules(&self) -> std::borrow::Cow<'_, DpopRules> {
+        match &self.dpop {
+            Some(rules) => std::borrow::Cow::Borrowed(rules),
+            None => std::borrow::Cow::Owned(DpopRules::default()),
+        }
+    }
+
+    /// Whether every trusted issuer requires key-bound tokens (advertised as
+    /// `dpop_bound_access_tokens_required` in the protected resource metadata).
+    pub fn requires_proof_of_possession(&self) -> bool {
+        !self.issuers.is_empty()
+            && self
+                .issuers
+                .iter()
+                .all(|i| i.proof_of_possession == ProofOfPossession::Required)
+    }
+
     /// The trusted issuer entry for an `iss` value, compared exactly.
     pub fn issuer(&self, iss: &str) -> Option<&TrustedIssuer> {
         self.issuers.iter().find(|i| i.issuer == iss)
@@ -100,6 +123,48 @@ pub struct TrustedIssuer {
     pub keys: KeySource,
     pub algorithms: Vec<JwsAlgorithm>,
     pub claims: ClaimMap,
+    /// Whether this issuer's tokens must be key-bound. Left out of the serialization when
+    /// `optional`, so policies that never set it keep their hash.
+    #[serde(default, skip_serializing_if = "is_optional")]
+    pub proof_of_possession: ProofOfPossession,
+}
+
+fn is_optional(mode: &ProofOfPossession) -> bool {
+    *mode == ProofOfPossession::Optional
+}
+
+/// How DPoP proofs are checked (`spec.identity.dpop`, defaults applied).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DpopRules {
+    /// Accepted proof signature algorithms.
+    pub algorithms: Vec<JwsAlgorithm>,
+    /// How far a proof's `iat` may lie from now, either way, in seconds.
+    pub proof_window_secs: u64,
+    /// Every proof must carry a current server nonce.
+    pub require_nonce: bool,
+}
+
+impl DpopRules {
+    /// The `iat` window without `spec.identity.dpop.proofWindow`: five minutes, as the MCP
+    /// conformance suite's DPoP scenarios expect.
+    pub const DEFAULT_PROOF_WINDOW_SECS: u64 = 300;
+}
+
+impl Default for DpopRules {
+    fn default() -> Self {
+        Self {
+            algorithms: vec![
+                JwsAlgorithm::ES256,
+                JwsAlgorithm::ES384,
+                JwsAlgorithm::EdDSA,
+                JwsAlgorithm::PS256,
+                JwsAlgorithm::RS256,
+            ],
+            proof_window_secs: Self::DEFAULT_PROOF_WINDOW_SECS,
+            require_nonce: false,
+        }
+    }
 }
 
 /// Where an issuer's public keys come from.

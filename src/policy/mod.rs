@@ -16,6 +16,7 @@ pub mod rate_limits;
 pub mod selection;
 pub mod uri_pattern;
 pub mod validate;
+pub mod validate_pop;
 
 #[cfg(test)]
 mod compile_tests;

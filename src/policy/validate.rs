@@ -244,6 +244,7 @@ fn validate_identity(policy: &McpServerPolicy, mode: CompileMode, p: &mut Proble
     if spec.identity.issuers.is_empty() {
         p.error("spec.identity.issuers", "must list at least one issuer");
     }
+    super::validate_pop::validate_dpop(spec.identity.dpop.as_ref(), p);
     let mut seen = BTreeSet::new();
     for (i, issuer) in spec.identity.issuers.iter().enumerate() {
         let base = format!("spec.identity.issuers[{i}]");

@@ -1,0 +1,338 @@
+use serde_json::{Value, json};
+
+use super::*;
+use crate::api::JwsAlgorithm;
+use crate::identity::dpop_mint::{DpopKey, ProofClaims};
+
+const URI: &str = "https://reports.example.com/mcp";
+const TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2ln";
+const NOW: i64 = 1_800_000_000;
+
+fn rules() -> DpopRules {
+    DpopRules::default()
+}
+
+fn claims<'a>() -> ProofClaims<'a> {
+    ProofClaims {
+        method: "POST",
+        uri: URI,
+        access_token: Some(TOKEN),
+        iat: NOW,
+        jti: Some("jti-1"),
+        nonce: None,
+    }
+}
+
+fn check<'a>(key: &'a str, rules: &'a DpopRules) -> ProofCheck<'a> {
+    ProofCheck {
+        method: "POST",
+        target_uri: URI,
+        access_token: TOKEN,
+        bound_jkt: key,
+        now_secs: NOW,
+        rules,
+        nonce: None,
+    }
+}
+
+/// A proof of `key` whose header and claims are the standard ones changed by `edit`.
+fn edited(key: &DpopKey, edit: impl FnOnce(&mut Value, &mut Value)) -> String {
+    let mut header = json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": key.public_jwk()});
+    let mut body = json!({
+        "jti": "jti-1", "htm": "POST", "htu": URI, "iat": NOW, "ath": token_hash(TOKEN),
+    });
+    edit(&mut header, &mut body);
+    key.sign(&header, &body).unwrap()
+}
+
+#[test]
+fn the_thumbprint_is_rfc_7638s() {
+    // The key of RFC 9449's example proof (§4.1) and the `cnf.jkt` of its example token (§6.1).
+    let jwk = json!({"kty": "EC", "crv": "P-256",
+        "x": "l8tFrhx-34tV3hRICRDY9zCkDlpBhF42UQUfWVAWBFs",
+        "y": "9VE4jf_Ok_o64zbTTlcuNJajHmt6v9TDVrU0CdvGRDA", "use": "sig"});
+    assert_eq!(
+        thumbprint(jwk.as_object().unwrap()).as_deref(),
+        Some("0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I")
+    );
+    for not_a_public_key in [
+        json!({"kty": "oct", "k": "c2VjcmV0"}),
+        json!({"kty": "EC", "crv": "P-256", "x": "l8tFrhx-34tV3hRICRDY9zCkDlpBhF42UQUfWVAWBFs"}),
+        json!({"kty": "RSA", "e": 65537, "n": "abc"}),
+    ] {
+        assert_eq!(thumbprint(not_a_public_key.as_object().unwrap()), None);
+    }
+}
+
+#[test]
+fn a_proper_proof_verifies_and_names_its_key() {
+    let key = DpopKey::generate().unwrap();
+    let jkt = key.thumbprint();
+    let rules = rules();
+    let proof = key.proof(&claims()).unwrap();
+    let verified = verify_proof(&proof, &check(&jkt, &rules)).unwrap();
+    assert_eq!(verified.jkt, jkt);
+    assert_eq!(verified.jti, "jti-1");
+    assert_eq!(verified.valid_until, NOW + 300);
+    // Scheme and host case, the default port, the query and the fragment do not matter.
+    let proof = edited(&key, |_, b| {
+        b["htu"] = json!("HTTPS://Reports.Example.COM:443/mcp?x=1#f")
+    });
+    assert!(verify_proof(&proof, &check(&jkt, &rules)).is_ok());
+}
+
+#[test]
+fn the_replay_digest_separates_keys_and_jtis() {
+    let proof = |jkt: &str, jti: &str| VerifiedProof {
+        jkt: jkt.into(),
+        jti: jti.into(),
+        valid_until: 0,
+    };
+    let base = proof("k", "j").replay_digest();
+    assert_eq!(base, proof("k", "j").replay_digest());
+    assert_ne!(base, proof("k2", "j").replay_digest());
+    assert_ne!(base, proof("k", "j2").replay_digest());
+    assert_ne!(
+        proof("ab", "c").replay_digest(),
+        proof("a", "bc").replay_digest()
+    );
+}
+
+#[test]
+fn every_rule_of_rfc_9449_section_4_3_refuses_its_violation() {
+    let key = DpopKey::generate().unwrap();
+    let jkt = key.thumbprint();
+    let rules = rules();
+    let cases: Vec<(&str, String, ProofError)> = vec![
+        ("not a JWT", "abc".into(), ProofError::Malformed),
+        (
+            "four parts",
+            format!("{}.x", key.proof(&claims()).unwrap()),
+            ProofError::Malformed,
+        ),
+        (
+            "typ JWT",
+            edited(&key, |h, _| h["typ"] = json!("JWT")),
+            ProofError::WrongType,
+        ),
+        (
+            "no typ",
+            edited(&key, |h, _| {
+                h.as_object_mut().unwrap().remove("typ");
+            }),
+            ProofError::WrongType,
+        ),
+        (
+            "alg none",
+            edited(&key, |h, _| h["alg"] = json!("none")),
+            ProofError::DisallowedAlgorithm,
+        ),
+        (
+            "alg HS256",
+            edited(&key, |h, _| h["alg"] = json!("HS256")),
+            ProofError::DisallowedAlgorithm,
+        ),
+        (
+            "no jwk",
+            edited(&key, |h, _| {
+                h.as_object_mut().unwrap().remove("jwk");
+            }),
+            ProofError::BadKey,
+        ),
+        (
+            "a private key in jwk",
+            edited(&key, |h, _| h["jwk"]["d"] = json!("c2VjcmV0")),
+            ProofError::BadKey,
+        ),
+        (
+            "a symmetric key",
+            edited(&key, |h, _| {
+                h["jwk"] = json!({"kty": "oct", "k": "c2VjcmV0"})
+            }),
+            ProofError::BadKey,
+        ),
+        (
+            "another key in jwk",
+            edited(&key, |h, _| {
+                h["jwk"] = Value::Object(DpopKey::generate().unwrap().public_jwk())
+            }),
+            ProofError::BadSignature,
+        ),
+        (
+            "htm GET",
+            edited(&key, |_, b| b["htm"] = json!("GET")),
+            ProofError::WrongMethod,
+        ),
+        (
+            "htm lower case",
+            edited(&key, |_, b| b["htm"] = json!("post")),
+            ProofError::WrongMethod,
+        ),
+        (
+            "no htm",
+            edited(&key, |_, b| {
+                b.as_object_mut().unwrap().remove("htm");
+            }),
+            ProofError::MissingClaim("htm"),
+        ),
+        (
+            "htu of another server",
+            edited(&key, |_, b| {
+                b["htu"] = json!("https://other.example.com/mcp")
+            }),
+            ProofError::WrongUri,
+        ),
+        (
+            "htu of another path",
+            edited(&key, |_, b| {
+                b["htu"] = json!("https://reports.example.com/mcp/x")
+            }),
+            ProofError::WrongUri,
+        ),
+        (
+            "htu over http",
+            edited(&key, |_, b| {
+                b["htu"] = json!("http://reports.example.com/mcp")
+            }),
+            ProofError::WrongUri,
+        ),
+        (
+            "htu with user info",
+            edited(&key, |_, b| {
+                b["htu"] = json!("https://u@reports.example.com/mcp")
+            }),
+            ProofError::WrongUri,
+        ),
+        (
+            "iat too old",
+            edited(&key, |_, b| b["iat"] = json!(NOW - 301)),
+            ProofError::Stale,
+        ),
+        (
+            "iat too far ahead",
+            edited(&key, |_, b| b["iat"] = json!(NOW + 301)),
+            ProofError::Stale,
+        ),
+        (
+            "no iat",
+            edited(&key, |_, b| {
+                b.as_object_mut().unwrap().remove("iat");
+            }),
+            ProofError::MissingClaim("iat"),
+        ),
+        (
+            "no jti",
+            edited(&key, |_, b| {
+                b.as_object_mut().unwrap().remove("jti");
+            }),
+            ProofError::MissingClaim("jti"),
+        ),
+        (
+            "a jti too long",
+            edited(&key, |_, b| b["jti"] = json!("j".repeat(MAX_JTI_BYTES + 1))),
+            ProofError::MissingClaim("jti"),
+        ),
+        (
+            "ath of another token",
+            edited(&key, |_, b| b["ath"] = json!(token_hash("another"))),
+            ProofError::WrongTokenHash,
+        ),
+        (
+            "no ath",
+            edited(&key, |_, b| {
+                b.as_object_mut().unwrap().remove("ath");
+            }),
+            ProofError::MissingClaim("ath"),
+        ),
+    ];
+    for (what, proof, expected) in cases {
+        assert_eq!(
+            verify_proof(&proof, &check(&jkt, &rules)),
+            Err(expected),
+            "{what}"
+        );
+    }
+    // A tampered signature.
+    let mut proof = key.proof(&claims()).unwrap();
+    let last = proof.pop().unwrap();
+    proof.push(if last == 'A' { 'B' } else { 'A' });
+    assert_eq!(
+        verify_proof(&proof, &check(&jkt, &rules)),
+        Err(ProofError::BadSignature)
+    );
+    // At the edges of the window the proof still verifies.
+    for iat in [NOW - 300, NOW + 300] {
+        let proof = edited(&key, |_, b| b["iat"] = json!(iat));
+        assert!(verify_proof(&proof, &check(&jkt, &rules)).is_ok(), "{iat}");
+    }
+}
+
+#[test]
+fn the_proof_key_must_be_the_one_the_token_is_bound_to() {
+    let key = DpopKey::generate().unwrap();
+    let other = DpopKey::generate().unwrap();
+    let rules = rules();
+    let proof = key.proof(&claims()).unwrap();
+    assert_eq!(
+        verify_proof(&proof, &check(&other.thumbprint(), &rules)),
+        Err(ProofError::KeyMismatch)
+    );
+}
+
+#[test]
+fn the_policy_decides_algorithms_and_the_window() {
+    let key = DpopKey::generate().unwrap();
+    let jkt = key.thumbprint();
+    let only_eddsa = DpopRules {
+        algorithms: vec![JwsAlgorithm::EdDSA],
+        ..DpopRules::default()
+    };
+    let proof = key.proof(&claims()).unwrap();
+    assert_eq!(
+        verify_proof(&proof, &check(&jkt, &only_eddsa)),
+        Err(ProofError::DisallowedAlgorithm)
+    );
+    let narrow = DpopRules {
+        proof_window_secs: 10,
+        ..DpopRules::default()
+    };
+    let proof = edited(&key, |_, b| b["iat"] = json!(NOW - 11));
+    assert_eq!(
+        verify_proof(&proof, &check(&jkt, &narrow)),
+        Err(ProofError::Stale)
+    );
+}
+
+#[test]
+fn a_required_nonce_must_be_current() {
+    let key = DpopKey::generate().unwrap();
+    let jkt = key.thumbprint();
+    let rules = rules();
+    let current = |n: &str| n == "n-current";
+    let with_nonce = |nonce: Option<&str>| {
+        let proof = key.proof(&ProofClaims { nonce, ..claims() }).unwrap();
+        verify_proof(
+            &proof,
+            &ProofCheck {
+                nonce: Some(&current),
+                ..check(&jkt, &rules)
+            },
+        )
+    };
+    assert!(with_nonce(Some("n-current")).is_ok());
+    assert_eq!(with_nonce(Some("n-old")), Err(ProofError::NonceRequired));
+    assert_eq!(with_nonce(None), Err(ProofError::NonceRequired));
+    assert_eq!(ProofError::NonceRequired.error_code(), "use_dpop_nonce");
+    assert_eq!(ProofError::Stale.error_code(), "invalid_dpop_proof");
+}
+
+#[test]
+fn a_key_survives_its_pem() {
+    let key = DpopKey::generate().unwrap();
+    let again = DpopKey::from_pem(&key.to_pem()).unwrap();
+    assert_eq!(again.thumbprint(), key.thumbprint());
+    assert!(
+        DpopKey::from_pem("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+            .is_err()
+    );
+}
