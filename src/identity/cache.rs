@@ -121,6 +121,7 @@ mod tests {
             scopes: BTreeSet::new(),
             issued_at: Some(0),
             expires_at: exp,
+            binding: None,
         }
     }
 

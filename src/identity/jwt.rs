@@ -9,7 +9,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
 use crate::api::JwsAlgorithm;
-use crate::model::Owner;
+use crate::model::{KeyBinding, Owner};
 use crate::policy::{EffectivePolicy, TrustedIssuer};
 
 use super::keys::KeySet;
@@ -26,6 +26,10 @@ pub struct Identity {
     pub issued_at: Option<i64>,
     /// `exp`, Unix seconds.
     pub expires_at: i64,
+    /// The key the token is bound to (its `cnf` claim), if any. Authentication passes a
+    /// key-bound token only with a proof of that key, so on an authenticated request this is
+    /// the key the caller proved.
+    pub binding: Option<KeyBinding>,
 }
 
 impl Identity {
@@ -64,6 +68,16 @@ pub enum AuthError {
     Revoked,
     #[error("more than one Authorization header")]
     MultipleCredentials,
+    #[error("the token's cnf claim binds it to a key in a way this server cannot check")]
+    UnsupportedConfirmation,
+    #[error("a key-bound token was presented without proof of its key")]
+    BoundTokenAsBearer,
+    #[error("a token presented with the DPoP scheme is not bound to a DPoP key")]
+    UnboundDpopToken,
+    #[error("the token's issuer requires key-bound tokens")]
+    ProofOfPossessionRequired,
+    #[error(transparent)]
+    Proof(#[from] super::dpop::ProofError),
 }
 
 impl AuthError {
@@ -83,6 +97,11 @@ impl AuthError {
             Self::WrongAudience => "wrong_audience",
             Self::MissingClaim(_) => "missing_claim",
             Self::Revoked => "revoked",
+            Self::UnsupportedConfirmation => "unsupported_confirmation",
+            Self::BoundTokenAsBearer => "bound_token_as_bearer",
+            Self::UnboundDpopToken => "dpop_unbound_token",
+            Self::ProofOfPossessionRequired => "pop_required",
+            Self::Proof(e) => e.reason(),
         }
     }
 }
@@ -99,6 +118,33 @@ pub(super) fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
         JwsAlgorithm::ES384 => Algorithm::ES384,
         JwsAlgorithm::EdDSA => Algorithm::EdDSA,
     }
+}
+
+/// How a token is presented (RFC 6750 `Bearer`, RFC 9449 `DPoP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Bearer,
+    Dpop,
+}
+
+/// Extracts the scheme and token from an `Authorization` header value: `Bearer` or `DPoP`
+/// (case-insensitive); any other scheme is no credential.
+pub fn credential(header: Option<&[u8]>) -> Result<(Scheme, &str), AuthError> {
+    let value =
+        std::str::from_utf8(header.ok_or(AuthError::Missing)?).map_err(|_| AuthError::Malformed)?;
+    let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
+    let scheme = if scheme.eq_ignore_ascii_case("bearer") {
+        Scheme::Bearer
+    } else if scheme.eq_ignore_ascii_case("dpop") {
+        Scheme::Dpop
+    } else {
+        return Err(AuthError::Missing);
+    };
+    let token = token.trim();
+    if token.is_empty() || token.len() > 16 * 1024 {
+        return Err(AuthError::Malformed);
+    }
+    Ok((scheme, token))
 }
 
 /// Extracts the bearer token from an `Authorization` header value.
@@ -224,6 +270,7 @@ fn identity_from_claims(
             .collect(),
         _ => BTreeSet::new(),
     };
+    let binding = confirmation(claims)?;
     Ok(Identity {
         owner: Owner {
             issuer: issuer.issuer.clone(),
@@ -234,7 +281,31 @@ fn identity_from_claims(
         scopes,
         issued_at: claims.get("iat").and_then(Value::as_i64),
         expires_at,
+        binding,
     })
+}
+
+/// The key a token is bound to, from its `cnf` claim (RFC 7800): `jkt` (DPoP, RFC 9449) or
+/// `x5t#S256` (a client certificate, RFC 8705). A `cnf` naming neither, or both, or with values
+/// that are not strings, refuses the token: accepting it as a bearer token would drop a binding
+/// its issuer meant to hold.
+fn confirmation(claims: &Map<String, Value>) -> Result<Option<KeyBinding>, AuthError> {
+    let Some(cnf) = claims.get("cnf") else {
+        return Ok(None);
+    };
+    let cnf = cnf.as_object().ok_or(AuthError::UnsupportedConfirmation)?;
+    let member = |name: &str| -> Result<Option<String>, AuthError> {
+        match cnf.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 => Ok(Some(s.clone())),
+            Some(_) => Err(AuthError::UnsupportedConfirmation),
+        }
+    };
+    match (member("jkt")?, member("x5t#S256")?) {
+        (Some(jkt), None) => Ok(Some(KeyBinding::Dpop { jkt })),
+        (None, Some(x5t_s256)) => Ok(Some(KeyBinding::Mtls { x5t_s256 })),
+        _ => Err(AuthError::UnsupportedConfirmation),
+    }
 }
 
 #[cfg(test)]

@@ -189,3 +189,52 @@ fn bearer_header_parsing() {
     assert_eq!(bearer_token(Some(b"Bearer")), Err(AuthError::Malformed));
     assert_eq!(bearer_token(Some(b"Bearer ")), Err(AuthError::Malformed));
 }
+
+#[test]
+fn a_cnf_claim_binds_the_identity_to_its_key() {
+    let p = policy("");
+    let bound = |cnf: Value| validate(&ed(&with(claims(), "cnf", cnf)), &p);
+    assert_eq!(validate(&ed(&claims()), &p).unwrap().binding, None);
+    assert_eq!(
+        bound(json!({"jkt": "0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I"}))
+            .unwrap()
+            .binding,
+        Some(KeyBinding::Dpop {
+            jkt: "0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I".into()
+        })
+    );
+    assert_eq!(
+        bound(json!({"x5t#S256": "bwcK0esc3ACC3DB2Y5_lESsXE8o9ltc05O89jdN-dg2"}))
+            .unwrap()
+            .binding,
+        Some(KeyBinding::Mtls {
+            x5t_s256: "bwcK0esc3ACC3DB2Y5_lESsXE8o9ltc05O89jdN-dg2".into()
+        })
+    );
+    // A binding this server cannot check is never dropped into a bearer token.
+    for cnf in [
+        json!({"jwk": {"kty": "EC"}}),
+        json!({"jkt": "a", "x5t#S256": "b"}),
+        json!({"jkt": 7}),
+        json!({"jkt": ""}),
+        json!("jkt"),
+        json!({}),
+    ] {
+        assert_eq!(
+            bound(cnf.clone()),
+            Err(AuthError::UnsupportedConfirmation),
+            "{cnf}"
+        );
+    }
+}
+
+#[test]
+fn the_authorization_scheme_is_bearer_or_dpop() {
+    assert_eq!(credential(Some(b"Bearer abc")), Ok((Scheme::Bearer, "abc")));
+    assert_eq!(credential(Some(b"bearer abc")), Ok((Scheme::Bearer, "abc")));
+    assert_eq!(credential(Some(b"DPoP abc")), Ok((Scheme::Dpop, "abc")));
+    assert_eq!(credential(Some(b"dpop abc")), Ok((Scheme::Dpop, "abc")));
+    assert_eq!(credential(Some(b"Basic abc")), Err(AuthError::Missing));
+    assert_eq!(credential(Some(b"DPoP ")), Err(AuthError::Malformed));
+    assert_eq!(credential(None), Err(AuthError::Missing));
+}

@@ -4,10 +4,11 @@ pub mod cache;
 pub mod delegation;
 pub mod dpop;
 pub mod dpop_mint;
+pub mod dpop_nonce;
 pub mod jwt;
 pub mod keys;
 pub mod mint;
 pub mod store;
 
-pub use jwt::{AuthError, Identity, bearer_token, validate_token};
+pub use jwt::{AuthError, Identity, Scheme, bearer_token, credential, validate_token};
 pub use keys::{KeySet, KeySetError};

@@ -162,6 +162,7 @@ mod tests {
             scopes: BTreeSet::from(["a".to_owned(), "b".to_owned()]),
             issued_at: None,
             expires_at: 0,
+            binding: None,
         }
     }
 

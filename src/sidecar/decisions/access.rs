@@ -123,6 +123,7 @@ mod tests {
                 .collect::<BTreeSet<_>>(),
             issued_at: None,
             expires_at: 0,
+            binding: None,
         }
     }
 

@@ -224,6 +224,7 @@ mod tests {
             scopes: BTreeSet::new(),
             issued_at: None,
             expires_at: 0,
+            binding: None,
         };
         let owner = cancellation(Access::Owner, &by, 1);
         assert_eq!(owner.ending.reason, EndReason::OwnerCancel);
