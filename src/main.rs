@@ -42,6 +42,9 @@ fn main() -> ExitCode {
         }
         Command::Exception(ExceptionCommand::Payload { file }) => cli::exception::payload(file),
         Command::Dev(DevCommand::Token(args)) => cli::dev::token(args).map(|()| ExitCode::SUCCESS),
+        Command::Dev(DevCommand::DpopProof(args)) => {
+            cli::dev::dpop_proof(args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Status(args) => cli::status::run(args),
         Command::Revoke(args) => cli::revoke::run(args),
         Command::Audit(AuditCommand::Digest(args)) => {

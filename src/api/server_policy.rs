@@ -203,6 +203,23 @@ pub enum JwsAlgorithm {
     EdDSA,
 }
 
+impl JwsAlgorithm {
+    /// The JOSE name (`ES256`, `EdDSA`, …), as tokens, proofs and metadata spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RS256 => "RS256",
+            Self::RS384 => "RS384",
+            Self::RS512 => "RS512",
+            Self::PS256 => "PS256",
+            Self::PS384 => "PS384",
+            Self::PS512 => "PS512",
+            Self::ES256 => "ES256",
+            Self::ES384 => "ES384",
+            Self::EdDSA => "EdDSA",
+        }
+    }
+}
+
 /// Claim names used to build the owner key (issuer + subject, tenant, client) and read scopes.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

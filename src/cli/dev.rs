@@ -6,7 +6,11 @@ use anyhow::{Context, Result};
 use jsonwebtoken::Algorithm;
 use serde_json::json;
 
-use super::DevTokenArgs;
+use std::path::Path;
+
+use lifeguard::identity::dpop_mint::{DpopKey, ProofClaims};
+
+use super::{DevDpopProofArgs, DevTokenArgs};
 
 pub fn token(args: &DevTokenArgs) -> Result<()> {
     let key =
@@ -28,7 +32,54 @@ pub fn token(args: &DevTokenArgs) -> Result<()> {
     if let Some(c) = &args.client {
         claims["client_id"] = json!(c);
     }
+    if let Some(path) = &args.dpop_key {
+        let key = dpop_key(path, true)?;
+        claims["cnf"] = json!({"jkt": key.thumbprint()});
+    }
     let token = lifeguard::identity::mint::mint_token(&key, alg, args.kid.as_deref(), &claims)?;
     println!("{token}");
     Ok(())
+}
+
+/// `lifeguard dev dpop-proof`: one proof for one request.
+pub fn dpop_proof(args: &DevDpopProofArgs) -> Result<()> {
+    let key = dpop_key(&args.dpop_key, false)?;
+    let proof = key
+        .proof(&ProofClaims {
+            method: &args.htm,
+            uri: &args.htu,
+            access_token: args.token.as_deref(),
+            iat: jiff::Timestamp::now().as_second(),
+            jti: None,
+            nonce: args.nonce.as_deref(),
+        })
+        .context("making the DPoP proof")?;
+    println!("{proof}");
+    Ok(())
+}
+
+/// The DPoP key in `path`; with `create`, a new one written there (mode 0600) when the file
+/// does not exist.
+fn dpop_key(path: &Path, create: bool) -> Result<DpopKey> {
+    match std::fs::read_to_string(path) {
+        Ok(pem) => DpopKey::from_pem(&pem).with_context(|| format!("reading {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            let key = DpopKey::generate()?;
+            write_private(path, &key.to_pem())
+                .with_context(|| format!("writing the new DPoP key {}", path.display()))?;
+            Ok(key)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
 }

@@ -234,6 +234,28 @@ pub enum ExceptionCommand {
 pub enum DevCommand {
     /// Sign a JWT with a local private key, for trying Lifeguard with a development issuer.
     Token(DevTokenArgs),
+    /// Make a DPoP proof (RFC 9449) with a client key, for one request to a server whose
+    /// tokens `dev token --dpop-key` bound to that key.
+    DpopProof(DevDpopProofArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DevDpopProofArgs {
+    /// The client's DPoP key: a PKCS#8 P-256 PEM, as `dev token --dpop-key` writes it.
+    #[arg(long, value_name = "PEM")]
+    pub dpop_key: PathBuf,
+    /// The URI the request is for (`htu`): the policy's `resource`.
+    #[arg(long)]
+    pub htu: String,
+    /// The request's HTTP method (`htm`).
+    #[arg(long, default_value = "POST")]
+    pub htm: String,
+    /// The access token the proof accompanies (its hash becomes `ath`).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// A server nonce (`DPoP-Nonce` of an earlier response).
+    #[arg(long)]
+    pub nonce: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -267,6 +289,11 @@ pub struct DevTokenArgs {
     /// Shift `iat` (and `exp`) into the past, e.g. 2h, to make an old token.
     #[arg(long, default_value = "0s")]
     pub issued_ago: lifeguard::api::PolicyDuration,
+    /// Bind the token to this DPoP key (`cnf.jkt`): a PKCS#8 P-256 PEM, created (mode 0600)
+    /// when the file does not exist. Present the token as `Authorization: DPoP <token>` with a
+    /// proof from `lifeguard dev dpop-proof`.
+    #[arg(long, value_name = "PEM")]
+    pub dpop_key: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -17,6 +17,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_lc_rs::rand::SystemRandom;
+
+use crate::model::KeyBinding;
 use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -93,6 +95,9 @@ pub struct Delegation<'a> {
     /// `lifeguard_task` (the task's keyed hash, as the audit trail names it) and `tool`.
     pub task: Option<&'a str>,
     pub tool: Option<&'a str>,
+    /// The key the caller's token was bound to and the caller proved: `orig_cnf`, with the
+    /// RFC 7800 member of the original token (`jkt` or `x5t#S256`). Absent for bearer callers.
+    pub key_binding: Option<&'a KeyBinding>,
     /// Unix seconds: now, and the latest the assertion may run (deadline, token `exp`).
     pub issued_at: i64,
     pub not_after: i64,
@@ -130,6 +135,13 @@ impl Delegation<'_> {
         }
         if let Some(tool) = self.tool {
             claims["tool"] = json!(tool);
+        }
+        match self.key_binding {
+            Some(KeyBinding::Dpop { jkt }) => claims["orig_cnf"] = json!({"jkt": jkt}),
+            Some(KeyBinding::Mtls { x5t_s256 }) => {
+                claims["orig_cnf"] = json!({"x5t#S256": x5t_s256});
+            }
+            None => {}
         }
         claims
     }
@@ -214,6 +226,7 @@ mod tests {
             scopes: vec!["reports:run"],
             task: Some("h:0123"),
             tool: Some("generate_report"),
+            key_binding: None,
             issued_at,
             not_after,
         }
@@ -261,6 +274,14 @@ mod tests {
         assert_eq!(claims["scope"], "reports:run");
         assert_eq!(claims["lifeguard_task"], "h:0123");
         assert_eq!(claims["exp"], exp);
+        assert!(claims.get("orig_cnf").is_none(), "a bearer caller proved no key");
+        let key = KeyBinding::Dpop { jkt: "k1".into() };
+        let bound = Delegation {
+            key_binding: Some(&key),
+            ..delegation(now, now + 3600)
+        };
+        let (token, _) = keys.sign(&bound).unwrap();
+        assert_eq!(verify(&keys, &token, now).unwrap()["orig_cnf"], json!({"jkt": "k1"}));
         assert_eq!(exp, now + MAX_ASSERTION_LIFETIME.as_secs() as i64);
     }
 

@@ -78,6 +78,8 @@ pub enum AuthError {
     ProofOfPossessionRequired,
     #[error(transparent)]
     Proof(#[from] super::dpop::ProofError),
+    #[error("the DPoP proof could not be recorded against replay")]
+    ProofNotRecorded,
 }
 
 impl AuthError {
@@ -102,6 +104,7 @@ impl AuthError {
             Self::UnboundDpopToken => "dpop_unbound_token",
             Self::ProofOfPossessionRequired => "pop_required",
             Self::Proof(e) => e.reason(),
+            Self::ProofNotRecorded => "dpop_replay_cache_unavailable",
         }
     }
 }

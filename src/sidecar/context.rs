@@ -38,21 +38,27 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// An audit event about this request, with the caller filled in.
+    /// An audit event about this request, with the caller filled in: the owner and, for a
+    /// key-bound token, the key it proved (`keyBinding`, `jkt:` or `x5t#S256:` and the key's
+    /// thumbprint, itself a SHA-256 digest of the public key).
     pub fn audit(
         &self,
         event: &'static str,
         decision: Decision,
         reason: &'static str,
     ) -> AuditEvent {
-        AuditEvent::new(
+        let event = AuditEvent::new(
             event,
             &self.correlation_id,
             self.policy.stamp(),
             decision,
             reason,
         )
-        .owner(&self.identity.owner)
+        .owner(&self.identity.owner);
+        match &self.identity.binding {
+            Some(binding) => event.detail("keyBinding", binding.to_stored()),
+            None => event,
+        }
     }
 
     /// The caller's bearer token, as presented.

@@ -93,6 +93,7 @@ pub fn attach(
         scopes,
         task: task_hash.as_deref(),
         tool,
+        key_binding: ctx.identity.binding.as_ref(),
         issued_at,
         not_after,
     };

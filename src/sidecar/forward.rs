@@ -17,6 +17,9 @@ pub const CLIENT_HEADER: &str = "lifeguard-client";
 pub const SCOPES_HEADER: &str = "lifeguard-scopes";
 /// `client` for requests a client made, `sidecar` for requests the sidecar makes on its own.
 pub const INITIATOR_HEADER: &str = "lifeguard-initiator";
+/// The key the caller proved (`jkt:<thumbprint>` or `x5t#S256:<thumbprint>`), when its token
+/// is key-bound; absent for bearer tokens.
+pub const KEY_BINDING_HEADER: &str = "lifeguard-key-binding";
 /// Why the sidecar made a request on its own (`deadline`, `revocation`, `admin_cancel`, …).
 pub const INITIATOR_REASON_HEADER: &str = "lifeguard-initiator-reason";
 
@@ -41,8 +44,9 @@ const DROPPED: &[&str] = &[
 ];
 
 /// Builds the headers of a request forwarded for a client: the client's headers minus the
-/// dropped ones, minus any `Lifeguard-*`, minus `Authorization` unless the policy forwards
-/// tokens, plus the identity headers.
+/// dropped ones, minus any `Lifeguard-*`, minus `Authorization` and `DPoP` (the proof is
+/// recorded as used: it is no use to the server) unless the policy forwards tokens, plus the
+/// identity headers.
 pub fn client_request_headers(
     incoming: &HeaderMap,
     identity: &Identity,
@@ -69,7 +73,7 @@ pub fn client_request_headers(
         if DROPPED.contains(&n)
             || n.starts_with(IDENTITY_HEADER_PREFIX)
             || connection_listed.iter().any(|c| c.replace('_', "-") == n)
-            || (n == "authorization" && mode != UpstreamIdentity::ForwardToken)
+            || ((n == "authorization" || n == "dpop") && mode != UpstreamIdentity::ForwardToken)
         {
             continue;
         }
@@ -107,6 +111,9 @@ fn set_identity(out: &mut HeaderMap, identity: &Identity, initiator: &str, reaso
         insert_encoded(out, name, value);
     }
     insert_encoded(out, SCOPES_HEADER, &scopes.join(" "));
+    if let Some(binding) = &identity.binding {
+        insert_encoded(out, KEY_BINDING_HEADER, &binding.to_stored());
+    }
     insert_encoded(out, INITIATOR_HEADER, initiator);
     if let Some(reason) = reason {
         insert_encoded(out, INITIATOR_REASON_HEADER, reason);
@@ -218,6 +225,26 @@ mod tests {
         let out = client_request_headers(&incoming(), &identity(), UpstreamIdentity::ForwardToken);
         assert_eq!(out.get("authorization").unwrap(), "Bearer secret");
         assert_eq!(out.get(SUBJECT_HEADER).unwrap(), "alice");
+    }
+
+    #[test]
+    fn a_proof_is_withheld_with_the_token_and_the_proven_key_is_named() {
+        let mut headers = incoming();
+        headers.insert("authorization", HeaderValue::from_static("DPoP secret"));
+        headers.insert("dpop", HeaderValue::from_static("proof"));
+        headers.insert("lifeguard-key-binding", HeaderValue::from_static("jkt:forged"));
+        let bound = Identity {
+            binding: Some(crate::model::KeyBinding::Dpop { jkt: "k1".into() }),
+            ..identity()
+        };
+        let out = client_request_headers(&headers, &bound, UpstreamIdentity::IdentityHeaders);
+        assert!(out.get("authorization").is_none() && out.get("dpop").is_none());
+        assert_eq!(out.get(KEY_BINDING_HEADER).unwrap(), "jkt:k1");
+        let out = client_request_headers(&headers, &bound, UpstreamIdentity::ForwardToken);
+        assert_eq!(out.get("authorization").unwrap(), "DPoP secret");
+        assert_eq!(out.get("dpop").unwrap(), "proof");
+        let out = client_request_headers(&headers, &identity(), UpstreamIdentity::IdentityHeaders);
+        assert!(out.get(KEY_BINDING_HEADER).is_none(), "a bearer caller proved no key");
     }
 
     #[test]

@@ -52,7 +52,7 @@
 //! | request context | `context` |
 //! | source contract | `policy_source` (the policy, status and revocation-progress channels) |
 //! | policy in force | `active_policy`, `error` |
-//! | leaves | `decisions` (pure), `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability` + `capability_refusal` (its refusals: audit and metric), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `rate_limit` (request-rate buckets: in memory, or shared through the ledger), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
+//! | leaves | `decisions` (pure), `respond`, `forward`, `upstream` (with its bounded event bodies and HTTP/2 pool), `capability` + `capability_refusal` (its refusals: audit and metric), `objects` (`tasks.objects`: the authorizer and its cache), `stream_registry`, `in_flight` (requests in flight per caller), `rate_limit` (request-rate buckets: in memory, or shared through the ledger), `possession` (proof of possession for key-bound tokens: DPoP proofs, their replay cache and nonces), `snapshot_store`, `app_probes` (the app's probes on the admin port) |
 
 mod active_policy;
 mod app_probes;
@@ -78,6 +78,7 @@ mod minimize;
 mod object_access;
 mod objects;
 mod pipeline;
+mod possession;
 mod policy_file;
 mod policy_source;
 mod rate_limit;

@@ -12,7 +12,8 @@ use http::header::{self, HeaderMap};
 use serde_json::Value;
 
 use crate::audit::{AuditEvent, Decision};
-use crate::identity::{AuthError, Identity, bearer_token, validate_token};
+use crate::identity::dpop::ProofError;
+use crate::identity::{AuthError, Identity, Scheme, credential, validate_token};
 use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
@@ -23,6 +24,7 @@ use crate::telemetry::spans::{self, ServerSpan};
 
 use super::active_policy::ActivePolicy;
 use super::context::{Arrival, RequestContext, new_correlation_id};
+use super::possession::Unproven;
 use super::revocation::revocation_of;
 use super::state::AppState;
 use super::{client_cancel, in_flight, listen, logging_gate, relay, respond, tasks};
@@ -133,7 +135,7 @@ async fn serve_in_span(
     }
 
     let auth_started = spans::now(span);
-    let (authenticated, from_cache) = authenticate(&policy, &headers).await;
+    let (authenticated, from_cache) = authenticate(&app, &policy, &headers, &arrival).await;
     let auth_ended = spans::now(span);
     // A token the cache answered took no time worth a span of its own; a validation (keys,
     // perhaps a refetch) and every refusal get one.
@@ -169,7 +171,7 @@ async fn serve_in_span(
                 None => app.denials.log(&app.audit, event, None, Instant::now()),
             }
             // The body is not read, so the answer has no id to echo.
-            return respond::unauthorized(&policy.resource_metadata_url, &Value::Null, error);
+            return refused.respond(&app, &policy);
         }
     };
     // Refusals from here on are of a known principal.
@@ -267,6 +269,8 @@ async fn serve_in_span(
         }
     }
 
+    let policy_for_nonce = policy.clone();
+    let dpop_scheme = scheme_of(&headers) == Some(Scheme::Dpop);
     let ctx = RequestContext {
         correlation_id,
         policy,
@@ -286,7 +290,29 @@ async fn serve_in_span(
         "deny"
     };
     app.metrics.request(method, decision);
+    let response = with_fresh_nonce(&app, &policy_for_nonce, dpop_scheme, response);
     in_flight::hold_until_answered(response, in_flight)
+}
+
+/// A response to a DPoP request under a policy requiring nonces carries the nonce to use next
+/// (RFC 9449 §8.2), so a client never needs a refusal to learn it.
+fn with_fresh_nonce(
+    app: &AppState,
+    policy: &ActivePolicy,
+    dpop_scheme: bool,
+    mut response: Response,
+) -> Response {
+    if dpop_scheme
+        && let Some(nonce) = app.possession.nonce(&policy.effective, now_secs())
+        && let Ok(value) = http::HeaderValue::from_str(&nonce)
+    {
+        response.headers_mut().insert(respond::DPOP_NONCE, value);
+    }
+    response
+}
+
+fn now_secs() -> i64 {
+    jiff::Timestamp::now().as_second()
 }
 
 /// Hands a request that passed every check to its method's handler.
@@ -370,6 +396,10 @@ struct Refused {
     error: AuthError,
     /// For a valid token of a revoked principal: who, and the revocation that refused it.
     revoked: Option<Box<(Identity, String)>>,
+    /// The token came with the DPoP scheme: the challenge is DPoP's.
+    dpop_scheme: bool,
+    /// The proof could not be recorded against replay (503, not 401).
+    unavailable: bool,
 }
 
 impl From<AuthError> for Refused {
@@ -377,30 +407,100 @@ impl From<AuthError> for Refused {
         Self {
             error,
             revoked: None,
+            dpop_scheme: false,
+            unavailable: false,
         }
     }
 }
 
-/// The caller's identity from the request's bearer token, refusing revoked principals, and
-/// whether the token cache answered (a token validated before and not yet expired) rather than
-/// a validation.
-async fn authenticate(
-    policy: &ActivePolicy,
-    headers: &HeaderMap,
-) -> (Result<Identity, Refused>, bool) {
-    let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
-    let token = match single_token(headers) {
-        Ok(token) => token,
-        Err(refused) => return (Err(refused), false),
-    };
-    if let Some(identity) = policy.tokens.get(token, now_secs) {
-        return (check_revocations(policy, identity), true);
+impl Refused {
+    /// The answer: 401 with the challenge the scheme and policy call for, or 503 when the
+    /// replay cache could not record a proof.
+    fn respond(&self, app: &AppState, policy: &ActivePolicy) -> Response {
+        if self.unavailable {
+            return respond::retry_shortly(
+                &Value::Null,
+                "The DPoP replay cache is unavailable",
+                "proof_cache_unavailable",
+                None,
+            );
+        }
+        let effective = &policy.effective;
+        let rules = effective.dpop_rules();
+        let algs: Vec<&str> = rules.algorithms.iter().map(|a| a.as_str()).collect();
+        let nonce = matches!(self.error, AuthError::Proof(ProofError::NonceRequired))
+            .then(|| app.possession.nonce(effective, now_secs()))
+            .flatten();
+        let challenge = respond::DpopChallenge {
+            metadata_url: &policy.resource_metadata_url,
+            algs: &algs.join(" "),
+            required: effective.requires_proof_of_possession(),
+            offered: effective
+                .issuers
+                .iter()
+                .any(|i| i.proof_of_possession == crate::api::ProofOfPossession::Required),
+            nonce,
+        };
+        respond::unauthorized_dpop(&challenge, &Value::Null, &self.error, self.dpop_scheme)
     }
-    (validate(policy, token, now_secs).await, false)
 }
 
-/// The one bearer token of a request.
-fn single_token(headers: &HeaderMap) -> Result<&str, Refused> {
+/// The caller's identity from the request's token, refusing revoked principals and key-bound
+/// tokens without proof of their key, and whether the token cache answered (a token validated
+/// before and not yet expired) rather than a validation.
+async fn authenticate(
+    app: &AppState,
+    policy: &ActivePolicy,
+    headers: &HeaderMap,
+    arrival: &Arrival,
+) -> (Result<Identity, Refused>, bool) {
+    let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
+    let (scheme, token) = match single_credential(headers) {
+        Ok(credential) => credential,
+        Err(refused) => return (Err(refused), false),
+    };
+    let (identity, from_cache) = match policy.tokens.get(token, now_secs) {
+        Some(identity) => (check_revocations(policy, identity), true),
+        None => (validate(policy, token, now_secs).await, false),
+    };
+    let proven = match identity {
+        Ok(identity) => app
+            .possession
+            .check(
+                &policy.effective,
+                headers,
+                (scheme, token),
+                &identity,
+                *arrival == Arrival::Client,
+                now_secs as i64,
+            )
+            .await
+            .map(|()| identity)
+            .map_err(|unproven| match unproven {
+                Unproven::Refused(error) => Refused::from(error),
+                Unproven::Unavailable => Refused {
+                    unavailable: true,
+                    ..Refused::from(AuthError::ProofNotRecorded)
+                },
+            }),
+        Err(refused) => Err(refused),
+    };
+    let proven = proven.map_err(|refused| Refused {
+        dpop_scheme: scheme == Scheme::Dpop,
+        ..refused
+    });
+    (proven, from_cache)
+}
+
+/// How the request's token is presented, when it is.
+fn scheme_of(headers: &HeaderMap) -> Option<Scheme> {
+    credential(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+        .ok()
+        .map(|(scheme, _)| scheme)
+}
+
+/// The one token of a request, and its scheme.
+fn single_credential(headers: &HeaderMap) -> Result<(Scheme, &str), Refused> {
     // One credential per request: with two, which one was checked and which one the server
     // reads (forwardToken mode) could differ.
     let mut authorizations = headers.get_all(header::AUTHORIZATION).iter();
@@ -408,7 +508,7 @@ fn single_token(headers: &HeaderMap) -> Result<&str, Refused> {
     if authorizations.next().is_some() {
         return Err(AuthError::MultipleCredentials.into());
     }
-    Ok(bearer_token(first.map(|v| v.as_bytes()))?)
+    Ok(credential(first.map(|v| v.as_bytes()))?)
 }
 
 /// Validates a token the cache did not know against the policy (refetching the issuer's keys
@@ -438,8 +538,8 @@ async fn validate(policy: &ActivePolicy, token: &str, now_secs: u64) -> Result<I
 fn check_revocations(policy: &ActivePolicy, identity: Identity) -> Result<Identity, Refused> {
     match revocation_of(policy, &identity) {
         Some(rule) => Err(Refused {
-            error: AuthError::Revoked,
             revoked: Some(Box::new((identity, rule.name.clone()))),
+            ..Refused::from(AuthError::Revoked)
         }),
         None => Ok(identity),
     }

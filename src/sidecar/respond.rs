@@ -213,6 +213,129 @@ pub fn unauthorized(metadata_url: &str, id: &Value, error: &AuthError) -> Respon
     response
 }
 
+/// What a `WWW-Authenticate: DPoP` challenge says besides its error (RFC 9449 §7.1).
+pub struct DpopChallenge<'a> {
+    pub metadata_url: &'a str,
+    /// The accepted proof algorithms (`algs`), space-separated.
+    pub algs: &'a str,
+    /// Every trusted issuer requires key-bound tokens: the Bearer challenge is left out.
+    pub required: bool,
+    /// Some issuer requires key-bound tokens: a request without a token gets the DPoP
+    /// challenge too.
+    pub offered: bool,
+    /// A fresh server nonce, sent as `DPoP-Nonce` (with `use_dpop_nonce`, and whenever the
+    /// policy requires nonces).
+    pub nonce: Option<String>,
+}
+
+/// 401 for a request presented with the DPoP scheme, or refused for want of proof of
+/// possession: a `WWW-Authenticate: DPoP` challenge whose error says what to do —
+/// `use_dpop_nonce` (retry with the `DPoP-Nonce` given), `invalid_dpop_proof` (with the rule
+/// the proof broke: the client made the proof, so naming the rule discloses nothing), or
+/// `invalid_token` (the token is bound to a key but shown as a bearer token, is not bound but
+/// shown with DPoP, or its issuer requires binding; every other token failure gets the same
+/// generic description as the Bearer challenge). Requests refused without DPoP in play get
+/// [`unauthorized`]'s Bearer challenge, with a DPoP challenge beside it when an issuer requires
+/// key-bound tokens (alone when all do).
+pub fn unauthorized_dpop(
+    challenge: &DpopChallenge<'_>,
+    id: &Value,
+    error: &AuthError,
+    dpop_scheme: bool,
+) -> Response {
+    let dpop_error: Option<(&str, String, &'static str)> = match error {
+        AuthError::Proof(proof) => Some((
+            proof.error_code(),
+            capitalised(&proof.to_string()),
+            proof.error_code(),
+        )),
+        AuthError::BoundTokenAsBearer => Some((
+            "invalid_token",
+            "The access token is bound to a key: present it with the DPoP scheme and a DPoP proof"
+                .into(),
+            "invalid_token",
+        )),
+        AuthError::UnboundDpopToken => Some((
+            "invalid_token",
+            "The access token is not bound to a DPoP key".into(),
+            "invalid_token",
+        )),
+        AuthError::ProofOfPossessionRequired => Some((
+            "invalid_token",
+            "This server requires DPoP-bound access tokens".into(),
+            "invalid_token",
+        )),
+        AuthError::Missing if !dpop_scheme => None,
+        AuthError::Expired if dpop_scheme => Some((
+            "invalid_token",
+            "The access token expired".into(),
+            "expired",
+        )),
+        _ if dpop_scheme => Some((
+            "invalid_token",
+            "The access token is not valid for this server".into(),
+            "invalid_token",
+        )),
+        _ => None,
+    };
+    let bare = format!(
+        "DPoP algs=\"{}\", resource_metadata=\"{}\"",
+        challenge.algs, challenge.metadata_url
+    );
+    let mut response = match dpop_error {
+        Some((code, description, reason)) => {
+            let remediation = if code == "use_dpop_nonce" {
+                Remediation::Retry { after_ms: 0 }
+            } else {
+                Remediation::Reauthenticate
+            };
+            let mut response = refuse(
+                StatusCode::UNAUTHORIZED,
+                id,
+                ErrorObject::new(codes::UNAUTHORIZED, description.clone()),
+                &Refusal::new(reason, remediation),
+            );
+            let value = format!(
+                "DPoP error=\"{code}\", error_description=\"{description}\", algs=\"{}\", resource_metadata=\"{}\"",
+                challenge.algs, challenge.metadata_url
+            );
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+            response
+        }
+        None => {
+            let mut response = unauthorized(challenge.metadata_url, id, error);
+            if challenge.required {
+                response.headers_mut().remove(header::WWW_AUTHENTICATE);
+            }
+            if (challenge.offered || challenge.required)
+                && let Ok(v) = HeaderValue::from_str(&bare)
+            {
+                response.headers_mut().append(header::WWW_AUTHENTICATE, v);
+            }
+            response
+        }
+    };
+    if let Some(nonce) = &challenge.nonce
+        && let Ok(v) = HeaderValue::from_str(nonce)
+    {
+        response.headers_mut().insert(DPOP_NONCE, v);
+    }
+    response
+}
+
+/// The header carrying a server nonce (RFC 9449 §8).
+pub const DPOP_NONCE: &str = "dpop-nonce";
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 /// 403 `insufficient_scope` naming the scopes the operation needs, in the challenge and in
 /// `data.scope`; `remediation: reauthenticate` (a token with those scopes), the policy that
 /// requires them, and the SEP-2643 `authorization` envelope. Reached only by the caller the

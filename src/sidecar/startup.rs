@@ -58,6 +58,7 @@ pub(super) struct LedgerKeys {
     hasher: TaskHasher,
     identity_digester: IdentityDigester,
     idempotency_secret: [u8; 32],
+    possession: super::possession::Possession,
 }
 
 /// Opens the ledger and reads (or makes) its keys.
@@ -89,11 +90,15 @@ pub(super) async fn open_ledger(config: &SidecarConfig) -> Result<LedgerKeys> {
         .secret(IDEMPOTENCY_SECRET)
         .await
         .context("reading the idempotency key from the ledger")?;
+    let possession = super::possession::Possession::for_ledger(&ledger)
+        .await
+        .context("reading the DPoP nonce key from the ledger")?;
     Ok(LedgerKeys {
         ledger,
         hasher,
         identity_digester,
         idempotency_secret,
+        possession,
     })
 }
 
@@ -253,6 +258,7 @@ pub(super) async fn build_state(
         hasher: keys.hasher,
         metrics,
         idempotency_secret: keys.idempotency_secret,
+        possession: keys.possession,
         objects: objects::ObjectGate::default(),
         rate_limits,
         delegation: crate::identity::delegation::DelegationKeys::new(
@@ -459,17 +465,29 @@ fn delegation_keys_router(app: Arc<AppState>) -> Router {
 }
 
 /// RFC 9728 protected resource metadata, so clients can discover which authorization servers
-/// issue tokens for this server.
+/// issue tokens for this server, which DPoP proof algorithms it accepts and whether it requires
+/// DPoP-bound tokens (RFC 9449 §5.1: true when every trusted issuer requires them).
 async fn protected_resource_metadata(State(app): State<Arc<AppState>>) -> Response {
     match app.policy() {
-        Some(policy) => respond::json(
-            StatusCode::OK,
-            &serde_json::json!({
-                "resource": policy.effective.resource,
-                "authorization_servers": policy.effective.issuers.iter().map(|i| &i.issuer).collect::<Vec<_>>(),
-                "bearer_methods_supported": ["header"],
-            }),
-        ),
+        Some(policy) => {
+            let effective = &policy.effective;
+            let algorithms: Vec<&str> = effective
+                .dpop_rules()
+                .algorithms
+                .iter()
+                .map(|a| a.as_str())
+                .collect();
+            respond::json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "resource": effective.resource,
+                    "authorization_servers": effective.issuers.iter().map(|i| &i.issuer).collect::<Vec<_>>(),
+                    "bearer_methods_supported": ["header"],
+                    "dpop_signing_alg_values_supported": algorithms,
+                    "dpop_bound_access_tokens_required": effective.requires_proof_of_possession(),
+                }),
+            )
+        }
         None => respond::status(StatusCode::SERVICE_UNAVAILABLE),
     }
 }

@@ -32,6 +32,8 @@ pub struct AppState {
     pub metrics: Arc<SidecarMetrics>,
     /// Keys idempotency hashes (a ledger secret, shared by replicas).
     pub idempotency_secret: [u8; 32],
+    /// Proof of possession for key-bound tokens: the DPoP replay cache and nonce key.
+    pub possession: super::possession::Possession,
     /// Signs delegation assertions (`upstream.identity: delegation`); its public keys are
     /// served at `/.well-known/jwks.json` on the admin port.
     pub delegation: crate::identity::delegation::DelegationKeys,

@@ -41,6 +41,7 @@ mod sidecar_capability_budgets;
 mod sidecar_control_plane;
 mod sidecar_delegation;
 mod sidecar_denials;
+mod sidecar_dpop;
 mod sidecar_exhaustion;
 mod sidecar_hardening;
 mod sidecar_identity;

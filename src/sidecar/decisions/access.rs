@@ -13,6 +13,8 @@ pub enum DenyReason {
     ForeignSubject,
     ForeignTenant,
     ForeignClient,
+    /// The task is bound to a key the caller did not prove (another key, or none).
+    ForeignKey,
 }
 
 impl DenyReason {
@@ -23,6 +25,7 @@ impl DenyReason {
             Self::ForeignSubject => "foreign_subject",
             Self::ForeignTenant => "foreign_tenant",
             Self::ForeignClient => "foreign_client",
+            Self::ForeignKey => "foreign_key",
         }
     }
 }
@@ -30,7 +33,8 @@ impl DenyReason {
 /// How a caller may act on a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    /// The caller is the task's owner: same issuer + subject, tenant and client.
+    /// The caller is the task's owner: same issuer + subject, tenant and client, and the key
+    /// the task is bound to, if any.
     Owner,
     /// The caller holds the policy's admin cancel scope in the task's tenant (cancel only).
     Admin,
@@ -80,6 +84,11 @@ pub fn authorize(
     }
     if owner.client != caller.owner.client {
         return Err(DenyReason::ForeignClient);
+    }
+    // A task created with a key-bound token stays with that key: the same user with a bearer
+    // token, or with another key, is someone else for it.
+    if record.binding.is_some() && record.binding != caller.binding {
+        return Err(DenyReason::ForeignKey);
     }
     Ok(Access::Owner)
 }
@@ -164,6 +173,49 @@ mod tests {
         assert_eq!(
             read(&caller(other_issuer, &[])),
             Err(DenyReason::ForeignSubject)
+        );
+    }
+
+    #[test]
+    fn a_key_bound_task_is_only_for_requests_proving_its_key() {
+        use crate::model::KeyBinding;
+        let key = |jkt: &str| Some(KeyBinding::Dpop { jkt: jkt.into() });
+        let bound = TaskRecord {
+            binding: key("key-a"),
+            ..record()
+        };
+        let alice = |binding: Option<KeyBinding>, scopes: &[&str]| Identity {
+            binding,
+            ..caller(owner("alice", "t1", "console"), scopes)
+        };
+        for op in [Operation::Read, Operation::Update, Operation::Cancel] {
+            let act = |c: &Identity| authorize(Some(&bound), c, op, Some("admin"), 2_000);
+            assert_eq!(act(&alice(key("key-a"), &[])), Ok(Access::Owner), "{op:?}");
+            assert_eq!(
+                act(&alice(None, &[])),
+                Err(DenyReason::ForeignKey),
+                "a bearer token of the same user, {op:?}"
+            );
+            assert_eq!(
+                act(&alice(key("key-b"), &[])),
+                Err(DenyReason::ForeignKey),
+                "another key of the same user, {op:?}"
+            );
+            let certificate = Some(KeyBinding::Mtls {
+                x5t_s256: "key-a".into(),
+            });
+            assert_eq!(act(&alice(certificate, &[])), Err(DenyReason::ForeignKey));
+        }
+        // An administrator of the tenant cancels whatever key the task is bound to.
+        let admin = caller(owner("root", "t1", "console"), &["admin"]);
+        assert_eq!(
+            authorize(Some(&bound), &admin, Operation::Cancel, Some("admin"), 2_000),
+            Ok(Access::Admin)
+        );
+        // A task of a bearer token stays open to the same user proving a key.
+        assert_eq!(
+            authorize(Some(&record()), &alice(key("key-a"), &[]), Operation::Read, None, 2_000),
+            Ok(Access::Owner)
         );
     }
 

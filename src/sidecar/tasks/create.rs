@@ -256,6 +256,7 @@ async fn reserve(
             key_hash: idempotency::claim_hash(
                 &app.idempotency_secret,
                 &ctx.identity.owner,
+                ctx.identity.binding.as_ref(),
                 tool,
                 &m,
             ),

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::Sha256;
 
 use crate::mcp::headers;
-use crate::model::Owner;
+use crate::model::{KeyBinding, Owner};
 
 /// Why an `Idempotency-Key` header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,20 +73,30 @@ pub fn write_canonical(value: &Value, out: &mut String) {
 }
 
 /// The ledger key: HMAC-SHA-256 (keyed by a ledger secret) over the owner (issuer, subject,
-/// tenant, client), the tool and the key material, so the same key from another principal or
-/// client never collides, and stored hashes reveal nothing.
-pub fn claim_hash(secret: &[u8; 32], owner: &Owner, tool: &str, material: &str) -> [u8; 32] {
+/// tenant, client), the tool, the key material and the key the creating token is bound to (if
+/// any), so the same key from another principal, client or proof key never collides, and
+/// stored hashes reveal nothing. Unbound callers hash as they did before bindings existed.
+pub fn claim_hash(
+    secret: &[u8; 32],
+    owner: &Owner,
+    binding: Option<&KeyBinding>,
+    tool: &str,
+    material: &str,
+) -> [u8; 32] {
     // HMAC accepts keys of any length.
     let mut mac =
         <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key length");
-    for part in [
+    let bound = binding.map(KeyBinding::to_stored);
+    let parts = [
         owner.issuer.as_str(),
         owner.subject.as_str(),
         owner.tenant.as_str(),
         owner.client.as_str(),
         tool,
         material,
-    ] {
+    ];
+    // Each part is length-prefixed, so six parts never hash like seven.
+    for part in parts.into_iter().chain(bound.as_deref()) {
         mac.update(&(part.len() as u64).to_be_bytes());
         mac.update(part.as_bytes());
     }
@@ -135,19 +145,24 @@ mod tests {
     #[test]
     fn hashes_bind_the_owner_and_tool() {
         let k = [7u8; 32];
-        let base = claim_hash(&k, &owner("alice"), "t", "header:x");
-        assert_eq!(base, claim_hash(&k, &owner("alice"), "t", "header:x"));
-        assert_ne!(base, claim_hash(&k, &owner("bob"), "t", "header:x"));
-        assert_ne!(base, claim_hash(&k, &owner("alice"), "u", "header:x"));
+        let base = claim_hash(&k, &owner("alice"), None, "t", "header:x");
+        assert_eq!(base, claim_hash(&k, &owner("alice"), None, "t", "header:x"));
+        assert_ne!(base, claim_hash(&k, &owner("bob"), None, "t", "header:x"));
+        assert_ne!(base, claim_hash(&k, &owner("alice"), None, "u", "header:x"));
+        let key = KeyBinding::Dpop { jkt: "k1".into() };
+        let bound = claim_hash(&k, &owner("alice"), Some(&key), "t", "header:x");
+        assert_ne!(base, bound, "a key-bound creation is not a bearer one");
+        let other = KeyBinding::Dpop { jkt: "k2".into() };
+        assert_ne!(bound, claim_hash(&k, &owner("alice"), Some(&other), "t", "header:x"));
         assert_ne!(
             base,
-            claim_hash(&[8u8; 32], &owner("alice"), "t", "header:x")
+            claim_hash(&[8u8; 32], &owner("alice"), None, "t", "header:x")
         );
         // Length prefixes keep field boundaries: ("ab","c") differs from ("a","bc").
         let mut o1 = owner("ab");
         o1.tenant = "c".into();
         let mut o2 = owner("a");
         o2.tenant = "bc".into();
-        assert_ne!(claim_hash(&k, &o1, "t", "m"), claim_hash(&k, &o2, "t", "m"));
+        assert_ne!(claim_hash(&k, &o1, None, "t", "m"), claim_hash(&k, &o2, None, "t", "m"));
     }
 }

@@ -8,6 +8,7 @@ pub mod client;
 pub mod cluster;
 pub mod control_plane;
 pub mod daemon;
+pub mod dpop;
 pub mod example_server;
 pub mod kube;
 pub mod kubectl_plugin;

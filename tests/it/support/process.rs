@@ -292,6 +292,9 @@ pub struct SidecarOptions {
     pub place: Option<Place>,
     /// Environment variables of the sidecar (e.g. the `OTEL_*` trace export settings).
     pub env: Vec<(String, String)>,
+    /// YAML inserted after the test issuer's `jwksFile` line: more fields of the issuer
+    /// (8-space indent), then of `spec.identity` (4-space indent).
+    pub identity: String,
 }
 
 /// Where a sidecar runs: a network namespace (`support::netns`) and the address it listens on
@@ -352,6 +355,10 @@ impl Sidecar {
         std::fs::copy(fixture("keys/issuer-jwks.json"), &jwks).unwrap();
         let policy_path = dir.path().join("policy.yaml");
         let mut text = policy_yaml(&jwks, &options.spec);
+        if !options.identity.is_empty() {
+            let line = format!("jwksFile: {}\n", jwks.display());
+            text = text.replace(&line, &format!("{line}{}", options.identity));
+        }
         if let Some(uri) = &options.jwks_uri {
             text = text.replace(
                 &format!("jwksFile: {}", jwks.display()),

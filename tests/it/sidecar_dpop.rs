@@ -1,0 +1,338 @@
+//! Proof-of-possession-bound tasks, black box: a real DPoP client (Python, joserfc) against the
+//! real sidecar. A task created with a DPoP-bound token belongs to that key: a stolen bearer
+//! copy of the token, the same user's bearer token and the same user's other key all get
+//! nowhere; proofs that are replayed, made for another method or URI, or for another token
+//! are refused; server nonces work; an issuer that requires binding refuses bearer tokens.
+
+use crate::support;
+use crate::support::alice;
+
+use serde_json::{Value, json};
+use support::dpop::{DpopClient, DpopReply};
+use support::{McpClient, RESOURCE, Sidecar, SidecarOptions};
+
+const TASK_TOOLS: &str = r#"  tasks:
+    tools: [slow_compute, confirm_action]
+    minPollInterval: 100ms
+"#;
+
+async fn sidecar_with(identity: &str) -> (support::ExampleServer, Sidecar, McpClient) {
+    let server = support::ExampleServer::start();
+    let sidecar = Sidecar::start(
+        &server.url,
+        SidecarOptions {
+            spec: TASK_TOOLS.into(),
+            identity: identity.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = McpClient::new(&sidecar.url);
+    (server, sidecar, client)
+}
+
+fn challenge(headers: &http::HeaderMap) -> String {
+    headers
+        .get_all("www-authenticate")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+fn task_id(reply: &DpopReply) -> String {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.result()["taskId"].as_str().unwrap().to_owned()
+}
+
+fn assert_task_not_found(reply: &support::client::Reply, who: &str) {
+    assert_eq!(reply.status, 400, "{who}: {reply:?}");
+    assert_eq!(reply.body["error"]["message"], "Task not found", "{who}");
+}
+
+#[tokio::test]
+async fn a_stolen_copy_of_a_dpop_bound_token_cannot_read_answer_or_cancel_the_task() {
+    let (_server, sidecar, client) = sidecar_with("").await;
+    let url = sidecar.url.clone();
+    let mut owner = DpopClient::start(&url).await;
+    let token = owner.token_for(&alice());
+
+    let created = owner
+        .call(
+            &token,
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {"seconds": 30}}),
+        )
+        .await;
+    let id = task_id(&created);
+    let read = owner.call(&token, "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.result()["taskId"], id.as_str());
+
+    // The token copied from a log, used as a bearer token: refused before anything is read.
+    for method in ["tasks/get", "tasks/cancel"] {
+        let stolen = client.task(&token, method, &id).await;
+        assert_eq!(stolen.status, 401, "{method}: {stolen:?}");
+        let challenge = challenge(&stolen.headers);
+        assert!(
+            challenge.starts_with("DPoP error=\"invalid_token\""),
+            "{challenge}"
+        );
+    }
+    let stolen_update = client
+        .request(
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": {"x": {"action": "accept"}}}),
+        )
+        .token(&token)
+        .send()
+        .await;
+    assert_eq!(stolen_update.status, 401, "{stolen_update:?}");
+    // With the DPoP scheme but no proof of the key (the thief has none).
+    let no_proof = client
+        .request("tasks/get", json!({"taskId": id}))
+        .header("authorization", &format!("DPoP {token}"))
+        .send()
+        .await;
+    assert_eq!(no_proof.status, 401);
+    assert!(
+        challenge(&no_proof.headers).contains("error=\"invalid_dpop_proof\""),
+        "{}",
+        challenge(&no_proof.headers)
+    );
+    // A proof of the thief's own key for the stolen token.
+    let mut thief = DpopClient::start(&url).await;
+    let wrong_key = thief.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    assert_eq!(wrong_key.status, 401, "{wrong_key:?}");
+    assert!(
+        wrong_key
+            .header("www-authenticate")
+            .contains("error=\"invalid_dpop_proof\"")
+    );
+
+    // The same user with a bearer token, and with another key bound into a token of their
+    // own: another caller for this task, told what everyone is told.
+    let bearer = client.get_task(&alice().token(), &id).await;
+    assert_task_not_found(&bearer, "alice's bearer token");
+    let cancel = client.cancel_task(&alice().token(), &id).await;
+    assert_task_not_found(&cancel, "alice's bearer cancel");
+    let other_token = thief.token_for(&alice());
+    let other_key = thief
+        .call(&other_token, "tasks/get", json!({"taskId": id}))
+        .await;
+    assert_eq!(other_key.status, 400, "{other_key:?}");
+    assert_eq!(other_key.body["error"]["message"], "Task not found");
+
+    // Still the owner's, still running.
+    let read = owner.call(&token, "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(read.result()["status"], "working", "{read:?}");
+    let cancelled = owner.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+
+    // The audit names the key the task is bound to.
+    let created = sidecar
+        .audit_event(|e| e["event"] == "task.created")
+        .await;
+    assert_eq!(
+        created["detail"]["keyBinding"],
+        format!("jkt:{}", owner.jkt),
+        "{created}"
+    );
+    let refused = sidecar
+        .audit_event(|e| e["reason"] == "foreign_key")
+        .await;
+    assert_eq!(refused["decision"], "deny");
+}
+
+#[tokio::test]
+async fn replayed_and_mismatched_proofs_are_refused() {
+    let (_server, sidecar, _client) = sidecar_with("").await;
+    let url = sidecar.url.clone();
+    let mut client = DpopClient::start(&url).await;
+    let token = client.token_for(&alice());
+    let list = |reply: &DpopReply| (reply.status, reply.header("www-authenticate").to_owned());
+
+    let first = client.call(&token, "tools/list", json!({})).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let replayed = client
+        .call_with(&token, "tools/list", json!({}), |c| {
+            c["replay"] = json!(first.proof)
+        })
+        .await;
+    let (status, challenge) = list(&replayed);
+    assert_eq!(status, 401);
+    assert!(
+        challenge.contains("error=\"invalid_dpop_proof\"") && challenge.contains("used before"),
+        "{challenge}"
+    );
+
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("htm GET", json!({"htu": RESOURCE, "htm": "GET"}), "another HTTP method"),
+        (
+            "htu of another server",
+            json!({"htu": "https://elsewhere.example/mcp"}),
+            "another URI",
+        ),
+        (
+            "htu of the sidecar's own address",
+            json!({"htu": url}),
+            "another URI",
+        ),
+        (
+            "ath of another token",
+            json!({"htu": RESOURCE, "ath_of": "another-token"}),
+            "hash of the access token",
+        ),
+        (
+            "no ath",
+            json!({"htu": RESOURCE, "ath_of": null}),
+            "`ath`",
+        ),
+        (
+            "iat ten minutes old",
+            json!({"htu": RESOURCE, "iat_offset": -600}),
+            "iat",
+        ),
+    ];
+    for (what, proof, says) in cases {
+        let reply = client
+            .call_with(&token, "tools/list", json!({}), |c| c["proof"] = proof)
+            .await;
+        let (status, challenge) = list(&reply);
+        assert_eq!(status, 401, "{what}: {reply:?}");
+        assert!(
+            challenge.contains("error=\"invalid_dpop_proof\"") && challenge.contains(says),
+            "{what}: {challenge}"
+        );
+        assert!(challenge.contains("algs=\"ES256"), "{what}: {challenge}");
+    }
+    // A proper proof still works after all that.
+    let again = client.call(&token, "tools/list", json!({})).await;
+    assert_eq!(again.status, 200, "{again:?}");
+}
+
+#[tokio::test]
+async fn server_nonces_are_asked_for_and_used_when_the_policy_requires_them() {
+    let (_server, sidecar, _client) = sidecar_with("    dpop: {requireNonce: true}\n").await;
+    let url = sidecar.url.clone();
+    let mut client = DpopClient::start(&url).await;
+    let token = client.token_for(&alice());
+
+    // The first request has no nonce: the sidecar answers use_dpop_nonce with one, and the
+    // client retries with it.
+    let first = client.call(&token, "tools/list", json!({})).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.attempts, 2, "retried once with the server's nonce");
+    assert!(!first.header("dpop-nonce").is_empty(), "a nonce for next time");
+    // The next request uses the nonce it was given: no refusal.
+    let second = client.call(&token, "tools/list", json!({})).await;
+    assert_eq!((second.status, second.attempts), (200, 1), "{second:?}");
+
+    // A nonce the server never issued.
+    let forged = client
+        .call_with(&token, "tools/list", json!({}), |c| {
+            c["proof"]["nonce"] = json!("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+            c["retry_nonce"] = json!(false);
+        })
+        .await;
+    assert_eq!(forged.status, 401, "{forged:?}");
+    assert!(
+        forged
+            .header("www-authenticate")
+            .starts_with("DPoP error=\"use_dpop_nonce\"")
+    );
+    assert!(!forged.header("dpop-nonce").is_empty());
+}
+
+#[tokio::test]
+async fn an_issuer_that_requires_binding_refuses_bearer_tokens_and_says_so() {
+    let (_server, sidecar, client) =
+        sidecar_with("        proofOfPossession: required\n").await;
+    let url = sidecar.url.clone();
+
+    let bearer = client
+        .request("tools/list", json!({}))
+        .token(&alice().token())
+        .send()
+        .await;
+    assert_eq!(bearer.status, 401, "{bearer:?}");
+    let bearer_challenge = challenge(&bearer.headers);
+    assert!(
+        bearer_challenge.starts_with("DPoP error=\"invalid_token\"")
+            && bearer_challenge.contains("requires DPoP-bound"),
+        "{bearer_challenge}"
+    );
+    // Without any token, only the DPoP scheme is offered.
+    let anonymous = client.request("tools/list", json!({})).send().await;
+    let anonymous_challenge = challenge(&anonymous.headers);
+    assert!(
+        anonymous_challenge.starts_with("DPoP algs=") && !anonymous_challenge.contains("Bearer"),
+        "{anonymous_challenge}"
+    );
+    let metadata: Value = reqwest::get(format!(
+        "{}/.well-known/oauth-protected-resource/mcp",
+        sidecar.url.trim_end_matches("/mcp")
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(metadata["dpop_bound_access_tokens_required"], true);
+    assert_eq!(
+        metadata["dpop_signing_alg_values_supported"],
+        json!(["ES256", "ES384", "EdDSA", "PS256", "RS256"])
+    );
+
+    let mut client = DpopClient::start(&url).await;
+    let token = client.token_for(&alice());
+    let bound = client.call(&token, "tools/list", json!({})).await;
+    assert_eq!(bound.status, 200, "{bound:?}");
+}
+
+#[tokio::test]
+async fn replicas_on_postgresql_share_the_replay_cache_and_the_key_binding() {
+    use support::replicas::{ReplicaOptions, Replicas};
+    let replicas = Replicas::start(
+        2,
+        ReplicaOptions {
+            spec: TASK_TOOLS.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut at_a = DpopClient::start(&replicas.sidecars[0].url).await;
+    let token = at_a.token_for(&alice());
+
+    // A proof used at one replica is a replay at the other.
+    let first = at_a.call(&token, "tools/list", json!({})).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let mut at_b = DpopClient::start(&replicas.sidecars[1].url).await;
+    let replayed = at_b
+        .call_with(&token, "tools/list", json!({}), |c| {
+            c["replay"] = json!(first.proof)
+        })
+        .await;
+    assert_eq!(replayed.status, 401, "{replayed:?}");
+    assert!(replayed.header("www-authenticate").contains("used before"));
+
+    // A task bound to A's key, created through replica A, read through replica B (forwarded
+    // to its home over the internal hop, where the proof is checked again but not recorded
+    // again) with A's key — and refused there to the same user's bearer token.
+    let created = at_a
+        .call(
+            &token,
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {"seconds": 30}}),
+        )
+        .await;
+    let id = task_id(&created);
+    at_a.url = replicas.sidecars[1].url.clone();
+    let read = at_a.call(&token, "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.result()["taskId"], id.as_str());
+    let bearer = replicas.client(1).get_task(&alice().token(), &id).await;
+    assert_task_not_found(&bearer, "alice's bearer token at replica B");
+    let cancelled = at_a.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+}
