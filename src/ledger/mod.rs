@@ -679,6 +679,26 @@ pub trait TaskLedger: Send + Sync {
         ))
     }
 
+    /// Records the use of a DPoP proof until `until` (Unix ms), atomically across replicas:
+    /// `true` when this is its first use, `false` when a use was recorded before and has not
+    /// expired at `now` (a replay). `digest` is SHA-256 over the proof's key thumbprint and `jti`
+    /// (the caller computes it). Durable before it returns, like every write but `reserve`: a
+    /// use lost in a crash would let the proof be replayed until `until`. Only a shared ledger
+    /// keeps proofs; the others answer an error (their sidecar keeps the cache in memory).
+    async fn remember_proof(&self, digest: &[u8; 32], until: i64, now: i64) -> Result<bool> {
+        let _ = (digest, until, now);
+        Err(LedgerError::Internal(
+            "this ledger keeps no shared proof cache".into(),
+        ))
+    }
+
+    /// Deletes up to `limit` proof uses that expired before `now`; how many went. A ledger
+    /// without a proof cache answers 0.
+    async fn purge_proofs(&self, now: i64, limit: usize) -> Result<u64> {
+        let _ = (now, limit);
+        Ok(0)
+    }
+
     /// Which server and replica this instance serves.
     fn scope(&self) -> &LedgerScope;
 

@@ -231,12 +231,23 @@ CREATE TABLE lifeguard_rate_buckets (
 CREATE INDEX lifeguard_rate_buckets_full ON lifeguard_rate_buckets (server, full_at);
 ";
 
-/// Version 8 (SQLite's version 10): the key a task is bound to. `key_binding` is the stored
-/// form of the key the creating token was bound to (`jkt:<thumbprint>` or
-/// `x5t#S256:<thumbprint>`; NULL for bearer tokens' tasks and for tasks recorded before): only
-/// requests proving that key may touch the task.
+/// Version 8 (SQLite's version 10, for the tasks): the key a task is bound to, and the DPoP
+/// proofs replicas have seen. `key_binding` is the stored form of the key the creating token was
+/// bound to (`jkt:<thumbprint>` or `x5t#S256:<thumbprint>`; NULL for bearer tokens' tasks and
+/// for tasks recorded before): only requests proving that key may touch the task.
+/// `lifeguard_proof_uses` holds one row per proof used (`digest`: SHA-256 over its key's
+/// thumbprint and `jti`) until `until` (Unix ms), when the proof could no longer be accepted
+/// anyway: a proof found there unexpired is a replay, on whichever replica it was first used.
 const V8: &str = "
 ALTER TABLE lifeguard_tasks ADD COLUMN key_binding TEXT;
+
+CREATE TABLE lifeguard_proof_uses (
+    server TEXT NOT NULL,
+    digest BYTEA NOT NULL CHECK (length(digest) = 32),
+    until  BIGINT NOT NULL,
+    PRIMARY KEY (server, digest)
+);
+CREATE INDEX lifeguard_proof_uses_until ON lifeguard_proof_uses (server, until);
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

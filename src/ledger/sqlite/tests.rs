@@ -191,6 +191,19 @@ async fn an_unreadable_key_binding_is_corrupt() {
     assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
 }
 
+/// The DPoP replay cache is shared through PostgreSQL only: an SQLite ledger refuses to keep
+/// proofs (its sidecar keeps them in memory) and has none to purge.
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_no_shared_proof_cache() {
+    let (_dir, ledger) = fresh();
+    let err = ledger
+        .remember_proof(&[7; 32], NOW + 60_000, NOW)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::Internal(_)), "{err}");
+    assert_eq!(ledger.purge_proofs(NOW, 100).await.unwrap(), 0);
+}
+
 /// Payloads may be sensitive; a purge must not leave them readable in free pages.
 #[tokio::test(flavor = "multi_thread")]
 async fn purged_payloads_leave_no_trace_in_the_file() {

@@ -5,6 +5,7 @@
 mod isolation;
 mod model;
 mod multi_writer;
+mod proof_uses;
 mod rate_buckets;
 mod recovery;
 mod support;
@@ -110,6 +111,7 @@ async fn a_version_1_database_is_migrated_in_place() {
              DROP TABLE lifeguard_budget_costs;
              DROP TABLE lifeguard_counters;
              DROP TABLE lifeguard_rate_buckets;
+             DROP TABLE lifeguard_proof_uses;
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await
