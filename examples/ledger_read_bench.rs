@@ -51,6 +51,7 @@ async fn main() {
             lease_until: None,
             delegated_until: None,
             trace: None,
+            binding: None,
         };
         ledger.reserve(r).await.unwrap();
         ledger

@@ -115,6 +115,7 @@ async fn ledger(dir: &Path, n: usize) -> Result<Components> {
             lease_until: None,
             delegated_until: None,
             trace: None,
+            binding: None,
         };
         let started = Instant::now();
         let outcome = ledger

@@ -35,7 +35,7 @@ pub use sqlite::SqliteLedger;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::{Owner, TASK_ID_PREFIX, TaskId, TaskStatus};
+pub use crate::model::{KeyBinding, Owner, TASK_ID_PREFIX, TaskId, TaskStatus};
 
 /// Why a task reached its terminal state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -148,6 +148,10 @@ pub struct TaskRecord {
     /// exported: every later span about the task links to it, so a trace viewer shows a
     /// minutes-long task as one story. Not a secret (two random IDs and a flag).
     pub trace: Option<String>,
+    /// The key the creating token was bound to (DPoP or mTLS): only requests proving this key
+    /// may touch the task. `None` for tasks of unbound (bearer) tokens and for tasks recorded
+    /// before bindings were kept.
+    pub binding: Option<KeyBinding>,
     /// The pending cancellation: set by [`TaskLedger::request_cancel`] on a non-terminal task,
     /// gone once the task is terminal (`finish` removes it in the same transaction).
     pub cancel: Option<CancelIntent>,
@@ -158,6 +162,18 @@ impl TaskRecord {
     pub fn expires_at(&self) -> i64 {
         self.created_at.saturating_add(self.ttl_ms)
     }
+}
+
+/// A task's key binding from its stored form ([`KeyBinding::to_stored`]; NULL for none). A
+/// value that does not read back is a corrupt row, never an unbound task: taking it for `None`
+/// would let any bearer token of the owner touch a task bound to a key.
+fn stored_binding(stored: Option<String>) -> Result<Option<KeyBinding>> {
+    stored
+        .map(|text| {
+            KeyBinding::from_stored(&text)
+                .ok_or_else(|| LedgerError::corrupt(format!("unknown key binding {text:?}")))
+        })
+        .transpose()
 }
 
 /// A task retention ended for, deleted by [`TaskLedger::purge_expired`].
@@ -294,6 +310,8 @@ pub struct Reservation {
     pub delegated_until: Option<i64>,
     /// The `traceparent` of the creating `tools/call` span ([`TaskRecord::trace`]).
     pub trace: Option<String>,
+    /// The key the creating token was bound to, if any ([`TaskRecord::binding`]).
+    pub binding: Option<KeyBinding>,
 }
 
 /// One ask of [`TaskLedger::take_tokens`].
@@ -348,12 +366,14 @@ pub enum Confirmed {
     /// The reservation is now this confirmed task.
     New(TaskRecord),
     /// The upstream ID is already recorded for a task of the same owner (issuer, subject,
-    /// tenant and client all equal), terminal or not: that existing task. The reservation was
-    /// released; nothing else changed.
+    /// tenant and client all equal) bound to the same key (or, like the reservation, to none),
+    /// terminal or not: that existing task. The reservation was released; nothing else changed.
     SameOwner(TaskRecord),
     /// The upstream ID is already recorded for a task of another owner (the server handed one
-    /// task to two callers, e.g. by deduplicating on arguments). Nothing was recorded, the
-    /// reservation was released, and the other owner's task is untouched: the caller must not
+    /// task to two callers, e.g. by deduplicating on arguments), or of the same owner under
+    /// another key binding (a task bound to one key is not the task of a token bound to
+    /// another, or to none: only requests proving its key may touch it). Nothing was recorded,
+    /// the reservation was released, and the other task is untouched: the caller must not
     /// reveal or cancel it.
     HeldByAnotherOwner,
 }
@@ -510,11 +530,12 @@ pub trait TaskLedger: Send + Sync {
     /// One upstream task ID, one owner: `upstream_id` is unique across all confirmed tasks
     /// still retained, terminal or not (a purged task no longer holds it). If another task
     /// holds it the reservation is released and the answer is [`Confirmed::SameOwner`] (with
-    /// that task) or [`Confirmed::HeldByAnotherOwner`] (with nothing). The lookup, the decision
-    /// and the write are one atomic step: of concurrent confirmations of one upstream ID
-    /// exactly one is [`Confirmed::New`]. A shared backend must guarantee the same across
-    /// replicas (a unique index as the backstop; a confirmation that loses the race on it
-    /// reports the winner's owner, never an error).
+    /// that task, when it has the reservation's owner and key binding) or
+    /// [`Confirmed::HeldByAnotherOwner`] (with nothing). The lookup, the decision and the write
+    /// are one atomic step: of concurrent confirmations of one upstream ID exactly one is
+    /// [`Confirmed::New`]. A shared backend must guarantee the same across replicas (a unique
+    /// index as the backstop; a confirmation that loses the race on it reports the winner's
+    /// owner, never an error).
     async fn confirm(&self, id: &TaskId, confirmation: Confirmation) -> Result<Confirmed>;
 
     /// [`TaskLedger::confirm`] for a server whose replicas keep their task state apart
@@ -656,6 +677,26 @@ pub trait TaskLedger: Send + Sync {
         Err(LedgerError::Internal(
             "this ledger keeps no shared rate-limit buckets".into(),
         ))
+    }
+
+    /// Records the use of a DPoP proof until `until` (Unix ms), atomically across replicas:
+    /// `true` when this is its first use, `false` when a use was recorded before and has not
+    /// expired at `now` (a replay). `digest` is SHA-256 over the proof's key thumbprint and `jti`
+    /// (the caller computes it). Durable before it returns, like every write but `reserve`: a
+    /// use lost in a crash would let the proof be replayed until `until`. Only a shared ledger
+    /// keeps proofs; the others answer an error (their sidecar keeps the cache in memory).
+    async fn remember_proof(&self, digest: &[u8; 32], until: i64, now: i64) -> Result<bool> {
+        let _ = (digest, until, now);
+        Err(LedgerError::Internal(
+            "this ledger keeps no shared proof cache".into(),
+        ))
+    }
+
+    /// Deletes up to `limit` proof uses that expired before `now`; how many went. A ledger
+    /// without a proof cache answers 0.
+    async fn purge_proofs(&self, now: i64, limit: usize) -> Result<u64> {
+        let _ = (now, limit);
+        Ok(0)
     }
 
     /// Which server and replica this instance serves.

@@ -167,6 +167,19 @@ impl TaskLedger for TracedLedger {
             .await
     }
 
+    async fn remember_proof(&self, digest: &[u8; 32], until: i64, now: i64) -> Result<bool> {
+        self.traced(
+            "remember_proof",
+            self.inner.remember_proof(digest, until, now),
+        )
+        .await
+    }
+
+    async fn purge_proofs(&self, now: i64, limit: usize) -> Result<u64> {
+        self.traced("purge_proofs", self.inner.purge_proofs(now, limit))
+            .await
+    }
+
     async fn advance_counter(&self, name: &str) -> Result<u64> {
         self.traced("advance_counter", self.inner.advance_counter(name))
             .await

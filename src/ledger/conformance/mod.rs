@@ -40,6 +40,7 @@ macro_rules! ledger_conformance_tests {
         $crate::ledger::conformance::ledger_conformance_tests!(
             @each $fresh;
             round_trip,
+            key_bindings,
             reservations_are_invisible,
             release,
             reservations_expire,
@@ -56,6 +57,7 @@ macro_rules! ledger_conformance_tests {
             idempotency_window,
             idempotency_race,
             upstream_one_owner,
+            upstream_one_owner_per_key,
             upstream_race,
             finish_cas,
             finish_race,
@@ -128,7 +130,9 @@ pub use lifecycle::{
     active_for, counters, finish_cas, finish_race, forget_payload, identity_renewal, observe,
     past_deadline, purge_expired, result_reads, secret,
 };
-pub use records::{release, reservations_are_invisible, reservations_expire, round_trip};
+pub use records::{
+    key_bindings, release, reservations_are_invisible, reservations_expire, round_trip,
+};
 pub use replicas::{
     budget_costs, budget_race, budgets, budgets_by_grant, budgets_purged, cancels_due_per_home,
     leases, replicas_and_orphans,
@@ -136,7 +140,7 @@ pub use replicas::{
 pub use settlement::{
     settle_many_waiters, settle_not_pending, settle_on_confirm, settle_on_release, settle_on_sweep,
 };
-pub use upstream::{upstream_one_owner, upstream_race};
+pub use upstream::{upstream_one_owner, upstream_one_owner_per_key, upstream_race};
 
 use super::{
     Confirmation, Confirmed, EndReason, Ending, Finish, FinishOutcome, IdempotencyClaim, Owner,
@@ -165,6 +169,7 @@ pub const UNLIMITED: QuotaLimits = QuotaLimits {
 pub async fn run_all(ledger: &dyn TaskLedger) {
     quota_server(ledger).await;
     round_trip(ledger).await;
+    key_bindings(ledger).await;
     reservations_are_invisible(ledger).await;
     release(ledger).await;
     reservations_expire(ledger).await;
@@ -180,6 +185,7 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
     idempotency_window(ledger).await;
     idempotency_race(ledger).await;
     upstream_one_owner(ledger).await;
+    upstream_one_owner_per_key(ledger).await;
     upstream_race(ledger).await;
     finish_cas(ledger).await;
     finish_race(ledger).await;
@@ -217,6 +223,7 @@ pub async fn run_all(ledger: &dyn TaskLedger) {
 pub async fn run_shared(ledger: &dyn TaskLedger) {
     let suite: Vec<LocalBoxFuture<'_, ()>> = vec![
         round_trip(ledger).boxed_local(),
+        key_bindings(ledger).boxed_local(),
         reservations_are_invisible(ledger).boxed_local(),
         release(ledger).boxed_local(),
         reservations_expire(ledger).boxed_local(),
@@ -232,6 +239,7 @@ pub async fn run_shared(ledger: &dyn TaskLedger) {
         idempotency_window(ledger).boxed_local(),
         idempotency_race(ledger).boxed_local(),
         upstream_one_owner(ledger).boxed_local(),
+        upstream_one_owner_per_key(ledger).boxed_local(),
         upstream_race(ledger).boxed_local(),
         finish_cas(ledger).boxed_local(),
         finish_race(ledger).boxed_local(),
@@ -314,6 +322,7 @@ pub fn reservation(owner: &Owner, limits: QuotaLimits) -> Reservation {
         lease_until: None,
         delegated_until: Some(NOW + 5 * 60_000),
         trace: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        binding: None,
     }
 }
 

@@ -7,9 +7,9 @@ use super::{
     get, ids, new_id, reservation, reserve, reserve_ok, unique,
 };
 use crate::ledger::{
-    Confirmation, EndReason, Ending, Finish, FinishOutcome, LedgerError, Owner, PrincipalFilter,
-    QuotaLimits, QuotaScope, Reservation, ReserveOutcome, TaskId, TaskLedger, TaskRecord,
-    TaskStatus,
+    Confirmation, EndReason, Ending, Finish, FinishOutcome, KeyBinding, LedgerError, Owner,
+    PrincipalFilter, QuotaLimits, QuotaScope, Reservation, ReserveOutcome, TaskId, TaskLedger,
+    TaskRecord, TaskStatus,
 };
 
 /// Every field survives reserve → confirm → get → finish → get, including unusual values.
@@ -52,6 +52,7 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
         delegated_until: r.delegated_until,
         cancel: None,
         trace: r.trace.clone(),
+        binding: r.binding.clone(),
     };
     assert_eq!(confirm(ledger, &id, c).await, expected);
     assert_eq!(get(ledger, &id).await.as_ref(), Some(&expected));
@@ -112,6 +113,46 @@ pub async fn round_trip(ledger: &dyn TaskLedger) {
 
     assert_eq!(get(ledger, &new_id()).await, None);
     assert_eq!(get(ledger, &TaskId::from_string("")).await, None);
+}
+
+/// The key a reservation's token was bound to (a DPoP key, a client certificate, or none)
+/// comes back on the confirmed task, from `get`, from a listing and once the task ended.
+pub async fn key_bindings(ledger: &dyn TaskLedger) {
+    let owner = fresh_owner();
+    let bindings = [
+        Some(KeyBinding::Dpop {
+            jkt: unique("jkt-"),
+        }),
+        Some(KeyBinding::Mtls {
+            x5t_s256: unique("x5t-"),
+        }),
+        None,
+    ];
+    let mut tasks = Vec::new();
+    for binding in &bindings {
+        let r = Reservation {
+            binding: binding.clone(),
+            ..reservation(&owner, UNLIMITED)
+        };
+        let id = reserve_ok(ledger, r).await;
+        let record = confirm(ledger, &id, confirmation(NOW)).await;
+        assert_eq!(&record.binding, binding);
+        assert_eq!(get(ledger, &id).await.as_ref(), Some(&record));
+        tasks.push(record);
+    }
+    let filter = PrincipalFilter {
+        issuer: owner.issuer.clone(),
+        subject: Some(owner.subject.clone()),
+        tenant: None,
+        client: None,
+    };
+    let mut listed = ledger.active_for(&filter).await.expect("active_for");
+    listed.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    tasks.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    assert_eq!(listed, tasks);
+    for task in &tasks {
+        assert_eq!(end(ledger, &task.id).await.binding, task.binding);
+    }
 }
 
 /// A reservation is invisible to every read and to task updates until it is confirmed.

@@ -1,4 +1,5 @@
-//! One upstream task ID, one owner: what `confirm` does with an upstream ID already recorded.
+//! One upstream task ID, one owner (and key): what `confirm` does with an upstream ID already
+//! recorded.
 
 use futures_util::future::join_all;
 
@@ -6,11 +7,18 @@ use super::{
     NOW, UNLIMITED, confirm, confirmation, end, fresh_owner, get, reservation, reserve_ok, unique,
 };
 use crate::ledger::{
-    Confirmation, Confirmed, LedgerError, Owner, QuotaLimits, TaskLedger, TaskRecord, TaskStatus,
+    Confirmation, Confirmed, KeyBinding, LedgerError, Owner, QuotaLimits, Reservation, TaskLedger,
+    TaskRecord, TaskStatus,
 };
 
 async fn confirm_any(ledger: &dyn TaskLedger, owner: &Owner, c: &Confirmation) -> Confirmed {
-    let id = reserve_ok(ledger, reservation(owner, UNLIMITED)).await;
+    confirm_reserved(ledger, reservation(owner, UNLIMITED), c).await
+}
+
+/// Reserves `r` and confirms it with `c`; when that made no task, checks that nothing was
+/// recorded and the reservation is gone.
+async fn confirm_reserved(ledger: &dyn TaskLedger, r: Reservation, c: &Confirmation) -> Confirmed {
+    let id = reserve_ok(ledger, r).await;
     let outcome = ledger.confirm(&id, c.clone()).await.expect("confirm");
     if !matches!(outcome, Confirmed::New(_)) {
         assert_eq!(get(ledger, &id).await, None, "nothing recorded");
@@ -24,8 +32,8 @@ async fn confirm_any(ledger: &dyn TaskLedger, owner: &Owner, c: &Confirmation) -
 }
 
 /// A second confirmation of an upstream ID gets the existing task when the owner is the same
-/// (issuer, subject, tenant and client) and nothing when any of them differs; either way the
-/// reservation is released. Terminal tasks keep their upstream ID.
+/// (issuer, subject, tenant and client, both unbound here) and nothing when any of them
+/// differs; either way the reservation is released. Terminal tasks keep their upstream ID.
 pub async fn upstream_one_owner(ledger: &dyn TaskLedger) {
     let owner = fresh_owner();
     let two = QuotaLimits {
@@ -108,6 +116,58 @@ pub async fn upstream_one_owner(ledger: &dyn TaskLedger) {
         confirm_any(ledger, &others[1], &confirmation(NOW)).await,
         Confirmed::New(_)
     ));
+}
+
+/// An upstream ID held by a task bound to a key goes to the same owner only under that key: a
+/// token of the owner bound to another key, to the same thumbprint as another kind of key, or
+/// to none gets nothing. A task of an unbound token goes to unbound tokens of its owner only.
+pub async fn upstream_one_owner_per_key(ledger: &dyn TaskLedger) {
+    let owner = fresh_owner();
+    let bound = |binding: Option<KeyBinding>| Reservation {
+        binding,
+        ..reservation(&owner, UNLIMITED)
+    };
+    let dpop = KeyBinding::Dpop {
+        jkt: unique("jkt-"),
+    };
+    let others = [
+        None,
+        Some(KeyBinding::Dpop {
+            jkt: unique("jkt-"),
+        }),
+        Some(KeyBinding::Mtls {
+            x5t_s256: dpop.thumbprint().to_owned(),
+        }),
+    ];
+
+    let c = confirmation(NOW);
+    let id = reserve_ok(ledger, bound(Some(dpop.clone()))).await;
+    let task = confirm(ledger, &id, c.clone()).await;
+    for other in &others {
+        assert_eq!(
+            confirm_reserved(ledger, bound(other.clone()), &c).await,
+            Confirmed::HeldByAnotherOwner,
+            "{other:?}"
+        );
+    }
+    assert_eq!(
+        confirm_reserved(ledger, bound(Some(dpop.clone())), &c).await,
+        Confirmed::SameOwner(task.clone())
+    );
+    assert_eq!(get(ledger, &task.id).await, Some(task), "untouched");
+
+    let c = confirmation(NOW);
+    let id = reserve_ok(ledger, bound(None)).await;
+    let unbound = confirm(ledger, &id, c.clone()).await;
+    assert_eq!(
+        confirm_reserved(ledger, bound(Some(dpop)), &c).await,
+        Confirmed::HeldByAnotherOwner
+    );
+    assert_eq!(
+        confirm_reserved(ledger, bound(None), &c).await,
+        Confirmed::SameOwner(unbound.clone())
+    );
+    assert_eq!(get(ledger, &unbound.id).await, Some(unbound), "untouched");
 }
 
 /// Concurrent confirmations of one upstream ID: exactly one becomes a task; the rest get it

@@ -1,14 +1,14 @@
 //! How random sequences are drawn: the small domains of every argument (four owners, two keys
-//! each, three upstream IDs, two replicas, a handful of durations, so that keys, upstream IDs,
-//! quotas and deadlines collide), operation weights that follow the state (operations on
-//! tasks are rare while there are none), and the proptest state machine that strings them
-//! together.
+//! each, two key bindings or none, three upstream IDs, two replicas, a handful of durations, so
+//! that keys, bindings, upstream IDs, quotas and deadlines collide), operation weights that
+//! follow the state (operations on tasks are rare while there are none), and the proptest
+//! state machine that strings them together.
 
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest_state_machine::ReferenceStateMachine;
 
-use super::model::{Entry, Filter, KEYS, Limits, Model, OWNERS, REPLICAS, UPSTREAMS};
+use super::model::{BINDINGS, Entry, Filter, KEYS, Limits, Model, OWNERS, REPLICAS, UPSTREAMS};
 use super::ops::{Op, task_of};
 use crate::ledger::{BUDGET_USE_HORIZON_MS, EndReason, TaskStatus};
 
@@ -112,10 +112,10 @@ pub fn op(m: &Model) -> BoxedStrategy<Op> {
     prop_oneof![
         4 => prop_oneof![20 => short(), 1 => Just(30_000_i64), 1 => Just(BUDGET_USE_HORIZON_MS)]
             .prop_map(Op::Advance),
-        8 => (owner.clone(), prop::option::weighted(0.7, 0..KEYS), select(vec![0_i64, 30, 500]),
-              select(vec![5_i64, 60, 5_000]), opt_short(), opt_short())
-            .prop_map(|(owner, key, window, life, lease, delegation)| Op::Reserve {
-                owner, key, window, life, lease, delegation,
+        8 => (owner.clone(), prop::option::of(0..BINDINGS), prop::option::weighted(0.7, 0..KEYS),
+              select(vec![0_i64, 30, 500]), select(vec![5_i64, 60, 5_000]), opt_short(), opt_short())
+            .prop_map(|(owner, binding, key, window, life, lease, delegation)| Op::Reserve {
+                owner, binding, key, window, life, lease, delegation,
             }),
         1 + 11 * r => (held.clone(), 0..UPSTREAMS, select(vec![0_i64, 0, 30]), nonterminal(),
               select(vec![40_i64, 300, 5_000]), select(vec![20_i64, 200, 3_000]), replica.clone())

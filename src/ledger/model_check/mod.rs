@@ -1,10 +1,11 @@
 //! Model-based tests of [`TaskLedger`] backends: random sequences of operations, each checked
 //! against a small reference model of the documented semantics ([`model`]).
 //!
-//! A sequence ([`ops::Op`]) mixes reservations (with and without idempotency keys), confirms,
-//! releases, reads, status updates, finishes, cancellation intents and their retries, read-once
-//! results, identity renewals, deadline sweeps, revocations, retention purges, heartbeats,
-//! the sweep lease and orphan sweeps, over two ledger instances (replicas) sharing storage.
+//! A sequence ([`ops::Op`]) mixes reservations (with and without idempotency keys, by tokens
+//! bound to a key or not), confirms, releases, reads, status updates, finishes, cancellation
+//! intents and their retries, read-once results, identity renewals, deadline sweeps,
+//! revocations, retention purges, heartbeats, the sweep lease and orphan sweeps, over two
+//! ledger instances (replicas) sharing storage.
 //! After every step the ledger's answer must equal the model's; on top of that, independent of
 //! the model, a terminal task must never change (but for its payload going and its read count
 //! growing). After the last step (after every step with `LIFEGUARD_MODEL_EVERY_STEP=1`) every

@@ -2,9 +2,9 @@
 //! in-memory state machine, with the answer each operation must give.
 //!
 //! Everything is in the model's own small vocabulary: tasks are the numbers of the
-//! reservations that made them (`k`), owners, keys, upstream IDs and replicas are indexes into
-//! short tables, so random sequences collide often. [`super::ops`] turns these into real
-//! ledger values and calls.
+//! reservations that made them (`k`), owners, keys, key bindings, upstream IDs and replicas are
+//! indexes into short tables, so random sequences collide often. [`super::ops`] turns these
+//! into real ledger values and calls.
 //!
 //! [`TaskLedger`]: crate::ledger::TaskLedger
 
@@ -20,6 +20,9 @@ pub const REPLICAS: usize = 2;
 pub const KEYS: usize = 2;
 /// Distinct upstream task IDs servers hand out.
 pub const UPSTREAMS: usize = 3;
+/// Keys a creating token may be bound to (besides none): a DPoP key and a client certificate
+/// of the same thumbprint, so that only the kind of key tells them apart.
+pub const BINDINGS: usize = 2;
 
 /// Owners as (issuer, subject, tenant, client) indexes into [`ISSUERS`], [`SUBJECTS`],
 /// [`TENANTS`] and [`CLIENTS`]: owners 0 and 1 share issuer, tenant and client; owner 2 has
@@ -45,6 +48,8 @@ pub struct Limits {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Held {
     pub owner: usize,
+    /// The key the creating token was bound to, if any (an index below [`BINDINGS`]).
+    pub binding: Option<usize>,
     pub key: Option<usize>,
     /// Until when the key maps to this reservation (and later its task).
     pub key_until: Option<i64>,
@@ -79,6 +84,7 @@ pub struct End {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Task {
     pub owner: usize,
+    pub binding: Option<usize>,
     pub upstream: usize,
     pub status: TaskStatus,
     pub message: Option<String>,

@@ -14,10 +14,12 @@ use crate::ledger::{BUDGET_USE_HORIZON_MS, BudgetOutcome, EndReason, TaskStatus}
 pub enum Op {
     /// The clock moves forward.
     Advance(i64),
-    /// `reserve` for `owner`, optionally with idempotency key `key` (window `window`), void
-    /// after `life`; identity lease and delegation `lease`/`delegation` from now.
+    /// `reserve` for `owner` with a token bound to key `binding` (or to none), optionally with
+    /// idempotency key `key` (window `window`), void after `life`; identity lease and
+    /// delegation `lease`/`delegation` from now.
     Reserve {
         owner: usize,
+        binding: Option<usize>,
         key: Option<usize>,
         window: i64,
         life: i64,
@@ -190,6 +192,7 @@ impl Model {
             }
             Op::Reserve {
                 owner,
+                binding,
                 key,
                 window,
                 life,
@@ -215,6 +218,7 @@ impl Model {
                 }
                 let held = Held {
                     owner,
+                    binding,
                     key,
                     key_until: key.map(|_| now + window),
                     window,
@@ -244,7 +248,8 @@ impl Model {
                 if let Some(holder) = self.upstream_holder(space, upstream) {
                     self.entries.remove(&task);
                     let existing = self.snap(holder).expect("holder");
-                    return if existing.1.owner == held.owner {
+                    // The same owner's task only under the same key (or none on both sides).
+                    return if existing.1.owner == held.owner && existing.1.binding == held.binding {
                         Expect::SameOwner(existing)
                     } else {
                         Expect::HeldByAnotherOwner
@@ -253,6 +258,7 @@ impl Model {
                 let created_at = now - age;
                 let t = Task {
                     owner: held.owner,
+                    binding: held.binding,
                     upstream,
                     status,
                     message: None,

@@ -13,11 +13,12 @@ const ROOMY: Limits = Limits {
     server: 6,
 };
 
-/// A task is reserved with a key, confirmed, found again by its key, cancelled, finished,
-/// read once, and purged when retention ends (not before).
+/// A task is reserved with a key by a key-bound token, confirmed, found again by its key,
+/// cancelled, finished, read once, and purged when retention ends (not before).
 pub fn model_regression_smoke() -> ((Limits, bool), Vec<Op>) {
     let reserve = |key| Op::Reserve {
         owner: 0,
+        binding: Some(0),
         key,
         window: 500,
         life: 60,
@@ -78,6 +79,7 @@ pub fn model_regression_purge_limit() -> ((Limits, bool), Vec<Op>) {
     };
     let reserve = |owner| Op::Reserve {
         owner,
+        binding: None,
         key: None,
         window: 0,
         life: 5,

@@ -11,9 +11,9 @@ use super::model::{CLIENTS, Expect, Filter, ISSUERS, Model, OWNERS, SUBJECTS, Sn
 use super::ops::{Op, SWEEP_GIVE_UP, pending_message};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Ending,
-    Finish, FinishOutcome, IdempotencyClaim, LedgerError, Owner, PendingCancel, PrincipalFilter,
-    PurgedTask, QuotaLimits, ReplicaBeat, ReplicaInfo, Reservation, ReserveOutcome, TaskId,
-    TaskLedger, TaskRecord, TaskStatus,
+    Finish, FinishOutcome, IdempotencyClaim, KeyBinding, LedgerError, Owner, PendingCancel,
+    PrincipalFilter, PurgedTask, QuotaLimits, ReplicaBeat, ReplicaInfo, Reservation,
+    ReserveOutcome, TaskId, TaskLedger, TaskRecord, TaskStatus,
 };
 
 /// How long an operation that must return at once may take before the case fails as hung.
@@ -144,6 +144,7 @@ impl Names {
                 trace: intent_trace(c.reason),
             }),
             trace: task_trace(*k),
+            binding: t.binding.map(key_binding),
         }
     }
 
@@ -262,6 +263,18 @@ fn intent(
     }
 }
 
+/// Key binding `b` of the model: binding 0 is a DPoP key, binding 1 a client certificate with
+/// the same thumbprint (the kind of key alone must keep them apart).
+fn key_binding(b: usize) -> KeyBinding {
+    let thumbprint = "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs".to_owned();
+    match b {
+        0 => KeyBinding::Dpop { jkt: thumbprint },
+        _ => KeyBinding::Mtls {
+            x5t_s256: thumbprint,
+        },
+    }
+}
+
 /// The trace context task `k` is created under: every other task has none (created while
 /// traces were not exported).
 fn task_trace(k: usize) -> Option<String> {
@@ -288,6 +301,7 @@ pub async fn execute(
         Op::Advance(_) => Answer::Done,
         Op::Reserve {
             owner,
+            binding,
             key,
             window,
             life,
@@ -319,6 +333,7 @@ pub async fn execute(
                 lease_until: lease.map(|d| now + d),
                 delegated_until: delegation.map(|d| now + d),
                 trace: task_trace(k),
+                binding: binding.map(key_binding),
             };
             answer(l.reserve(r).await, Answer::Reserve)?
         }

@@ -10,7 +10,7 @@ use super::{
     CONFIRM_ATTEMPTS, Ctx, PostgresLedger, TRANSIENT_ATTEMPTS, begin, client, commit, replicas,
     spawn, transient,
 };
-use super::{counters, lifecycle, ops, rate_buckets};
+use super::{counters, lifecycle, ops, proof_uses, rate_buckets};
 use crate::ledger::checks::{check_finish, check_intent, require_nonterminal};
 use crate::ledger::{
     BudgetOutcome, BudgetSpend, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
@@ -287,6 +287,25 @@ impl TaskLedger for PostgresLedger {
         spawn(async move {
             let client = client(&pool).await?;
             rate_buckets::take(&client, &server, &asks).await
+        })
+        .await
+    }
+
+    async fn remember_proof(&self, digest: &[u8; 32], until: i64, now: i64) -> Result<bool> {
+        let (pool, server) = self.handles();
+        let digest = *digest;
+        spawn(async move {
+            let client = client(&pool).await?;
+            proof_uses::remember(&client, &server, &digest, until, now).await
+        })
+        .await
+    }
+
+    async fn purge_proofs(&self, now: i64, limit: usize) -> Result<u64> {
+        let (pool, server) = self.handles();
+        spawn(async move {
+            let client = client(&pool).await?;
+            proof_uses::purge_expired(&client, &server, now, sql_limit(limit)).await
         })
         .await
     }

@@ -30,7 +30,8 @@
 //!   decides). `spend_budget`: an advisory transaction lock per (server, exception), then
 //!   count and insert. `secret`: `INSERT … ON CONFLICT DO NOTHING`, then read.
 //!   `advance_counter`: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` (each advance, on
-//!   any replica, gets its own value).
+//!   any replica, gets its own value). `remember_proof`: one `INSERT … ON CONFLICT DO UPDATE
+//!   … WHERE … RETURNING` (of concurrent first uses of a proof exactly one inserts the row).
 //! - The two statements on every task creation's path send their independent statements as
 //!   one pipeline (`reserve`: the lock, the sweep, the lookup and the counts; `confirm`: the
 //!   row lock with the upstream ID lookup, then the update with its notice and read): the
@@ -54,6 +55,7 @@ mod lifecycle;
 mod notify;
 mod ops;
 mod passfile;
+mod proof_uses;
 mod rate_buckets;
 mod replicas;
 mod schema;

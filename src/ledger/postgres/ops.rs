@@ -14,8 +14,8 @@ use super::sql::{
 };
 use super::{Ctx, lock_key};
 use crate::ledger::{
-    Confirmation, Confirmed, LedgerError, Owner, QuotaScope, Reservation, ReserveOutcome, Result,
-    TaskId, TaskRecord,
+    Confirmation, Confirmed, KeyBinding, LedgerError, Owner, QuotaScope, Reservation,
+    ReserveOutcome, Result, TaskId, TaskRecord, stored_binding,
 };
 
 /// One confirmed task by ID.
@@ -87,8 +87,9 @@ const COUNT_ACTIVE: &str = "SELECT \
 const INSERT_RESERVATION: &str = "INSERT INTO lifeguard_tasks (server, id, confirmed, issuer, \
     subject, tenant, client, tool, scopes, idempotency_key, idempotency_until, \
     idempotency_window_ms, reservation_expires_at, token_issued_at, correlation_id, object, \
-    lease_until, delegated_until, trace) \
-    VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+    lease_until, delegated_until, trace, key_binding) \
+    VALUES ($1, $2, FALSE, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+    $19)";
 
 /// Returns the outcome and the IDs of the expired reservations it voided on the way.
 ///
@@ -215,9 +216,10 @@ async fn insert_reservation(
         None => (None, None, None),
     };
     let scopes = to_json(&r.scopes, "scopes")?;
+    let binding = r.binding.as_ref().map(KeyBinding::to_stored);
     const INSERTING: &str = "insert reservation";
     let insert = prepared(tx, INSERT_RESERVATION, INSERTING).await?;
-    let params: [&(dyn ToSql + Sync); 18] = [
+    let params: [&(dyn ToSql + Sync); 19] = [
         &server,
         &r.id.as_str(),
         &o.issuer,
@@ -236,6 +238,7 @@ async fn insert_reservation(
         &r.lease_until,
         &r.delegated_until,
         &r.trace,
+        &binding,
     ];
     if voided.is_empty() {
         tx.execute(&insert, &params).await.ctx(INSERTING)?;
@@ -267,10 +270,11 @@ pub(super) async fn release<C: GenericClient>(c: &C, server: &str, id: &str) -> 
 
 /// Locks the reservation: a concurrent confirm, release or sweep of it waits for this one.
 const LOCK_RESERVATION: &str = "SELECT idempotency_until, idempotency_window_ms, issuer, \
-    subject, tenant, client FROM lifeguard_tasks \
+    subject, tenant, client, key_binding FROM lifeguard_tasks \
     WHERE server = $1 AND id = $2 AND NOT confirmed FOR UPDATE";
-const UPSTREAM_HOLDER: &str = "SELECT id, issuer, subject, tenant, client FROM lifeguard_tasks \
-    WHERE server = $1 AND upstream_space = $3 AND upstream_id = $2 AND confirmed";
+const UPSTREAM_HOLDER: &str = "SELECT id, issuer, subject, tenant, client, key_binding \
+    FROM lifeguard_tasks WHERE server = $1 AND upstream_space = $3 AND upstream_id = $2 \
+    AND confirmed";
 const CONFIRM: &str = "UPDATE lifeguard_tasks SET confirmed = TRUE, upstream_id = $3, \
     status = $4, status_message = $5, created_at = $6, last_updated_at = $6, ttl_ms = $7, \
     expires_at = $8, deadline_at = $9, poll_interval_ms = $10, idempotency_until = $11, \
@@ -283,6 +287,20 @@ const LOAD_TASK: &str = concat!(
     task_from!(),
     " WHERE t.server = $1 AND t.id = $2 AND t.confirmed"
 );
+
+/// Whom a task or reservation belongs to: its owner and the key it is bound to, read from the
+/// five columns starting at `first` (issuer, subject, tenant, client, key_binding). Two rows
+/// belong to the same caller only when both are equal: a task bound to a key is not the task of
+/// the same owner's token bound to another key, or to none.
+fn ownership(row: &Row, first: usize) -> Result<(Owner, Option<KeyBinding>)> {
+    let owner = Owner {
+        issuer: col(row, first)?,
+        subject: col(row, first + 1)?,
+        tenant: col(row, first + 2)?,
+        client: col(row, first + 3)?,
+    };
+    Ok((owner, stored_binding(col(row, first + 4)?)?))
+}
 
 /// The confirmation's answer, or `None` when it lost a race on the upstream ID index: the
 /// transaction is aborted; roll it back and try again (the winner is visible then).
@@ -302,7 +320,7 @@ pub(super) async fn confirm(
     const HOLDER: &str = "look up upstream ID";
     let lock = prepared(tx, LOCK_RESERVATION, LOCKING).await?;
     let lookup = prepared(tx, UPSTREAM_HOLDER, HOLDER).await?;
-    // One upstream task, one owner. The unique index is the backstop for a concurrent
+    // One upstream task, one owner (and key). The unique index is the backstop for a concurrent
     // confirmation of the same upstream ID that this lookup cannot see yet.
     let (reservation, holder) = try_join(
         async { tx.query_opt(&lock, &[&server, &id]).await.ctx(LOCKING) },
@@ -318,26 +336,16 @@ pub(super) async fn confirm(
     };
     let until: Option<i64> = col(&reservation, 0)?;
     let window: Option<i64> = col(&reservation, 1)?;
-    let owner = Owner {
-        issuer: col(&reservation, 2)?,
-        subject: col(&reservation, 3)?,
-        tenant: col(&reservation, 4)?,
-        client: col(&reservation, 5)?,
-    };
+    let caller = ownership(&reservation, 2)?;
     let settled = [id.to_owned()];
 
     if let Some(holder) = holder {
         let holder_id: String = col(&holder, 0)?;
-        let holder_owner = Owner {
-            issuer: col(&holder, 1)?,
-            subject: col(&holder, 2)?,
-            tenant: col(&holder, 3)?,
-            client: col(&holder, 4)?,
-        };
+        let holder_ownership = ownership(&holder, 1)?;
         let sql = "DELETE FROM lifeguard_tasks WHERE server = $1 AND id = $2 AND NOT confirmed";
         exec(tx, sql, &[&server, &id], "release reservation").await?;
         notify_settled(tx, server, &settled).await?;
-        if holder_owner != owner {
+        if holder_ownership != caller {
             return Ok(Some(Confirmed::HeldByAnotherOwner));
         }
         let existing = load_task(tx, server, &holder_id)

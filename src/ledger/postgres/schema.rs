@@ -17,13 +17,13 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Add a step to [`MIGRATIONS`] to change the schema;
 /// never edit one that has shipped.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Session advisory lock held while migrating (`"lifeguar"` in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x6c69_6665_6775_6172;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Version 1: SQLite's versions 1 to 4 together, scoped by server.
 ///
@@ -229,6 +229,25 @@ CREATE TABLE lifeguard_rate_buckets (
     PRIMARY KEY (server, bucket)
 );
 CREATE INDEX lifeguard_rate_buckets_full ON lifeguard_rate_buckets (server, full_at);
+";
+
+/// Version 8 (SQLite's version 10, for the tasks): the key a task is bound to, and the DPoP
+/// proofs replicas have seen. `key_binding` is the stored form of the key the creating token was
+/// bound to (`jkt:<thumbprint>` or `x5t#S256:<thumbprint>`; NULL for bearer tokens' tasks and
+/// for tasks recorded before): only requests proving that key may touch the task.
+/// `lifeguard_proof_uses` holds one row per proof used (`digest`: SHA-256 over its key's
+/// thumbprint and `jti`) until `until` (Unix ms), when the proof could no longer be accepted
+/// anyway: a proof found there unexpired is a replay, on whichever replica it was first used.
+const V8: &str = "
+ALTER TABLE lifeguard_tasks ADD COLUMN key_binding TEXT;
+
+CREATE TABLE lifeguard_proof_uses (
+    server TEXT NOT NULL,
+    digest BYTEA NOT NULL CHECK (length(digest) = 32),
+    until  BIGINT NOT NULL,
+    PRIMARY KEY (server, digest)
+);
+CREATE INDEX lifeguard_proof_uses_until ON lifeguard_proof_uses (server, until);
 ";
 
 /// Brings the schema up to date under [`MIGRATION_LOCK`], on `client` (a connection of its

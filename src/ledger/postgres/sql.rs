@@ -9,6 +9,7 @@ use tokio_postgres::types::ToSql;
 use super::Ctx;
 use crate::ledger::{
     CancelIntent, EndReason, Ending, LedgerError, Owner, Result, TaskId, TaskRecord, TaskStatus,
+    stored_binding,
 };
 
 /// A task's columns (`t`) and its pending intent's (`c`, all NULL without one), in the order
@@ -20,7 +21,7 @@ macro_rules! task_columns {
          t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, t.result_reads, \
          t.token_issued_at, t.home, t.correlation_id, t.object, c.reason, c.requested_by, \
          c.pending_message, c.requested_at, c.give_up_at, t.lease_until, t.delegated_until, \
-         t.trace, c.trace"
+         t.trace, c.trace, t.key_binding"
     };
 }
 pub(super) use task_columns;
@@ -35,7 +36,7 @@ macro_rules! task_from {
 pub(super) use task_from;
 
 /// How many columns [`task_columns!`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 33;
+pub(super) const TASK_COLUMN_COUNT: usize = 34;
 
 pub(super) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
@@ -185,6 +186,7 @@ pub(super) fn record(row: &Row) -> Result<TaskRecord> {
         lease_until: col(row, 29)?,
         delegated_until: col(row, 30)?,
         trace: col(row, 31)?,
+        binding: stored_binding(col(row, 33)?)?,
         cancel,
     })
 }

@@ -9,8 +9,9 @@ use super::rows::{
 };
 use crate::ledger::{
     BUDGET_USE_HORIZON_MS, CancelIntent, CancelRequest, Confirmation, Confirmed, Finish,
-    FinishOutcome, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask, QuotaScope,
-    Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    FinishOutcome, KeyBinding, LedgerError, Owner, PendingCancel, PrincipalFilter, PurgedTask,
+    QuotaScope, Reservation, ReserveOutcome, Result, TaskId, TaskRecord, TaskStatus,
+    stored_binding,
 };
 
 fn to_json<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String> {
@@ -139,8 +140,10 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
     conn.prepare_cached(
         "INSERT INTO tasks (id, confirmed, issuer, subject, tenant, client, tool, scopes, \
          idempotency_key, idempotency_until, idempotency_window_ms, reservation_expires_at, \
-         token_issued_at, correlation_id, object, lease_until, delegated_until, trace) \
-         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+         token_issued_at, correlation_id, object, lease_until, delegated_until, trace, \
+         key_binding) \
+         VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+         ?18)",
     )
     .ctx("prepare reservation insert")?
     .execute(params![
@@ -161,31 +164,52 @@ fn reserve_slot(conn: &Connection, r: &Reservation) -> Result<ReserveOutcome> {
         r.lease_until,
         r.delegated_until,
         r.trace,
+        r.binding.as_ref().map(KeyBinding::to_stored),
     ])
     .ctx("insert reservation")?;
     Ok(ReserveOutcome::Reserved)
 }
 
-/// The ID and owner of the confirmed task holding `upstream_id`, if any.
-fn upstream_holder(conn: &Connection, upstream_id: &str) -> Result<Option<(String, Owner)>> {
-    conn.prepare_cached(
-        "SELECT id, issuer, subject, tenant, client FROM tasks \
-         WHERE upstream_id = ?1 AND confirmed = 1",
-    )
-    .ctx("prepare upstream ID lookup")?
-    .query_row([upstream_id], |row| {
-        Ok((
-            row.get(0)?,
-            Owner {
-                issuer: row.get(1)?,
-                subject: row.get(2)?,
-                tenant: row.get(3)?,
-                client: row.get(4)?,
-            },
-        ))
-    })
-    .optional()
-    .ctx("look up upstream ID")
+/// Whom a task or reservation belongs to: its owner and the key it is bound to. Two rows
+/// belong to the same caller only when both are equal: a task bound to a key is not the task of
+/// the same owner's token bound to another key, or to none.
+type Ownership = (Owner, Option<KeyBinding>);
+
+/// [`Ownership`] as a row has it: the binding still in its stored form.
+type RawOwnership = (Owner, Option<String>);
+
+/// The owner columns and `key_binding` of a row, starting at column `first` (both lookups
+/// below select them in that order).
+fn raw_ownership(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<RawOwnership> {
+    Ok((
+        Owner {
+            issuer: row.get(first)?,
+            subject: row.get(first + 1)?,
+            tenant: row.get(first + 2)?,
+            client: row.get(first + 3)?,
+        },
+        row.get(first + 4)?,
+    ))
+}
+
+fn ownership((owner, binding): RawOwnership) -> Result<Ownership> {
+    Ok((owner, stored_binding(binding)?))
+}
+
+/// The ID and ownership of the confirmed task holding `upstream_id`, if any.
+fn upstream_holder(conn: &Connection, upstream_id: &str) -> Result<Option<(String, Ownership)>> {
+    let found = conn
+        .prepare_cached(
+            "SELECT id, issuer, subject, tenant, client, key_binding FROM tasks \
+             WHERE upstream_id = ?1 AND confirmed = 1",
+        )
+        .ctx("prepare upstream ID lookup")?
+        .query_row([upstream_id], |row| {
+            Ok((row.get(0)?, raw_ownership(row, 1)?))
+        })
+        .optional()
+        .ctx("look up upstream ID")?;
+    found.map(|(id, raw)| Ok((id, ownership(raw)?))).transpose()
 }
 
 pub(super) fn confirm(
@@ -194,34 +218,26 @@ pub(super) fn confirm(
     c: &Confirmation,
     home: &str,
 ) -> Result<Confirmed> {
-    let reservation: Option<(Option<i64>, Option<i64>, Owner)> = conn
+    let reservation: Option<(Option<i64>, Option<i64>, RawOwnership)> = conn
         .prepare_cached(
-            "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client \
-             FROM tasks WHERE id = ?1 AND confirmed = 0",
+            "SELECT idempotency_until, idempotency_window_ms, issuer, subject, tenant, client, \
+             key_binding FROM tasks WHERE id = ?1 AND confirmed = 0",
         )
         .ctx("prepare reservation lookup")?
         .query_row([id], |row| {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                Owner {
-                    issuer: row.get(2)?,
-                    subject: row.get(3)?,
-                    tenant: row.get(4)?,
-                    client: row.get(5)?,
-                },
-            ))
+            Ok((row.get(0)?, row.get(1)?, raw_ownership(row, 2)?))
         })
         .optional()
         .ctx("look up reservation")?;
-    let Some((until, window, owner)) = reservation else {
+    let Some((until, window, caller)) = reservation else {
         return Err(LedgerError::NoReservation);
     };
-    // One upstream task, one owner. Decided here, inside the writer's transaction; the unique
-    // index `tasks_upstream` is the backstop.
+    let caller = ownership(caller)?;
+    // One upstream task, one owner (and key). Decided here, inside the writer's transaction;
+    // the unique index `tasks_upstream` is the backstop.
     if let Some((holder_id, holder)) = upstream_holder(conn, &c.upstream_id)? {
         release(conn, id)?;
-        if holder != owner {
+        if holder != caller {
             return Ok(Confirmed::HeldByAnotherOwner);
         }
         let existing = load_task(conn, &holder_id)?

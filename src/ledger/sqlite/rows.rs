@@ -7,6 +7,7 @@ use super::Ctx;
 
 use crate::ledger::{
     CancelIntent, EndReason, Ending, LedgerError, Owner, Result, TaskId, TaskRecord, TaskStatus,
+    stored_binding,
 };
 
 /// A task's columns (`t`) and its pending cancellation intent's (`c`, all NULL without one), in
@@ -16,11 +17,11 @@ pub(super) const TASK_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject,
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    t.lease_until, t.delegated_until, t.trace, c.reason, c.requested_by, c.pending_message, \
-    c.requested_at, c.give_up_at, c.trace";
+    t.lease_until, t.delegated_until, t.trace, t.key_binding, c.reason, c.requested_by, \
+    c.pending_message, c.requested_at, c.give_up_at, c.trace";
 
 /// How many columns [`TASK_COLUMNS`] has; columns selected after them start here.
-pub(super) const TASK_COLUMN_COUNT: usize = 33;
+pub(super) const TASK_COLUMN_COUNT: usize = 34;
 
 /// Every task with its intent, if any.
 pub(super) const TASK_FROM: &str = "tasks AS t LEFT JOIN cancel_intents AS c ON c.task_id = t.id";
@@ -51,6 +52,7 @@ pub(super) struct RawTask {
     lease_until: Option<i64>,
     delegated_until: Option<i64>,
     trace: Option<String>,
+    key_binding: Option<String>,
     cancel_reason: Option<String>,
     cancel_by: Option<String>,
     cancel_message: Option<String>,
@@ -91,12 +93,13 @@ impl RawTask {
             lease_until: row.get(24)?,
             delegated_until: row.get(25)?,
             trace: row.get(26)?,
-            cancel_reason: row.get(27)?,
-            cancel_by: row.get(28)?,
-            cancel_message: row.get(29)?,
-            cancel_requested_at: row.get(30)?,
-            cancel_give_up_at: row.get(31)?,
-            cancel_trace: row.get(32)?,
+            key_binding: row.get(27)?,
+            cancel_reason: row.get(28)?,
+            cancel_by: row.get(29)?,
+            cancel_message: row.get(30)?,
+            cancel_requested_at: row.get(31)?,
+            cancel_give_up_at: row.get(32)?,
+            cancel_trace: row.get(33)?,
         })
     }
 
@@ -173,6 +176,7 @@ impl RawTask {
             lease_until: self.lease_until,
             delegated_until: self.delegated_until,
             trace: self.trace,
+            binding: stored_binding(self.key_binding)?,
             cancel,
         })
     }
@@ -201,7 +205,8 @@ const TASK_ONLY_COLUMNS: &str = "t.id, t.upstream_id, t.issuer, t.subject, t.ten
     t.tool, t.scopes, t.status, t.status_message, t.created_at, t.last_updated_at, t.ttl_ms, \
     t.deadline_at, t.poll_interval_ms, t.end_reason, t.ended_by, t.payload, t.ended_at, \
     t.result_reads, t.token_issued_at, t.home, t.correlation_id, t.object, \
-    t.lease_until, t.delegated_until, t.trace, NULL, NULL, NULL, NULL, NULL, NULL";
+    t.lease_until, t.delegated_until, t.trace, t.key_binding, NULL, NULL, NULL, NULL, NULL, \
+    NULL";
 
 /// One task by ID, the read of every `tasks/get`. Two primary-key lookups rather than the
 /// join of [`TASK_FROM`]: SQLite re-prepared the joined statement at every call (30 µs a read

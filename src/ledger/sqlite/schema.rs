@@ -10,7 +10,7 @@ use crate::ledger::{LedgerError, Result};
 
 /// The schema version this build writes. Bump it and add a step to [`MIGRATIONS`] to change the
 /// schema; never edit a step that has shipped.
-pub(super) const SCHEMA_VERSION: i64 = 9;
+pub(super) const SCHEMA_VERSION: i64 = 10;
 
 /// How long a connection waits for a lock held by another connection (another process on the
 /// same file, or a checkpoint) before giving up with `SQLITE_BUSY`.
@@ -33,6 +33,7 @@ const MIGRATIONS: [Step; SCHEMA_VERSION as usize] = [
     Step::Sql(V7),
     Step::Sql(V8),
     Step::Sql(V9),
+    Step::Sql(V10),
 ];
 
 /// Version 1.
@@ -262,6 +263,14 @@ CREATE TABLE counters (
 pub(super) const V9: &str = "
 ALTER TABLE tasks ADD COLUMN trace TEXT;
 ALTER TABLE cancel_intents ADD COLUMN trace TEXT;
+";
+
+/// Version 10: the key a task is bound to. `tasks.key_binding` is the stored form of the key
+/// the creating token was bound to (`jkt:<thumbprint>` for DPoP, `x5t#S256:<thumbprint>` for a
+/// client certificate); only requests proving that key may touch the task. NULL for bearer
+/// tokens' tasks and for tasks recorded before.
+pub(super) const V10: &str = "
+ALTER TABLE tasks ADD COLUMN key_binding TEXT;
 ";
 
 fn to_v3(conn: &Connection) -> Result<()> {

@@ -160,6 +160,50 @@ fn refuses_a_file_that_is_not_a_database() {
     );
 }
 
+/// A stored key binding that does not read back is a corrupt row, never an unbound task: not
+/// for `get`, and not for the owner check of a confirmation of the same upstream ID.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_key_binding_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let owner = fresh_owner();
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let c = confirmation(NOW);
+    ledger.confirm(&id, c.clone()).await.unwrap();
+    ledger.close().unwrap();
+    raw(&path)
+        .execute(
+            "UPDATE tasks SET key_binding = 'sha256:abc' WHERE id = ?1",
+            [id.as_str()],
+        )
+        .unwrap();
+
+    let ledger = SqliteLedger::open(&path).unwrap();
+    let err = ledger.get(&id).await.unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    let again = reservation(&owner, UNLIMITED);
+    let again_id = again.id.clone();
+    ledger.reserve(again).await.unwrap();
+    let err = ledger.confirm(&again_id, c).await.unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+}
+
+/// The DPoP replay cache is shared through PostgreSQL only: an SQLite ledger refuses to keep
+/// proofs (its sidecar keeps them in memory) and has none to purge.
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_no_shared_proof_cache() {
+    let (_dir, ledger) = fresh();
+    let err = ledger
+        .remember_proof(&[7; 32], NOW + 60_000, NOW)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::Internal(_)), "{err}");
+    assert_eq!(ledger.purge_proofs(NOW, 100).await.unwrap(), 0);
+}
+
 /// Payloads may be sensitive; a purge must not leave them readable in free pages.
 #[tokio::test(flavor = "multi_thread")]
 async fn purged_payloads_leave_no_trace_in_the_file() {
@@ -275,6 +319,7 @@ async fn a_version_1_ledger_is_migrated_in_place() {
         .unwrap()
         .expect("v1 task survives the migration");
     assert_eq!((old.token_issued_at, old.trace), (None, None));
+    assert_eq!(old.binding, None);
     let version: i64 = raw(&path)
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();

@@ -55,5 +55,6 @@ pub(crate) fn test_task(owner: crate::model::Owner) -> crate::ledger::TaskRecord
         delegated_until: None,
         cancel: None,
         trace: None,
+        binding: None,
     }
 }

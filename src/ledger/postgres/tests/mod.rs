@@ -5,6 +5,7 @@
 mod isolation;
 mod model;
 mod multi_writer;
+mod proof_uses;
 mod rate_buckets;
 mod recovery;
 mod support;
@@ -99,7 +100,8 @@ async fn a_version_1_database_is_migrated_in_place() {
         .await
         .batch_execute(
             "ALTER TABLE lifeguard_tasks DROP COLUMN correlation_id, DROP COLUMN object,
-                 DROP COLUMN lease_until, DROP COLUMN delegated_until, DROP COLUMN trace;
+                 DROP COLUMN lease_until, DROP COLUMN delegated_until, DROP COLUMN trace,
+                 DROP COLUMN key_binding;
              ALTER TABLE lifeguard_cancel_intents DROP COLUMN trace;
              ALTER TABLE lifeguard_cancel_intents
                  DROP CONSTRAINT lifeguard_cancel_intents_reason_check,
@@ -109,6 +111,7 @@ async fn a_version_1_database_is_migrated_in_place() {
              DROP TABLE lifeguard_budget_costs;
              DROP TABLE lifeguard_counters;
              DROP TABLE lifeguard_rate_buckets;
+             DROP TABLE lifeguard_proof_uses;
              DELETE FROM lifeguard_schema_migrations WHERE version > 1;",
         )
         .await
@@ -117,7 +120,7 @@ async fn a_version_1_database_is_migrated_in_place() {
     let task = ledger.get(&id).await.unwrap().expect("the task survives");
     assert_eq!((task.correlation_id.as_str(), task.object), ("", None));
     assert_eq!((task.lease_until, task.delegated_until), (None, None));
-    assert_eq!(task.trace, None);
+    assert_eq!((task.trace, task.binding), (None, None));
     let versions = db
         .client()
         .await
@@ -125,6 +128,36 @@ async fn a_version_1_database_is_migrated_in_place() {
         .await
         .unwrap();
     assert_eq!(versions[0].get::<_, i64>(0), SCHEMA_VERSION);
+}
+
+/// A stored key binding that does not read back is a corrupt row, never an unbound task: not
+/// for `get`, and not for the owner check of a confirmation of the same upstream ID.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_key_binding_is_corrupt() {
+    let db = TestDb::create().await;
+    let ledger = db.open(SERVER, "r").await;
+    let owner = fresh_owner();
+    let r = reservation(&owner, UNLIMITED);
+    let id = r.id.clone();
+    ledger.reserve(r).await.unwrap();
+    let c = confirmation(NOW);
+    ledger.confirm(&id, c.clone()).await.unwrap();
+    db.client()
+        .await
+        .execute(
+            "UPDATE lifeguard_tasks SET key_binding = 'sha256:abc' WHERE id = $1",
+            &[&id.as_str()],
+        )
+        .await
+        .unwrap();
+
+    let err = ledger.get(&id).await.unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    let again = reservation(&owner, UNLIMITED);
+    let again_id = again.id.clone();
+    ledger.reserve(again).await.unwrap();
+    let err = ledger.confirm(&again_id, c).await.unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
 }
 
 /// A database whose default turned `synchronous_commit` off still gets durable commits.
