@@ -12,6 +12,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod exception;
+pub mod jws_algorithm;
 pub mod kstatus;
 pub mod objects;
 pub mod proof_of_possession;

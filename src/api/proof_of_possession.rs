@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::PolicyDuration;
-use super::server_policy::JwsAlgorithm;
+use super::jws_algorithm::JwsAlgorithm;
 
 /// Whether an issuer's tokens must prove possession of a key.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

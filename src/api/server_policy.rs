@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::duration::PolicyDuration;
+pub use super::jws_algorithm::JwsAlgorithm;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -187,37 +188,6 @@ pub struct IssuerSpec {
     /// token is bound to the key: only requests proving the same key may touch it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof_of_possession: Option<super::proof_of_possession::ProofOfPossession>,
-}
-
-/// Asymmetric JWS algorithms a JWKS issuer may use.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum JwsAlgorithm {
-    RS256,
-    RS384,
-    RS512,
-    PS256,
-    PS384,
-    PS512,
-    ES256,
-    ES384,
-    EdDSA,
-}
-
-impl JwsAlgorithm {
-    /// The JOSE name (`ES256`, `EdDSA`, …), as tokens, proofs and metadata spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RS256 => "RS256",
-            Self::RS384 => "RS384",
-            Self::RS512 => "RS512",
-            Self::PS256 => "PS256",
-            Self::PS384 => "PS384",
-            Self::PS512 => "PS512",
-            Self::ES256 => "ES256",
-            Self::ES384 => "ES384",
-            Self::EdDSA => "EdDSA",
-        }
-    }
 }
 
 /// Claim names used to build the owner key (issuer + subject, tenant, client) and read scopes.

@@ -274,14 +274,20 @@ mod tests {
         assert_eq!(claims["scope"], "reports:run");
         assert_eq!(claims["lifeguard_task"], "h:0123");
         assert_eq!(claims["exp"], exp);
-        assert!(claims.get("orig_cnf").is_none(), "a bearer caller proved no key");
+        assert!(
+            claims.get("orig_cnf").is_none(),
+            "a bearer caller proved no key"
+        );
         let key = KeyBinding::Dpop { jkt: "k1".into() };
         let bound = Delegation {
             key_binding: Some(&key),
             ..delegation(now, now + 3600)
         };
         let (token, _) = keys.sign(&bound).unwrap();
-        assert_eq!(verify(&keys, &token, now).unwrap()["orig_cnf"], json!({"jkt": "k1"}));
+        assert_eq!(
+            verify(&keys, &token, now).unwrap()["orig_cnf"],
+            json!({"jkt": "k1"})
+        );
         assert_eq!(exp, now + MAX_ASSERTION_LIFETIME.as_secs() as i64);
     }
 

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::policy::DpopRules;
 
-use super::jwt::to_jwt_algorithm;
+use super::keys::to_jwt_algorithm;
 
 /// Longest proof accepted: an RSA-4096 key in the header and a few claims fit well within it.
 pub const MAX_PROOF_BYTES: usize = 8 * 1024;

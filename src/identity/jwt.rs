@@ -4,15 +4,14 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use jsonwebtoken::Validation;
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
-use crate::api::JwsAlgorithm;
 use crate::model::{KeyBinding, Owner};
 use crate::policy::{EffectivePolicy, TrustedIssuer};
 
-use super::keys::KeySet;
+use super::keys::{KeySet, to_jwt_algorithm};
 
 /// Clock skew tolerated on `exp` and `nbf`.
 pub const LEEWAY_SECS: u64 = 30;
@@ -106,20 +105,6 @@ impl AuthError {
             Self::Proof(e) => e.reason(),
             Self::ProofNotRecorded => "dpop_replay_cache_unavailable",
         }
-    }
-}
-
-pub(super) fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
-    match alg {
-        JwsAlgorithm::RS256 => Algorithm::RS256,
-        JwsAlgorithm::RS384 => Algorithm::RS384,
-        JwsAlgorithm::RS512 => Algorithm::RS512,
-        JwsAlgorithm::PS256 => Algorithm::PS256,
-        JwsAlgorithm::PS384 => Algorithm::PS384,
-        JwsAlgorithm::PS512 => Algorithm::PS512,
-        JwsAlgorithm::ES256 => Algorithm::ES256,
-        JwsAlgorithm::ES384 => Algorithm::ES384,
-        JwsAlgorithm::EdDSA => Algorithm::EdDSA,
     }
 }
 

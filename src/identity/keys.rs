@@ -3,6 +3,8 @@
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey};
 
+use crate::api::JwsAlgorithm;
+
 /// One usable public key.
 #[derive(Clone)]
 pub struct VerificationKey {
@@ -120,6 +122,21 @@ impl KeySet {
 
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+}
+
+/// The jsonwebtoken algorithm of a policy's algorithm name.
+pub fn to_jwt_algorithm(alg: JwsAlgorithm) -> Algorithm {
+    match alg {
+        JwsAlgorithm::RS256 => Algorithm::RS256,
+        JwsAlgorithm::RS384 => Algorithm::RS384,
+        JwsAlgorithm::RS512 => Algorithm::RS512,
+        JwsAlgorithm::PS256 => Algorithm::PS256,
+        JwsAlgorithm::PS384 => Algorithm::PS384,
+        JwsAlgorithm::PS512 => Algorithm::PS512,
+        JwsAlgorithm::ES256 => Algorithm::ES256,
+        JwsAlgorithm::ES384 => Algorithm::ES384,
+        JwsAlgorithm::EdDSA => Algorithm::EdDSA,
     }
 }
 

@@ -232,7 +232,10 @@ mod tests {
         let mut headers = incoming();
         headers.insert("authorization", HeaderValue::from_static("DPoP secret"));
         headers.insert("dpop", HeaderValue::from_static("proof"));
-        headers.insert("lifeguard-key-binding", HeaderValue::from_static("jkt:forged"));
+        headers.insert(
+            "lifeguard-key-binding",
+            HeaderValue::from_static("jkt:forged"),
+        );
         let bound = Identity {
             binding: Some(crate::model::KeyBinding::Dpop { jkt: "k1".into() }),
             ..identity()
@@ -244,7 +247,10 @@ mod tests {
         assert_eq!(out.get("authorization").unwrap(), "DPoP secret");
         assert_eq!(out.get("dpop").unwrap(), "proof");
         let out = client_request_headers(&headers, &identity(), UpstreamIdentity::IdentityHeaders);
-        assert!(out.get(KEY_BINDING_HEADER).is_none(), "a bearer caller proved no key");
+        assert!(
+            out.get(KEY_BINDING_HEADER).is_none(),
+            "a bearer caller proved no key"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub fn owner_identity(record: &TaskRecord) -> Identity {
         scopes: record.scopes.iter().cloned().collect(),
         issued_at: None,
         expires_at: 0,
-        binding: None,
+        binding: record.binding.clone(),
     }
 }
 

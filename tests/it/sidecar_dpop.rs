@@ -102,7 +102,9 @@ async fn a_stolen_copy_of_a_dpop_bound_token_cannot_read_answer_or_cancel_the_ta
     );
     // A proof of the thief's own key for the stolen token.
     let mut thief = DpopClient::start(&url).await;
-    let wrong_key = thief.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    let wrong_key = thief
+        .call(&token, "tasks/cancel", json!({"taskId": id}))
+        .await;
     assert_eq!(wrong_key.status, 401, "{wrong_key:?}");
     assert!(
         wrong_key
@@ -126,13 +128,16 @@ async fn a_stolen_copy_of_a_dpop_bound_token_cannot_read_answer_or_cancel_the_ta
     // Still the owner's, still running.
     let read = owner.call(&token, "tasks/get", json!({"taskId": id})).await;
     assert_eq!(read.result()["status"], "working", "{read:?}");
-    let cancelled = owner.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    let cancelled = owner
+        .call(&token, "tasks/cancel", json!({"taskId": id}))
+        .await;
     assert_eq!(cancelled.status, 200, "{cancelled:?}");
 
     // The audit names the key the task is bound to.
     let created = sidecar
         .audit_event(|e| e["event"] == "task.created")
-        .await;
+        .await
+        .expect("task.created audited");
     assert_eq!(
         created["detail"]["keyBinding"],
         format!("jkt:{}", owner.jkt),
@@ -140,7 +145,8 @@ async fn a_stolen_copy_of_a_dpop_bound_token_cannot_read_answer_or_cancel_the_ta
     );
     let refused = sidecar
         .audit_event(|e| e["reason"] == "foreign_key")
-        .await;
+        .await
+        .expect("the foreign key audited");
     assert_eq!(refused["decision"], "deny");
 }
 
@@ -167,7 +173,11 @@ async fn replayed_and_mismatched_proofs_are_refused() {
     );
 
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("htm GET", json!({"htu": RESOURCE, "htm": "GET"}), "another HTTP method"),
+        (
+            "htm GET",
+            json!({"htu": RESOURCE, "htm": "GET"}),
+            "another HTTP method",
+        ),
         (
             "htu of another server",
             json!({"htu": "https://elsewhere.example/mcp"}),
@@ -183,11 +193,7 @@ async fn replayed_and_mismatched_proofs_are_refused() {
             json!({"htu": RESOURCE, "ath_of": "another-token"}),
             "hash of the access token",
         ),
-        (
-            "no ath",
-            json!({"htu": RESOURCE, "ath_of": null}),
-            "`ath`",
-        ),
+        ("no ath", json!({"htu": RESOURCE, "ath_of": null}), "`ath`"),
         (
             "iat ten minutes old",
             json!({"htu": RESOURCE, "iat_offset": -600}),
@@ -223,7 +229,10 @@ async fn server_nonces_are_asked_for_and_used_when_the_policy_requires_them() {
     let first = client.call(&token, "tools/list", json!({})).await;
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(first.attempts, 2, "retried once with the server's nonce");
-    assert!(!first.header("dpop-nonce").is_empty(), "a nonce for next time");
+    assert!(
+        !first.header("dpop-nonce").is_empty(),
+        "a nonce for next time"
+    );
     // The next request uses the nonce it was given: no refusal.
     let second = client.call(&token, "tools/list", json!({})).await;
     assert_eq!((second.status, second.attempts), (200, 1), "{second:?}");
@@ -246,8 +255,7 @@ async fn server_nonces_are_asked_for_and_used_when_the_policy_requires_them() {
 
 #[tokio::test]
 async fn an_issuer_that_requires_binding_refuses_bearer_tokens_and_says_so() {
-    let (_server, sidecar, client) =
-        sidecar_with("        proofOfPossession: required\n").await;
+    let (_server, sidecar, client) = sidecar_with("        proofOfPossession: required\n").await;
     let url = sidecar.url.clone();
 
     let bearer = client
@@ -333,6 +341,8 @@ async fn replicas_on_postgresql_share_the_replay_cache_and_the_key_binding() {
     assert_eq!(read.result()["taskId"], id.as_str());
     let bearer = replicas.client(1).get_task(&alice().token(), &id).await;
     assert_task_not_found(&bearer, "alice's bearer token at replica B");
-    let cancelled = at_a.call(&token, "tasks/cancel", json!({"taskId": id})).await;
+    let cancelled = at_a
+        .call(&token, "tasks/cancel", json!({"taskId": id}))
+        .await;
     assert_eq!(cancelled.status, 200, "{cancelled:?}");
 }

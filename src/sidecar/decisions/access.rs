@@ -209,12 +209,24 @@ mod tests {
         // An administrator of the tenant cancels whatever key the task is bound to.
         let admin = caller(owner("root", "t1", "console"), &["admin"]);
         assert_eq!(
-            authorize(Some(&bound), &admin, Operation::Cancel, Some("admin"), 2_000),
+            authorize(
+                Some(&bound),
+                &admin,
+                Operation::Cancel,
+                Some("admin"),
+                2_000
+            ),
             Ok(Access::Admin)
         );
         // A task of a bearer token stays open to the same user proving a key.
         assert_eq!(
-            authorize(Some(&record()), &alice(key("key-a"), &[]), Operation::Read, None, 2_000),
+            authorize(
+                Some(&record()),
+                &alice(key("key-a"), &[]),
+                Operation::Read,
+                None,
+                2_000
+            ),
             Ok(Access::Owner)
         );
     }

@@ -79,17 +79,6 @@ impl LocalProofs {
         proofs.insert(key, until_secs);
         ProofUse::First
     }
-
-    pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map(|p| p.len()).unwrap_or(0))
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Where this sidecar remembers proofs.
@@ -164,10 +153,17 @@ mod tests {
         assert!(refused as usize >= SHARD_PROOFS);
         // Everything recorded is still remembered: nothing was forgotten to make room.
         for m in (0..refused).step_by(997) {
-            assert_eq!(proofs.remember(&digest(m), 10, 5), ProofUse::Replayed, "{m}");
+            assert_eq!(
+                proofs.remember(&digest(m), 10, 5),
+                ProofUse::Replayed,
+                "{m}"
+            );
         }
         // Once they are stale, the full shard makes room.
         assert_eq!(proofs.remember(&digest(refused), 100, 20), ProofUse::First);
-        assert_eq!(proofs.remember(&digest(refused), 100, 21), ProofUse::Replayed);
+        assert_eq!(
+            proofs.remember(&digest(refused), 100, 21),
+            ProofUse::Replayed
+        );
     }
 }

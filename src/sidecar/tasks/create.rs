@@ -276,7 +276,7 @@ async fn reserve(
             .map(|lease| now.saturating_add(lease.get().as_millis() as i64)),
         // The request's span: every later span about the task links to it.
         trace: crate::telemetry::task_spans::current_traceparent(),
-        binding: None,
+        binding: ctx.identity.binding.clone(),
     };
     Ok(match reserve_slot(app, ctx, reservation).await? {
         ReserveOutcome::Reserved => Reserved::Pending(PendingTask {

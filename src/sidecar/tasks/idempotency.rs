@@ -153,7 +153,10 @@ mod tests {
         let bound = claim_hash(&k, &owner("alice"), Some(&key), "t", "header:x");
         assert_ne!(base, bound, "a key-bound creation is not a bearer one");
         let other = KeyBinding::Dpop { jkt: "k2".into() };
-        assert_ne!(bound, claim_hash(&k, &owner("alice"), Some(&other), "t", "header:x"));
+        assert_ne!(
+            bound,
+            claim_hash(&k, &owner("alice"), Some(&other), "t", "header:x")
+        );
         assert_ne!(
             base,
             claim_hash(&[8u8; 32], &owner("alice"), None, "t", "header:x")
@@ -163,6 +166,9 @@ mod tests {
         o1.tenant = "c".into();
         let mut o2 = owner("a");
         o2.tenant = "bc".into();
-        assert_ne!(claim_hash(&k, &o1, None, "t", "m"), claim_hash(&k, &o2, None, "t", "m"));
+        assert_ne!(
+            claim_hash(&k, &o1, None, "t", "m"),
+            claim_hash(&k, &o2, None, "t", "m")
+        );
     }
 }
