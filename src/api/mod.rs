@@ -31,7 +31,9 @@ pub use exception::{
     ExceptionLimits, ExceptionState, IncludeContextGrant, PolicyRef, PrincipalRef, TenantRef,
 };
 pub use objects::{AuthorizerFormat, AuthorizerSpec, ObjectsSpec, ToolObject};
-pub use proof_of_possession::{DpopSpec, ProofOfPossession};
+pub use proof_of_possession::{
+    CertificateHeaderFormat, ClientCertificatesSpec, DpopSpec, ProofOfPossession,
+};
 pub use rate_limits::{BucketSpec, MethodLimitsSpec, RateLimitsSpec, ScopedLimitsSpec};
 pub use revocation::{
     PrincipalRevocation, PrincipalRevocationSpec, PrincipalRevocationStatus, RevocationReason,

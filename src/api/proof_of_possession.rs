@@ -45,3 +45,33 @@ pub struct DpopSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub require_nonce: Option<bool>,
 }
+
+/// Client certificates a trusted proxy passes on, for certificate-bound tokens (RFC 8705,
+/// `cnf["x5t#S256"]`). TLS ends before the sidecar (at the ingress or the mesh), so the
+/// certificate can only arrive in a header the proxy sets.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificatesSpec {
+    /// The header the proxy sets, e.g. `x-forwarded-client-cert` (Envoy, Istio). The proxy
+    /// must overwrite any value the client sent (Envoy: `forward_client_cert_details:
+    /// SANITIZE_SET`).
+    #[schemars(length(min = 1, max = 128))]
+    pub header: String,
+    /// `xfcc`: Envoy's `x-forwarded-client-cert` (one element; its `Hash`, or else its `Cert`);
+    /// `pem`: the URL-encoded PEM certificate (nginx `$ssl_client_escaped_cert`).
+    pub format: CertificateHeaderFormat,
+    /// Peers whose header is believed, as CIDR ranges. Default: loopback only
+    /// (`127.0.0.0/8`, `::1/128`), where a mesh proxy in the same pod connects from. From any
+    /// other peer the header is removed before anything reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub trusted_proxies: Option<Vec<String>>,
+}
+
+/// How the proxy writes the certificate.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum CertificateHeaderFormat {
+    Xfcc,
+    Pem,
+}

@@ -143,6 +143,11 @@ pub struct IdentitySpec {
     /// algorithms, the `iat` window, server nonces. Defaults apply when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpop: Option<super::proof_of_possession::DpopSpec>,
+
+    /// Where a trusted proxy passes the client's TLS certificate, so that certificate-bound
+    /// tokens (RFC 8705, `cnf["x5t#S256"]`) can be checked. Absent: such tokens are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificates: Option<super::proof_of_possession::ClientCertificatesSpec>,
 }
 
 /// One trusted OAuth 2.1 / OpenID Connect token issuer.

@@ -79,6 +79,10 @@ pub enum AuthError {
     Proof(#[from] super::dpop::ProofError),
     #[error("the DPoP proof could not be recorded against replay")]
     ProofNotRecorded,
+    #[error("no client certificate from a trusted proxy for a certificate-bound token")]
+    NoClientCertificate,
+    #[error("the client certificate is not the one the token is bound to")]
+    CertificateMismatch,
 }
 
 impl AuthError {
@@ -104,6 +108,8 @@ impl AuthError {
             Self::ProofOfPossessionRequired => "pop_required",
             Self::Proof(e) => e.reason(),
             Self::ProofNotRecorded => "dpop_replay_cache_unavailable",
+            Self::NoClientCertificate => "mtls_no_certificate",
+            Self::CertificateMismatch => "mtls_certificate_mismatch",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Who is calling: bearer JWTs validated locally against the policy's trusted issuers.
 
 pub mod cache;
+pub mod client_cert;
 pub mod delegation;
 pub mod dpop;
 pub mod dpop_mint;

@@ -249,6 +249,12 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
         resource: policy.spec.resource.clone(),
         issuers: compile_issuers(policy),
         dpop: policy.spec.identity.dpop.as_ref().map(compile_dpop),
+        client_certificates: policy
+            .spec
+            .identity
+            .client_certificates
+            .as_ref()
+            .map(compile_client_certificates),
         upstream_identity: policy
             .spec
             .upstream
@@ -346,6 +352,25 @@ fn compile_dpop(spec: &crate::api::DpopSpec) -> DpopRules {
             .as_ref()
             .map_or(defaults.proof_window_secs, |w| w.get().as_secs()),
         require_nonce: spec.require_nonce.unwrap_or(defaults.require_nonce),
+    }
+}
+
+/// Validation has checked the header name and the ranges; a range that does not parse is
+/// left out here (a policy with one does not compile).
+fn compile_client_certificates(
+    spec: &crate::api::ClientCertificatesSpec,
+) -> ClientCertificateRules {
+    let trusted = match &spec.trusted_proxies {
+        Some(ranges) => ranges.iter().filter_map(|r| r.parse().ok()).collect(),
+        None => super::validate_pop::LOOPBACK
+            .iter()
+            .filter_map(|r| r.parse().ok())
+            .collect(),
+    };
+    ClientCertificateRules {
+        header: spec.header.to_ascii_lowercase(),
+        format: spec.format,
+        trusted_proxies: trusted,
     }
 }
 

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::api::{
-    AuditFailureMode, AuditSink, CapabilityExceptionSpec, CapabilityMode, ExceptionCapability,
-    JwsAlgorithm, ListenNotification, PolicyDuration, ProofOfPossession, RevocationReason,
-    UpstreamIdentity,
+    AuditFailureMode, AuditSink, CapabilityExceptionSpec, CapabilityMode, CertificateHeaderFormat,
+    ExceptionCapability, JwsAlgorithm, ListenNotification, PolicyDuration, ProofOfPossession,
+    RevocationReason, UpstreamIdentity,
 };
 
 /// Where the protected container keeps its task state (`spec.upstream.taskState`).
@@ -49,6 +49,10 @@ pub struct EffectivePolicy {
     /// the serialization when absent, so policies without it keep their hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpop: Option<DpopRules>,
+    /// `spec.identity.clientCertificates`; `None`: certificate-bound tokens are refused. Left
+    /// out of the serialization when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificates: Option<ClientCertificateRules>,
     /// What the protected container learns about callers.
     pub upstream_identity: UpstreamIdentity,
     /// Who answers requests about an existing task: the replica whose container created it
@@ -143,6 +147,25 @@ pub struct DpopRules {
     pub proof_window_secs: u64,
     /// Every proof must carry a current server nonce.
     pub require_nonce: bool,
+}
+
+/// Where trusted proxies put the client's certificate (`spec.identity.clientCertificates`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificateRules {
+    /// The header's name, lower case.
+    pub header: String,
+    pub format: CertificateHeaderFormat,
+    /// Peers whose header is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+impl ClientCertificateRules {
+    /// Whether a connection from `peer` may set the certificate header.
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.trusted_proxies.iter().any(|net| net.contains(&peer))
+    }
 }
 
 impl DpopRules {

@@ -245,6 +245,10 @@ fn validate_identity(policy: &McpServerPolicy, mode: CompileMode, p: &mut Proble
         p.error("spec.identity.issuers", "must list at least one issuer");
     }
     super::validate_pop::validate_dpop(spec.identity.dpop.as_ref(), p);
+    super::validate_pop::validate_client_certificates(
+        spec.identity.client_certificates.as_ref(),
+        p,
+    );
     let mut seen = BTreeSet::new();
     for (i, issuer) in spec.identity.issuers.iter().enumerate() {
         let base = format!("spec.identity.issuers[{i}]");

@@ -18,7 +18,7 @@ use crate::mcp::checks::{CheckOptions, RequestKind, check_request};
 use crate::mcp::codes;
 use crate::mcp::jsonrpc::{ErrorObject, MAX_REQUEST_BYTES, parse_request};
 use crate::mcp::refusal::{Refusal, Remediation};
-use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
+use crate::runtime::http::{BodyError, BodyReadTimeout, PeerAddr, read_body};
 use crate::telemetry::metrics::RateLimitedLabels;
 use crate::telemetry::spans::{self, ServerSpan};
 
@@ -48,10 +48,34 @@ fn method_label(method: &str) -> &'static str {
 pub async fn handle_mcp(
     State(app): State<Arc<AppState>>,
     body_timeout: BodyReadTimeout,
-    headers: HeaderMap,
+    peer: Option<PeerAddr>,
+    mut headers: HeaderMap,
     body: Body,
 ) -> Response {
+    drop_untrusted_certificate(&app, peer, &mut headers);
     serve(app, body_timeout, headers, body, Arrival::Client).await
+}
+
+/// Removes the client-certificate header (`identity.clientCertificates.header`) of a request
+/// from a peer that is not a trusted proxy, before anything reads it: only the proxy that
+/// ended the client's TLS connection may say which certificate it presented. What remains is
+/// what the internal hop forwards, so the home replica of a forwarded request believes it.
+fn drop_untrusted_certificate(app: &AppState, peer: Option<PeerAddr>, headers: &mut HeaderMap) {
+    let Some(policy) = app.policy() else {
+        return;
+    };
+    let Some(rules) = &policy.effective.client_certificates else {
+        return;
+    };
+    let trusted = peer.is_some_and(|PeerAddr(addr)| rules.trusts(addr.ip()));
+    if !trusted && headers.remove(rules.header.as_str()).is_some() {
+        app.metrics.anomaly("untrusted_certificate_header");
+        tracing::warn!(
+            peer = ?peer.map(|p| p.0),
+            header = rules.header,
+            "a client certificate header from a peer that is not a trusted proxy was removed"
+        );
+    }
 }
 
 /// The pipeline for a request that arrived as `arrival` says (from a client, or forwarded by

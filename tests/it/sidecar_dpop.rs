@@ -346,3 +346,93 @@ async fn replicas_on_postgresql_share_the_replay_cache_and_the_key_binding() {
         .await;
     assert_eq!(cancelled.status, 200, "{cancelled:?}");
 }
+
+/// A client certificate as a mesh proxy describes it in `x-forwarded-client-cert` (its
+/// `Hash`), and its RFC 8705 thumbprint.
+fn client_certificate() -> (String, String) {
+    use base64::Engine;
+    use sha2::Digest;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["client.test".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let digest = sha2::Sha256::digest(cert.der());
+    let xfcc = format!(
+        "By=spiffe://cluster.local/ns/tests/sa/server;Hash={};URI=spiffe://cluster.local/ns/tests/sa/client",
+        hex::encode(digest)
+    );
+    let thumbprint = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest);
+    (xfcc, thumbprint)
+}
+
+#[tokio::test]
+async fn a_certificate_bound_token_works_only_with_its_certificate_from_a_trusted_proxy() {
+    const XFCC: &str = "x-forwarded-client-cert";
+    let (_server, sidecar, client) =
+        sidecar_with("    clientCertificates: {header: x-forwarded-client-cert, format: xfcc}\n")
+            .await;
+    let (xfcc, thumbprint) = client_certificate();
+    let (other_xfcc, _) = client_certificate();
+    let token = alice().token_with(|claims| claims["cnf"] = json!({"x5t#S256": thumbprint}));
+
+    let created = client
+        .request(
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {"seconds": 30}}),
+        )
+        .token(&token)
+        .header(XFCC, &xfcc)
+        .send()
+        .await;
+    assert_eq!(created.status, 200, "{created:?}");
+    let id = created.result()["taskId"].as_str().unwrap().to_owned();
+    let get = |xfcc: Option<&str>, token: &str| {
+        let mut request = client
+            .request("tasks/get", json!({"taskId": id}))
+            .token(token);
+        if let Some(xfcc) = xfcc {
+            request = request.header(XFCC, xfcc);
+        }
+        request.send()
+    };
+    assert_eq!(get(Some(&xfcc), &token).await.status, 200);
+    // The token without its certificate, or with another one: refused before the body.
+    assert_eq!(get(None, &token).await.status, 401);
+    assert_eq!(get(Some(&other_xfcc), &token).await.status, 401);
+    // The same user's bearer token, even over the same certificate: not the key's holder.
+    assert_task_not_found(
+        &get(Some(&xfcc), &alice().token()).await,
+        "alice's bearer token",
+    );
+
+    // A sidecar that trusts no proxy on loopback drops the header: the token is refused.
+    let (_server, untrusting, untrusting_client) = sidecar_with(
+        "    clientCertificates: {header: x-forwarded-client-cert, format: xfcc, trustedProxies: [192.0.2.0/24]}\n",
+    )
+    .await;
+    let refused = untrusting_client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .header(XFCC, &xfcc)
+        .send()
+        .await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert_eq!(
+        untrusting
+            .daemon
+            .metric("lifeguard_anomalies_total{reason=\"untrusted_certificate_header\"}")
+            .await,
+        Some(1.0)
+    );
+    // Without clientCertificates, a certificate-bound token is refused, not taken as bearer.
+    let (_server, _plain, plain_client) = sidecar_with("").await;
+    let plain = plain_client
+        .request("tools/list", json!({}))
+        .token(&token)
+        .header(XFCC, &xfcc)
+        .send()
+        .await;
+    assert_eq!(plain.status, 401, "{plain:?}");
+    drop(sidecar);
+}

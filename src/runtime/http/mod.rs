@@ -241,6 +241,22 @@ fn is_connection_error(error: &io::Error) -> bool {
 
 type Service = TowerToHyperService<Router>;
 
+/// The address of the peer a request's connection came from (a request extension; read it
+/// with the [`PeerAddr`] extractor, `None` for requests that did not come over a connection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for PeerAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get().copied())
+    }
+}
+
 /// What serving one admitted connection needs besides its socket.
 struct ConnectionContext {
     peer: SocketAddr,
@@ -319,6 +335,12 @@ where
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(buffer);
     let io = TokioIo::new(Tracked::new(stream, clock.clone()));
+    // Every request of the connection knows where it came from.
+    let service =
+        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(PeerAddr(peer));
+            hyper::service::Service::call(&service, request)
+        });
     let connection = builder.serve_connection(io, service);
     let mut connection = std::pin::pin!(connection);
     let served = tokio::select! {

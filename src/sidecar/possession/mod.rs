@@ -5,13 +5,15 @@
 //! | scheme | token | outcome |
 //! |---|---|---|
 //! | `Bearer` | unbound | accepted, unless its issuer requires binding (`pop_required`) |
-//! | `Bearer` | bound (`jkt` or `x5t#S256`) | refused (`bound_token_as_bearer`): a stolen copy is useless |
+//! | `Bearer` | bound to a DPoP key (`jkt`) | refused (`bound_token_as_bearer`): a stolen copy is useless |
+//! | `Bearer` | bound to a certificate (`x5t#S256`) | the certificate a trusted proxy passed on must be that one (`mtls_no_certificate`, `mtls_certificate_mismatch`) |
 //! | `DPoP` | bound to a DPoP key (`jkt`) | the `DPoP` proof is verified ([`crate::identity::dpop`]), then recorded against replay ([`replay`]) |
 //! | `DPoP` | unbound, or bound to a certificate | refused (`dpop_unbound_token`) |
 //!
 //! Certificate-bound tokens (RFC 8705) need the client's certificate, which the sidecar does
-//! not see: the TLS connection ends at the ingress or the mesh before it (docs/security-model.md,
-//! "Proof of possession"). They are refused until a trusted-proxy header carries it.
+//! not see itself: the TLS connection ends at the ingress or the mesh before it. A proxy the
+//! policy trusts (`identity.clientCertificates`) passes it on in a header; without that
+//! configuration they are refused.
 //!
 //! The proof's `htu` must name the policy's `resource`: the URI clients address, whether or
 //! not an ingress stands in front, and the same on every replica. A request forwarded by
@@ -25,6 +27,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 
 use crate::api::ProofOfPossession;
+use crate::identity::client_cert::certificate_thumbprint;
 use crate::identity::dpop::{ProofCheck, ProofError, verify_proof};
 use crate::identity::dpop_nonce::NonceKey;
 use crate::identity::{AuthError, Identity, Scheme};
@@ -106,7 +109,12 @@ impl Possession {
                 return Err(AuthError::ProofOfPossessionRequired.into());
             }
             (Scheme::Bearer, None) => return Ok(()),
-            (Scheme::Bearer, Some(_)) => return Err(AuthError::BoundTokenAsBearer.into()),
+            (Scheme::Bearer, Some(KeyBinding::Mtls { x5t_s256 })) => {
+                return client_certificate(policy, headers, x5t_s256).map_err(Unproven::from);
+            }
+            (Scheme::Bearer, Some(KeyBinding::Dpop { .. })) => {
+                return Err(AuthError::BoundTokenAsBearer.into());
+            }
             (Scheme::Dpop, Some(KeyBinding::Dpop { jkt })) => jkt,
             (Scheme::Dpop, _) => return Err(AuthError::UnboundDpopToken.into()),
         };
@@ -144,5 +152,29 @@ impl Possession {
             ProofUse::Replayed => Err(ProofError::Replayed.into()),
             ProofUse::Unavailable => Err(Unproven::Unavailable),
         }
+    }
+}
+
+/// Checks that the client certificate a trusted proxy passed on (see
+/// `pipeline::drop_untrusted_certificate`) is the one a certificate-bound token names.
+fn client_certificate(
+    policy: &EffectivePolicy,
+    headers: &HeaderMap,
+    bound: &str,
+) -> Result<(), AuthError> {
+    let Some(rules) = &policy.client_certificates else {
+        // Nobody passes certificates on: the binding cannot be checked.
+        return Err(AuthError::BoundTokenAsBearer);
+    };
+    let mut values = headers.get_all(rules.header.as_str()).iter();
+    let value = values.next().ok_or(AuthError::NoClientCertificate)?;
+    if values.next().is_some() {
+        return Err(AuthError::NoClientCertificate);
+    }
+    let value = value.to_str().map_err(|_| AuthError::NoClientCertificate)?;
+    match certificate_thumbprint(value, rules.format) {
+        Ok(thumbprint) if thumbprint == bound => Ok(()),
+        Ok(_) => Err(AuthError::CertificateMismatch),
+        Err(_) => Err(AuthError::NoClientCertificate),
     }
 }
