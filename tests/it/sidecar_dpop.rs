@@ -436,3 +436,119 @@ async fn a_certificate_bound_token_works_only_with_its_certificate_from_a_truste
     assert_eq!(plain.status, 401, "{plain:?}");
     drop(sidecar);
 }
+
+/// Runs `lifeguard ARGS`, returning stdout (trimmed) or panicking with stderr.
+fn lifeguard(args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "lifeguard {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test]
+async fn dev_token_and_dev_dpop_proof_make_a_bound_token_and_its_proofs() {
+    let (_server, sidecar, client) = sidecar_with("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("client-dpop.pem");
+    let key_arg = key.to_str().unwrap();
+    let issuer_key = support::fixture("keys/issuer-ed25519.pem");
+    let token = lifeguard(&[
+        "dev",
+        "token",
+        "--key",
+        issuer_key.to_str().unwrap(),
+        "--kid",
+        "test-ed-1",
+        "--issuer",
+        support::ISSUER,
+        "--audience",
+        RESOURCE,
+        "--subject",
+        "alice",
+        "--tenant",
+        "t",
+        "--client",
+        "c",
+        "--dpop-key",
+        key_arg,
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the new key is private"
+    );
+    let proof = || {
+        lifeguard(&[
+            "dev",
+            "dpop-proof",
+            "--dpop-key",
+            key_arg,
+            "--htu",
+            RESOURCE,
+            "--token",
+            &token,
+        ])
+    };
+    let send = |proof: String| {
+        client
+            .request("tools/list", json!({}))
+            .header("authorization", &format!("DPoP {token}"))
+            .header("dpop", &proof)
+            .send()
+    };
+    let first = proof();
+    assert_eq!(send(first.clone()).await.status, 200);
+    assert_eq!(send(proof()).await.status, 200, "a second proof");
+    assert_eq!(send(first).await.status, 401, "a replayed proof");
+    // The key file is reused, not replaced: a second token is bound to the same key.
+    let again = lifeguard(&[
+        "dev",
+        "token",
+        "--key",
+        issuer_key.to_str().unwrap(),
+        "--kid",
+        "test-ed-1",
+        "--issuer",
+        support::ISSUER,
+        "--audience",
+        RESOURCE,
+        "--subject",
+        "alice",
+        "--dpop-key",
+        key_arg,
+    ]);
+    let cnf = |token: &str| -> Value {
+        use base64::Engine;
+        let claims = token.split('.').nth(1).unwrap();
+        let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(claims)
+            .unwrap();
+        serde_json::from_slice::<Value>(&claims).unwrap()["cnf"].clone()
+    };
+    assert_eq!(cnf(&again), cnf(&token));
+    // A file that is not a key is an error naming it, and is left as it was.
+    std::fs::write(dir.path().join("junk.pem"), "junk").unwrap();
+    let junk = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
+        .args(["dev", "dpop-proof", "--htu", RESOURCE, "--dpop-key"])
+        .arg(dir.path().join("junk.pem"))
+        .output()
+        .unwrap();
+    assert!(!junk.status.success());
+    assert!(
+        String::from_utf8_lossy(&junk.stderr).contains("junk.pem"),
+        "{}",
+        String::from_utf8_lossy(&junk.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("junk.pem")).unwrap(),
+        "junk"
+    );
+    drop(sidecar);
+}
