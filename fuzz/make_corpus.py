@@ -150,6 +150,29 @@ def jwt():
     c.add(b"\x02" + compact(dict(claims, nbf=NOW + 100, aud=[AUD, "x"])))
 
 
+def proof_of_possession():
+    from joserfc import jwt as jose_jwt
+    from joserfc.jwk import ECKey
+    c = Corpus("proof_of_possession")
+    key = ECKey.import_key(read("tests/fixtures/keys/dpop-client-p256.pem"))
+    token = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl"
+    ath = b64url(hashlib.sha256(token.encode()).digest())
+    header = {"typ": "dpop+jwt", "alg": "ES256", "jwk": key.as_dict(private=False)}
+    claims = {"jti": "j-1", "htm": "POST", "htu": AUD, "iat": NOW, "ath": ath}
+    c.add(b"\x00" + jose_jwt.encode(header, claims, key, algorithms=["ES256"]).encode())
+    c.add(b"\x00" + jose_jwt.encode(dict(header, typ="JWT"), claims, key,
+                                      algorithms=["ES256"]).encode())
+    c.add(b"\x01" + compact(header) + b"\x00" + compact(claims))
+    c.add(b"\x01" + compact(header) + b"\x00" + compact(dict(claims, htu=AUD + "?q#f")))
+    c.add(b"\x01" + compact(dict(header, jwk=dict(header["jwk"], d="AAAA"))) + b"\x00"
+          + compact(claims))
+    c.add(b"\x01" + compact(header) + b"\x00" + compact(dict(claims, iat=NOW - 301)))
+    c.add(b"\x02By=spiffe://cluster.local/ns/a/sa/b;Hash=" + b"ab" * 32
+          + b";Subject=\"CN=x,O=a;b\";URI=spiffe://cluster.local/ns/c/sa/d")
+    c.add(b"\x02Hash=" + b"ab" * 32 + b",Hash=" + b"cd" * 32)
+    c.add(b"\x02-----BEGIN%20CERTIFICATE-----%0AMIIB%0A-----END%20CERTIFICATE-----%0A")
+
+
 SUBJECTS = [
     {"format": "iss_sub", "iss": ISS, "sub": "alice"},
     {"format": "email", "email": "alice@example.com"},
@@ -282,5 +305,5 @@ def admission_review():
 
 if __name__ == "__main__":
     for make in [strict_json, mcp_headers, jwt, ssf_set, exception_jws, policy_compile, listen_uri,
-                 upstream_sse, admission_review]:
+                 upstream_sse, admission_review, proof_of_possession]:
         make()
