@@ -10,6 +10,9 @@
 #        scripts/bench.sh --baseline FILE   compare the reduction targets with an earlier run
 #        scripts/bench.sh --hot-path-only   only the in-process hot path at 1 and 2 workers
 #                                    (target/bench/hot-path.json; about 50 s)
+#        scripts/bench.sh --dpop     the sidecar CPU a DPoP-verified call adds over a bearer one,
+#                                    and proof verification in process (target/bench/dpop.json;
+#                                    about 90 s)
 #        scripts/bench.sh --help     all options (sample counts, durations, --keep, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 //! A lean HTTP/1.1 load client: one keep-alive TCP connection per `Conn`, requests pre-built as
-//! bytes (only the fixed-width JSON-RPC id is patched per request), responses framed by
-//! Content-Length or chunked encoding. The same code drives the direct and the sidecar runs.
+//! bytes (only the fixed-width JSON-RPC id is patched per request, or, for requests that differ
+//! by more, each built whole beforehand: [`Prebuilt`]), responses framed by Content-Length or
+//! chunked encoding. The same code drives the direct and the sidecar runs.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -66,12 +67,53 @@ pub fn meta(tasks: bool) -> Value {
     })
 }
 
+/// How a request proves who sends it.
+#[derive(Clone, Copy)]
+pub enum Credential<'a> {
+    /// `Authorization: Bearer <token>`.
+    Bearer(&'a str),
+    /// `Authorization: DPoP <token>` and `DPoP: <proof>` (RFC 9449): a token bound to a key,
+    /// and a proof of that key made for this one request.
+    Dpop { token: &'a str, proof: &'a str },
+}
+
+impl Credential<'_> {
+    /// The request's header lines, each ending in CRLF.
+    fn headers(self) -> String {
+        match self {
+            Self::Bearer(token) => format!("Authorization: Bearer {token}\r\n"),
+            Self::Dpop { token, proof } => {
+                format!("Authorization: DPoP {token}\r\nDPoP: {proof}\r\n")
+            }
+        }
+    }
+}
+
 impl Template {
     /// A POST of `method` with `params` (to which `_meta` is added), the mirrored `Mcp-Method`
     /// and `Mcp-Name` headers, and the bearer token.
     pub fn mcp(
         endpoint: &Endpoint,
         token: &str,
+        method: &str,
+        name: Option<&str>,
+        params: Value,
+        tasks: bool,
+    ) -> Self {
+        Self::mcp_as(
+            endpoint,
+            Credential::Bearer(token),
+            method,
+            name,
+            params,
+            tasks,
+        )
+    }
+
+    /// [`Template::mcp`] with any credential.
+    pub fn mcp_as(
+        endpoint: &Endpoint,
+        credential: Credential<'_>,
         method: &str,
         name: Option<&str>,
         mut params: Value,
@@ -89,10 +131,8 @@ impl Template {
         if let Some(name) = name {
             head.push_str(&format!("Mcp-Name: {name}\r\n"));
         }
-        head.push_str(&format!(
-            "Authorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        ));
+        head.push_str(&credential.headers());
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
         let marker = format!("\"id\":{ID_BASE}");
         // The body was just serialized with this id, so the marker is present.
         let id_in_body = body.find(&marker).unwrap_or(0) + "\"id\":".len();
@@ -110,9 +150,20 @@ impl Template {
         args: Value,
         tasks: bool,
     ) -> Self {
-        Self::mcp(
+        Self::tool_call_as(endpoint, Credential::Bearer(token), tool, args, tasks)
+    }
+
+    /// [`Template::tool_call`] with any credential.
+    pub fn tool_call_as(
+        endpoint: &Endpoint,
+        credential: Credential<'_>,
+        tool: &str,
+        args: Value,
+        tasks: bool,
+    ) -> Self {
+        Self::mcp_as(
             endpoint,
-            token,
+            credential,
             "tools/call",
             Some(tool),
             json!({"name": tool, "arguments": args}),
@@ -141,6 +192,42 @@ impl Template {
 
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
+    }
+}
+
+/// What one connection of a load sends: the bytes of its `n`th request, or `None` when it has
+/// nothing left to send (the connection then stops).
+pub trait Requests: Send + 'static {
+    fn next(&mut self, n: u64) -> Option<&[u8]>;
+}
+
+/// One template, sent again and again with a new id each time.
+impl Requests for Template {
+    fn next(&mut self, n: u64) -> Option<&[u8]> {
+        self.set_id(n);
+        Some(self.bytes())
+    }
+}
+
+/// Requests built beforehand, each sent once, in order: for requests that differ by more than
+/// their id (a DPoP proof is good for one request), made before a measurement so that making
+/// them is not measured.
+pub struct Prebuilt {
+    requests: Vec<Vec<u8>>,
+    sent: usize,
+}
+
+impl Prebuilt {
+    pub fn new(requests: Vec<Vec<u8>>) -> Self {
+        Self { requests, sent: 0 }
+    }
+}
+
+impl Requests for Prebuilt {
+    fn next(&mut self, _n: u64) -> Option<&[u8]> {
+        let request = self.requests.get(self.sent)?;
+        self.sent += 1;
+        Some(request)
     }
 }
 

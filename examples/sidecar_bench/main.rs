@@ -17,6 +17,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench_support;
 mod client;
 mod components;
+mod dpop;
+mod dpop_report;
 mod exhaustion;
 mod hot_path;
 mod listen;
@@ -141,6 +143,19 @@ struct Args {
     /// target/bench/rate-limits.json, rate-limits-smoke.json with --smoke, or --out).
     #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing"])]
     rate_limits: bool,
+    /// Instead of the run: the CPU a DPoP-verified call adds (issue 34). One sidecar takes
+    /// `greet` with a bearer token and with a DPoP-bound token and a fresh proof per call,
+    /// paced (--dpop-rate) and in a closed loop (--connections), in interleaved rounds, every
+    /// request built before its round; and `verify_proof` is timed in process (results:
+    /// target/bench/dpop.json, dpop-smoke.json with --smoke, or --out).
+    #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing", "rate_limits"])]
+    dpop: bool,
+    /// Seconds of paced load measured per variant of --dpop.
+    #[arg(long, requires = "dpop")]
+    dpop_secs: Option<f64>,
+    /// Calls per second of --dpop's paced load (8 connections).
+    #[arg(long, requires = "dpop")]
+    dpop_rate: Option<f64>,
     /// PostgreSQL server where --rate-limits creates (and drops) a database of its own.
     #[arg(
         long,
@@ -235,6 +250,33 @@ async fn rate_limits(
     )
 }
 
+/// The DPoP mode: one result file, exit status 1 when a request failed.
+async fn dpop(
+    args: &Args,
+    machine: Machine,
+    repo: &Path,
+    work: &Path,
+    bins: &Binaries,
+    dirs: &Dirs,
+) -> Result<u64> {
+    let plan = dpop::DpopPlan::new(args);
+    if !(plan.rate > 0.0 && plan.measured.as_secs_f64() > 0.0) {
+        bail!("--dpop-rate and --dpop-secs must be positive");
+    }
+    let mode = if args.smoke { "smoke" } else { "full" };
+    let result = dpop::run(plan, mode, machine, repo, work, bins).await;
+    let result = cli::logs_kept(result, work)?;
+    let out = dirs.results(args.out.clone(), "dpop", args.smoke);
+    cli::publish(
+        &result.table(),
+        &result.to_json(),
+        &out,
+        work,
+        args.keep,
+        result.errors.count,
+    )
+}
+
 /// The hot-path mode: the lanes, their two targets and a result file.
 fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, out: &Path) -> Result<u64> {
     let lanes = hot_path::measure(
@@ -275,15 +317,23 @@ async fn run(args: Args) -> Result<u64> {
         args.example_server.clone(),
         dirs.profile.join("examples/example_server"),
     )?;
-    let mode = match (args.soak, args.tracing, args.rate_limits, args.smoke) {
-        (true, _, _, true) => "soak-smoke",
-        (true, _, _, false) => "soak",
-        (_, true, _, true) => "tracing-smoke",
-        (_, true, _, false) => "tracing",
-        (_, _, true, true) => "rate-limits-smoke",
-        (_, _, true, false) => "rate-limits",
-        (false, false, false, true) => "smoke",
-        (false, false, false, false) => "full",
+    let mode = match (
+        args.soak,
+        args.tracing,
+        args.rate_limits,
+        args.dpop,
+        args.smoke,
+    ) {
+        (true, _, _, _, true) => "soak-smoke",
+        (true, _, _, _, false) => "soak",
+        (_, true, _, _, true) => "tracing-smoke",
+        (_, true, _, _, false) => "tracing",
+        (_, _, true, _, true) => "rate-limits-smoke",
+        (_, _, true, _, false) => "rate-limits",
+        (_, _, _, true, true) => "dpop-smoke",
+        (_, _, _, true, false) => "dpop",
+        (false, false, false, false, true) => "smoke",
+        (false, false, false, false, false) => "full",
     };
     let work = dirs.work(
         args.work_dir.clone(),
@@ -329,6 +379,9 @@ async fn run(args: Args) -> Result<u64> {
     }
     if args.rate_limits {
         return rate_limits(&args, machine, &repo, &work, &bins, &dirs).await;
+    }
+    if args.dpop {
+        return dpop(&args, machine, &repo, &work, &bins, &dirs).await;
     }
     if args.hot_path_only {
         let out = dirs.results(args.out.clone(), "hot-path", args.smoke);

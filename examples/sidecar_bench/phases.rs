@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 
 use crate::bench_support::procs::{MachineTicks, cpu_ticks};
 use crate::client::{
-    Conn, Endpoint, Template, describe_failure, is_rate_limited, is_success, timed,
+    Conn, Endpoint, Requests, Template, describe_failure, is_rate_limited, is_success, timed,
 };
 use crate::procs::{Server, Sidecar, TASK_TOOL};
 use crate::stats::Errors;
@@ -360,11 +360,22 @@ pub async fn closed_loop(
     duration: Duration,
     load: &mut Load,
 ) -> Result<()> {
+    let each = vec![template.clone(); connections];
+    closed_loop_each(endpoint, each, duration, load).await
+}
+
+/// [`closed_loop`] with one connection per element of `each`, which says what it sends; a
+/// connection stops at the end of `duration` or when its requests run out.
+pub async fn closed_loop_each<R: Requests>(
+    endpoint: &Endpoint,
+    each: Vec<R>,
+    duration: Duration,
+    load: &mut Load,
+) -> Result<()> {
     let started = Instant::now();
     let deadline = started + duration;
-    let mut workers = Vec::with_capacity(connections);
-    for w in 0..connections {
-        let mut template = template.clone();
+    let mut workers = Vec::with_capacity(each.len());
+    for (w, mut requests) in each.into_iter().enumerate() {
         let mut conn = Conn::connect(endpoint.addr).await?;
         workers.push(tokio::spawn(async move {
             let mut tally = Tally {
@@ -374,11 +385,10 @@ pub async fn closed_loop(
             let mut n = (w as u64) << 32;
             while Instant::now() < deadline {
                 n += 1;
-                template.set_id(n);
-                if !tally
-                    .send(&mut conn, template.bytes(), Accept::Successes)
-                    .await
-                {
+                let Some(request) = requests.next(n) else {
+                    break;
+                };
+                if !tally.send(&mut conn, request, Accept::Successes).await {
                     break;
                 }
             }
@@ -404,13 +414,26 @@ pub async fn paced(
     accept: Accept,
     load: &mut Load,
 ) -> Result<()> {
-    let connections = connections.max(1);
+    let each = vec![template.clone(); connections.max(1)];
+    paced_each(endpoint, each, rate, duration, accept, load).await
+}
+
+/// [`paced`] with one connection per element of `each`, which says what it sends; a connection
+/// stops at the end of `duration` or when its requests run out.
+pub async fn paced_each<R: Requests>(
+    endpoint: &Endpoint,
+    each: Vec<R>,
+    rate: f64,
+    duration: Duration,
+    accept: Accept,
+    load: &mut Load,
+) -> Result<()> {
+    let connections = each.len().max(1);
     let started = Instant::now();
     let deadline = started + duration;
-    let period = Duration::from_secs_f64(connections as f64 / rate.max(1e-3));
+    let period = paced_period(connections, rate);
     let mut workers = Vec::with_capacity(connections);
-    for w in 0..connections {
-        let mut template = template.clone();
+    for (w, mut requests) in each.into_iter().enumerate() {
         let mut conn = Conn::connect(endpoint.addr).await?;
         let first =
             tokio::time::Instant::from_std(started) + period * w as u32 / connections as u32;
@@ -425,8 +448,10 @@ pub async fn paced(
                     break;
                 }
                 n += 1;
-                template.set_id(n);
-                if !tally.send(&mut conn, template.bytes(), accept).await {
+                let Some(request) = requests.next(n) else {
+                    break;
+                };
+                if !tally.send(&mut conn, request, accept).await {
                     break;
                 }
             }
@@ -438,6 +463,11 @@ pub async fn paced(
     }
     load.elapsed += started.elapsed();
     Ok(())
+}
+
+/// The interval between one paced connection's calls.
+pub fn paced_period(connections: usize, rate: f64) -> Duration {
+    Duration::from_secs_f64(connections.max(1) as f64 / rate.max(1e-3))
 }
 
 /// Alternating throughput rounds for the direct and the sidecar endpoint.

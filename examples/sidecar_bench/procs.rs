@@ -101,18 +101,41 @@ impl Keys {
         tenant: &str,
         client: &str,
     ) -> Result<String> {
-        let now = jiff::Timestamp::now().as_second();
-        let claims = json!({
-            "iss": ISSUER, "aud": RESOURCE, "sub": subject, "tid": tenant, "client_id": client,
-            "scope": "", "iat": now, "nbf": now - 5, "exp": now + 6 * 3600,
-        });
+        self.mint(alg, &claims(subject, tenant, client))
+    }
+
+    /// [`Keys::token`] bound to the DPoP key whose RFC 7638 thumbprint is `jkt` (the claim
+    /// `cnf.jkt`, RFC 9449 §6.1): the sidecar accepts it only with a proof of that key.
+    pub fn bound_token(
+        &self,
+        alg: Algorithm,
+        subject: &str,
+        tenant: &str,
+        client: &str,
+        jkt: &str,
+    ) -> Result<String> {
+        let mut claims = claims(subject, tenant, client);
+        claims["cnf"] = json!({"jkt": jkt});
+        self.mint(alg, &claims)
+    }
+
+    fn mint(&self, alg: Algorithm, claims: &serde_json::Value) -> Result<String> {
         let (pem, kid) = match alg {
             Algorithm::EdDSA => (&self.ed_pem, "test-ed-1"),
             _ => (&self.rsa_pem, "test-rsa-1"),
         };
-        lifeguard::identity::mint::mint_token(pem, alg, Some(kid), &claims)
+        lifeguard::identity::mint::mint_token(pem, alg, Some(kid), claims)
             .with_context(|| format!("minting a {alg:?} token"))
     }
+}
+
+/// The claims of a bench token for `subject` in `tenant` via `client`, valid for 6 hours.
+fn claims(subject: &str, tenant: &str, client: &str) -> serde_json::Value {
+    let now = jiff::Timestamp::now().as_second();
+    json!({
+        "iss": ISSUER, "aud": RESOURCE, "sub": subject, "tid": tenant, "client_id": client,
+        "scope": "", "iat": now, "nbf": now - 5, "exp": now + 6 * 3600,
+    })
 }
 
 /// Waits up to 60 s for a line containing `marker` in the logs of `proc`, which must not exit

@@ -337,6 +337,76 @@ fn benchmark_rate_limits_smoke_run_enforces_and_reports() {
     }
 }
 
+/// `--dpop`, tiny: one sidecar takes `greet` with a bearer token and with a DPoP-bound token
+/// and a fresh proof per call, paced and in a closed loop, and every call succeeds (a proof the
+/// sidecar refused would fail the run); proof verification is timed in process. Asserts
+/// outcomes, never the CPU figures: a smoke run is too short for them to mean anything.
+#[test]
+fn benchmark_dpop_smoke_run_verifies_every_proof() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/dpop-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--dpop", "--smoke"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the DPoP smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "DPoP smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for section in [
+        "paced, ",
+        "closed loop, ",
+        "DPoP vs bearer",
+        "verify_proof",
+        "no failed requests",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "report lacks `{section}`:\n{stdout}"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("DPoP results")).expect("JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    let lanes = json["lanes"].as_array().expect("lanes");
+    for shape in ["paced", "closed loop"] {
+        for variant in ["bearer", "DPoP"] {
+            let lane = lanes
+                .iter()
+                .find(|l| {
+                    l["shape"].as_str().is_some_and(|s| s.starts_with(shape))
+                        && l["variant"] == variant
+                })
+                .unwrap_or_else(|| panic!("no lane {shape} {variant}: {lanes:?}"));
+            assert!(lane["calls"].as_u64().unwrap_or(0) > 0, "{lane}");
+            assert_eq!(lane["failed"], 0, "{lane}");
+            assert!(lane["cpu_us_per_call"].is_f64(), "{lane}");
+        }
+    }
+    let added = json["added_by_dpop"].as_array().expect("added by DPoP");
+    assert_eq!(added.len(), 2, "{added:?}");
+    let verify = &json["in_process"]["verify_proof"];
+    assert!(verify["wall_us_per_call"].as_f64() > Some(0.0), "{verify}");
+    let targets = json["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1, "{targets:?}");
+    assert_eq!(
+        targets[0]["verdict"], "N/A",
+        "smoke runs make no claim: {}",
+        targets[0]
+    );
+}
+
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
 /// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
 /// tests).
