@@ -137,10 +137,11 @@ impl VerifiedProof {
     }
 }
 
-/// Checks one DPoP proof against the request, the token and the policy's rules, in the order
-/// of RFC 9449 §4.3: one well-formed JWT, `typ`, an accepted asymmetric `alg`, a public `jwk`
-/// the signature verifies with, `htm`, `htu`, `iat` within the window, a `jti`, the nonce when
-/// required, `ath`, and the key's thumbprint equal to the token's `cnf.jkt`.
+/// Checks one DPoP proof against the request, the token and the policy's rules, as RFC 9449
+/// §4.3 lists them: one well-formed JWT, `typ`, an accepted asymmetric `alg`, a public `jwk`
+/// whose thumbprint is the token's `cnf.jkt` (checked before the signature, the costly step),
+/// the signature by that key, `htm`, `htu`, `iat` within the window, a `jti`, the nonce when
+/// required, and `ath`.
 pub fn verify_proof(proof: &str, check: &ProofCheck<'_>) -> Result<VerifiedProof, ProofError> {
     if proof.is_empty() || proof.len() > MAX_PROOF_BYTES {
         return Err(ProofError::Malformed);
@@ -172,6 +173,11 @@ pub fn verify_proof(proof: &str, check: &ProofCheck<'_>) -> Result<VerifiedProof
         return Err(ProofError::BadKey);
     }
     let jkt = thumbprint(jwk).ok_or(ProofError::BadKey)?;
+    // Before the signature (the expensive step): a proof of any key but the token's is refused
+    // for the price of one SHA-256.
+    if jkt != check.bound_jkt {
+        return Err(ProofError::KeyMismatch);
+    }
     let key: Jwk =
         serde_json::from_value(Value::Object(jwk.clone())).map_err(|_| ProofError::BadKey)?;
     let key = DecodingKey::from_jwk(&key).map_err(|_| ProofError::BadKey)?;
@@ -220,9 +226,6 @@ pub fn verify_proof(proof: &str, check: &ProofCheck<'_>) -> Result<VerifiedProof
     let ath = claim_str(&claims, "ath").ok_or(ProofError::MissingClaim("ath"))?;
     if ath != token_hash(check.access_token) {
         return Err(ProofError::WrongTokenHash);
-    }
-    if jkt != check.bound_jkt {
-        return Err(ProofError::KeyMismatch);
     }
     Ok(VerifiedProof {
         jkt,

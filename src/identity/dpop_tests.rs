@@ -156,7 +156,7 @@ fn every_rule_of_rfc_9449_section_4_3_refuses_its_violation() {
             edited(&key, |h, _| {
                 h["jwk"] = Value::Object(DpopKey::generate().unwrap().public_jwk())
             }),
-            ProofError::BadSignature,
+            ProofError::KeyMismatch,
         ),
         (
             "htm GET",
