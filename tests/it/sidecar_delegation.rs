@@ -167,3 +167,23 @@ async fn a_task_whose_owner_stops_presenting_a_token_is_cancelled_when_its_lease
     let still = client.get_task(&token, &kept).await;
     assert_eq!(still.result()["status"], "working", "{still:?}");
 }
+
+#[tokio::test]
+async fn an_assertion_says_which_key_a_dpop_bound_caller_proved() {
+    let (server, sidecar, _client) = support::start_behind_sidecar(DELEGATING).await;
+    let mut client = support::dpop::DpopClient::start(&sidecar.url).await;
+    let alice = User::new("alice", "tenant-a", "console").with_scopes("reports:run");
+    let token = client.token_for(&alice);
+    let created = client
+        .call(
+            &token,
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {"seconds": 60}}),
+        )
+        .await;
+    assert_eq!(created.status, 200, "{created:?}");
+    let received = assertions(&server, "tools/call").await;
+    let claims = verify(&sidecar, received.last().expect("an assertion")).await;
+    assert_eq!(claims["orig_cnf"], json!({"jkt": client.jkt}));
+    assert_eq!(claims["sub"], "alice");
+}
