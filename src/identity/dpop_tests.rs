@@ -336,3 +336,124 @@ fn a_key_survives_its_pem() {
             .is_err()
     );
 }
+
+/// A proof signed with jsonwebtoken (an independent signer) by the fixture issuer keys, whose
+/// public JWKs are in the fixture JWKS: the EdDSA and RSA paths of the signature check.
+fn signed_with_fixture(alg: jsonwebtoken::Algorithm, kid: &str, pem: &[u8]) -> (String, String) {
+    let jwks: Value =
+        serde_json::from_slice(include_bytes!("../../tests/fixtures/keys/issuer-jwks.json"))
+            .unwrap();
+    let mut jwk = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kid"] == kid)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone();
+    for member in ["kid", "alg", "use"] {
+        jwk.remove(member);
+    }
+    let key = match alg {
+        jsonwebtoken::Algorithm::EdDSA => jsonwebtoken::EncodingKey::from_ed_pem(pem).unwrap(),
+        _ => jsonwebtoken::EncodingKey::from_rsa_pem(pem).unwrap(),
+    };
+    let header = json!({"typ": "dpop+jwt", "alg": format!("{alg:?}"), "jwk": jwk});
+    let claims =
+        json!({"jti": "j", "htm": "POST", "htu": URI, "iat": NOW, "ath": token_hash(TOKEN)});
+    let input = format!(
+        "{}.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string()),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let signature = jsonwebtoken::crypto::sign(input.as_bytes(), &key, alg).unwrap();
+    (format!("{input}.{signature}"), thumbprint(&jwk).unwrap())
+}
+
+#[test]
+fn eddsa_rsa_and_p384_proofs_verify_with_their_own_algorithms_only() {
+    use base64::Engine as _;
+    use jsonwebtoken::Algorithm;
+    let ed = include_bytes!("../../tests/fixtures/keys/issuer-ed25519.pem");
+    let rsa = include_bytes!("../../tests/fixtures/keys/issuer-rsa.pem");
+    let rules = rules();
+    for (alg, kid, pem) in [
+        (Algorithm::EdDSA, "test-ed-1", &ed[..]),
+        (Algorithm::RS256, "test-rsa-1", &rsa[..]),
+        (Algorithm::PS256, "test-rsa-1", &rsa[..]),
+    ] {
+        let (proof, jkt) = signed_with_fixture(alg, kid, pem);
+        assert!(
+            verify_proof(&proof, &check(&jkt, &rules)).is_ok(),
+            "{alg:?}"
+        );
+        // The same bytes claimed under another algorithm of the same key type do not verify.
+        let swapped = match alg {
+            Algorithm::RS256 => Some("PS256"),
+            Algorithm::PS256 => Some("RS256"),
+            _ => None,
+        };
+        if let Some(other) = swapped {
+            let (head, rest) = proof.split_once('.').unwrap();
+            let mut header: Value = serde_json::from_slice(
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(head)
+                    .unwrap(),
+            )
+            .unwrap();
+            header["alg"] = json!(other);
+            let forged = format!(
+                "{}.{rest}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string())
+            );
+            assert_eq!(
+                verify_proof(&forged, &check(&jkt, &rules)),
+                Err(ProofError::BadSignature),
+                "{alg:?} as {other}"
+            );
+        }
+        // An algorithm of another key type names a key it cannot be.
+        let (head, rest) = proof.split_once('.').unwrap();
+        let mut header: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(head)
+                .unwrap(),
+        )
+        .unwrap();
+        header["alg"] = json!(if alg == Algorithm::EdDSA {
+            "ES256"
+        } else {
+            "EdDSA"
+        });
+        let forged = format!(
+            "{}.{rest}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string())
+        );
+        assert_eq!(
+            verify_proof(&forged, &check(&jkt, &rules)),
+            Err(ProofError::BadKey),
+            "{alg:?} key under another type's algorithm"
+        );
+    }
+    // ES384 with a P-384 key made here.
+    use aws_lc_rs::signature::{ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, &rng).unwrap();
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, pkcs8.as_ref()).unwrap();
+    let point = pair.public_key().as_ref();
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let jwk = json!({"kty": "EC", "crv": "P-384", "x": b64(&point[1..49]), "y": b64(&point[49..])});
+    let header = json!({"typ": "dpop+jwt", "alg": "ES384", "jwk": jwk});
+    let claims =
+        json!({"jti": "j", "htm": "POST", "htu": URI, "iat": NOW, "ath": token_hash(TOKEN)});
+    let input = format!(
+        "{}.{}",
+        b64(header.to_string().as_bytes()),
+        b64(claims.to_string().as_bytes())
+    );
+    let signature = pair.sign(&rng, input.as_bytes()).unwrap();
+    let proof = format!("{input}.{}", b64(signature.as_ref()));
+    let jkt = thumbprint(jwk.as_object().unwrap()).unwrap();
+    assert!(verify_proof(&proof, &check(&jkt, &rules)).is_ok(), "ES384");
+}

@@ -6,6 +6,7 @@ pub mod delegation;
 pub mod dpop;
 pub mod dpop_mint;
 pub mod dpop_nonce;
+pub mod dpop_signature;
 pub mod jwt;
 pub mod keys;
 pub mod mint;
