@@ -3,7 +3,9 @@
 //! Pure: the caller decides whether the proxy is trusted.
 
 use base64::Engine;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::{self, PemObject};
 use sha2::{Digest, Sha256};
 
 use crate::api::CertificateHeaderFormat;
@@ -88,25 +90,10 @@ fn percent_decoded(value: &str) -> Result<String, CertificateHeaderError> {
 /// The thumbprint of the first certificate of a PEM text (the client's own; a chain's other
 /// certificates are its issuers).
 fn pem_thumbprint(pem: &str) -> Result<String, CertificateHeaderError> {
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let start = pem
-        .find(BEGIN)
-        .ok_or(CertificateHeaderError::NoCertificate)?
-        + BEGIN.len();
-    let length = pem[start..]
-        .find(END)
-        .ok_or(CertificateHeaderError::Malformed)?;
-    let body: String = pem[start..start + length]
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
-    let der = STANDARD
-        .decode(body)
-        .map_err(|_| CertificateHeaderError::Malformed)?;
-    if der.is_empty() {
-        return Err(CertificateHeaderError::Malformed);
-    }
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| match e {
+        pem::Error::NoItemsFound => CertificateHeaderError::NoCertificate,
+        _ => CertificateHeaderError::Malformed,
+    })?;
     Ok(URL_SAFE_NO_PAD.encode(Sha256::digest(&der)))
 }
 

@@ -8,6 +8,8 @@ use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use rustls_pki_types::PrivatePkcs8KeyDer;
+use rustls_pki_types::pem::PemObject;
 use serde_json::{Map, Value, json};
 
 use super::dpop::{PROOF_TYPE, thumbprint, token_hash};
@@ -48,17 +50,11 @@ impl DpopKey {
         Self::from_pkcs8(document.as_ref().to_vec())
     }
 
-    /// Reads a key written by [`DpopKey::to_pem`].
+    /// Reads a key written by [`DpopKey::to_pem`] (any PKCS#8 P-256 PEM).
     pub fn from_pem(pem: &str) -> Result<Self, DpopKeyError> {
-        let body: String = pem
-            .lines()
-            .map(str::trim)
-            .skip_while(|l| *l != "-----BEGIN PRIVATE KEY-----")
-            .skip(1)
-            .take_while(|l| *l != "-----END PRIVATE KEY-----")
-            .collect();
-        let der = STANDARD.decode(body).map_err(|_| DpopKeyError::BadKey)?;
-        Self::from_pkcs8(der)
+        let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes())
+            .map_err(|_| DpopKeyError::BadKey)?;
+        Self::from_pkcs8(der.secret_pkcs8_der().to_vec())
     }
 
     fn from_pkcs8(pkcs8: Vec<u8>) -> Result<Self, DpopKeyError> {
