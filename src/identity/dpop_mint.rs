@@ -52,8 +52,8 @@ impl DpopKey {
 
     /// Reads a key written by [`DpopKey::to_pem`] (any PKCS#8 P-256 PEM).
     pub fn from_pem(pem: &str) -> Result<Self, DpopKeyError> {
-        let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes())
-            .map_err(|_| DpopKeyError::BadKey)?;
+        let der =
+            PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).map_err(|_| DpopKeyError::BadKey)?;
         Self::from_pkcs8(der.secret_pkcs8_der().to_vec())
     }
 

@@ -94,11 +94,10 @@ impl EffectivePolicy {
     }
 
     /// How DPoP proofs are checked: the policy's rules, or the defaults.
-    pub fn dpop_rules(&self) -> std::borrow::Cow<'_, DpopRules> {
-        match &self.dpop {
-            Some(rules) => std::borrow::Cow::Borrowed(rules),
-            None => std::borrow::Cow::Owned(DpopRules::default()),
-        }
+    pub fn dpop_rules(&self) -> &DpopRules {
+        static DEFAULT: std::sync::LazyLock<DpopRules> =
+            std::sync::LazyLock::new(DpopRules::default);
+        self.dpop.as_ref().unwrap_or(&DEFAULT)
     }
 
     /// Whether every trusted issuer requires key-bound tokens (advertised as

@@ -129,7 +129,7 @@ spec:
         let c = compiled("", "");
         let effective = c.effective.unwrap();
         assert_eq!(effective.dpop, None);
-        assert_eq!(effective.dpop_rules().into_owned(), DpopRules::default());
+        assert_eq!(effective.dpop_rules(), &DpopRules::default());
         assert_eq!(
             effective.issuers[0].proof_of_possession,
             ProofOfPossession::Optional

@@ -51,6 +51,7 @@ async fn receive(
         client_headers,
         Body::from(bytes),
         Arrival::Hop { from: claims.from },
+        None,
     )
     .await
 }

@@ -49,22 +49,24 @@ pub async fn handle_mcp(
     State(app): State<Arc<AppState>>,
     body_timeout: BodyReadTimeout,
     peer: Option<PeerAddr>,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
-    drop_untrusted_certificate(&app, peer, &mut headers);
-    serve(app, body_timeout, headers, body, Arrival::Client).await
+    serve(app, body_timeout, headers, body, Arrival::Client, peer).await
 }
 
-/// Removes the client-certificate header (`identity.clientCertificates.header`) of a request
-/// from a peer that is not a trusted proxy, before anything reads it: only the proxy that
-/// ended the client's TLS connection may say which certificate it presented. What remains is
-/// what the internal hop forwards, so the home replica of a forwarded request believes it.
-fn drop_untrusted_certificate(app: &AppState, peer: Option<PeerAddr>, headers: &mut HeaderMap) {
-    let Some(policy) = app.policy() else {
-        return;
-    };
-    let Some(rules) = &policy.effective.client_certificates else {
+/// Removes the client-certificate header (`identity.clientCertificates.header`) of a client's
+/// request from a peer that is not a trusted proxy, before anything reads it: only the proxy
+/// that ended the client's TLS connection may say which certificate it presented. What
+/// remains is what the internal hop forwards, so the home replica of a forwarded request
+/// believes it.
+fn drop_untrusted_certificate(
+    app: &AppState,
+    policy: &crate::policy::EffectivePolicy,
+    peer: Option<PeerAddr>,
+    headers: &mut HeaderMap,
+) {
+    let Some(rules) = &policy.client_certificates else {
         return;
     };
     let trusted = peer.is_some_and(|PeerAddr(addr)| rules.trusts(addr.ip()));
@@ -79,19 +81,21 @@ fn drop_untrusted_certificate(app: &AppState, peer: Option<PeerAddr>, headers: &
 }
 
 /// The pipeline for a request that arrived as `arrival` says (from a client, or forwarded by
-/// another replica over the internal hop, which authenticated the hop itself).
+/// another replica over the internal hop, which authenticated the hop itself); `peer` is the
+/// client's connection peer (none for the hop).
 pub async fn serve(
     app: Arc<AppState>,
     body_timeout: BodyReadTimeout,
     headers: HeaderMap,
     body: Body,
     arrival: Arrival,
+    peer: Option<PeerAddr>,
 ) -> Response {
     // The request's server span (none unless traces are exported), continuing the caller's
     // trace from `traceparent`, or from the body's `_meta` once it is parsed: it starts only
     // then (or to record a refusal), because a started span's parent is fixed.
     let span = spans::server(&headers);
-    let response = serve_in_span(app, body_timeout, headers, body, arrival, &span).await;
+    let response = serve_in_span(app, body_timeout, headers, body, arrival, peer, &span).await;
     span.finish(&response);
     response
 }
@@ -99,9 +103,10 @@ pub async fn serve(
 async fn serve_in_span(
     app: Arc<AppState>,
     body_timeout: BodyReadTimeout,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     body: Body,
     arrival: Arrival,
+    peer: Option<PeerAddr>,
     span: &ServerSpan,
 ) -> Response {
     let correlation_id = new_correlation_id();
@@ -128,6 +133,10 @@ async fn serve_in_span(
             ),
         };
     };
+
+    if arrival == Arrival::Client {
+        drop_untrusted_certificate(&app, &policy.effective, peer, &mut headers);
+    }
 
     if let Some(origin) = headers.get(header::ORIGIN) {
         let allowed = origin.to_str().is_ok_and(|o| {
@@ -168,8 +177,8 @@ async fn serve_in_span(
             spans::authenticated(span, auth_started, auth_ended, outcome);
         }
     };
-    let identity = match authenticated {
-        Ok(identity) => identity,
+    let (identity, scheme) = match authenticated {
+        Ok(authenticated) => authenticated,
         Err(refused) => {
             let error = &refused.error;
             auth_span(error.reason());
@@ -294,7 +303,7 @@ async fn serve_in_span(
     }
 
     let policy_for_nonce = policy.clone();
-    let dpop_scheme = scheme_of(&headers) == Some(Scheme::Dpop);
+    let dpop_scheme = scheme == Scheme::Dpop;
     let ctx = RequestContext {
         correlation_id,
         policy,
@@ -469,15 +478,15 @@ impl Refused {
     }
 }
 
-/// The caller's identity from the request's token, refusing revoked principals and key-bound
-/// tokens without proof of their key, and whether the token cache answered (a token validated
-/// before and not yet expired) rather than a validation.
+/// The caller's identity from the request's token and how the token was presented, refusing
+/// revoked principals and key-bound tokens without proof of their key, and whether the token
+/// cache answered (a token validated before and not yet expired) rather than a validation.
 async fn authenticate(
     app: &AppState,
     policy: &ActivePolicy,
     headers: &HeaderMap,
     arrival: &Arrival,
-) -> (Result<Identity, Refused>, bool) {
+) -> (Result<(Identity, Scheme), Refused>, bool) {
     let now_secs = jiff::Timestamp::now().as_second().max(0) as u64;
     let (scheme, token) = match single_credential(headers) {
         Ok(credential) => credential,
@@ -499,7 +508,7 @@ async fn authenticate(
                 now_secs as i64,
             )
             .await
-            .map(|()| identity)
+            .map(|()| (identity, scheme))
             .map_err(|unproven| match unproven {
                 Unproven::Refused(error) => Refused::from(error),
                 Unproven::Unavailable => Refused {
@@ -514,13 +523,6 @@ async fn authenticate(
         ..refused
     });
     (proven, from_cache)
-}
-
-/// How the request's token is presented, when it is.
-fn scheme_of(headers: &HeaderMap) -> Option<Scheme> {
-    credential(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
-        .ok()
-        .map(|(scheme, _)| scheme)
 }
 
 /// The one token of a request, and its scheme.

@@ -134,7 +134,7 @@ impl Possession {
                 access_token: token,
                 bound_jkt: jkt,
                 now_secs,
-                rules: &rules,
+                rules,
                 nonce: rules
                     .require_nonce
                     .then_some(&is_current as &dyn Fn(&str) -> bool),
