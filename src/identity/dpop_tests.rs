@@ -371,6 +371,16 @@ fn signed_with_fixture(alg: jsonwebtoken::Algorithm, kid: &str, pem: &[u8]) -> (
     (format!("{input}.{signature}"), thumbprint(&jwk).unwrap())
 }
 
+/// `proof` with its header's `alg` replaced (the signature left as it was).
+fn with_alg(proof: &str, alg: &str) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (head, rest) = proof.split_once('.').unwrap();
+    let mut header: Value = serde_json::from_slice(&b64.decode(head).unwrap()).unwrap();
+    header["alg"] = json!(alg);
+    format!("{}.{rest}", b64.encode(header.to_string()))
+}
+
 #[test]
 fn eddsa_rsa_and_p384_proofs_verify_with_their_own_algorithms_only() {
     use base64::Engine as _;
@@ -395,18 +405,7 @@ fn eddsa_rsa_and_p384_proofs_verify_with_their_own_algorithms_only() {
             _ => None,
         };
         if let Some(other) = swapped {
-            let (head, rest) = proof.split_once('.').unwrap();
-            let mut header: Value = serde_json::from_slice(
-                &base64::engine::general_purpose::URL_SAFE_NO_PAD
-                    .decode(head)
-                    .unwrap(),
-            )
-            .unwrap();
-            header["alg"] = json!(other);
-            let forged = format!(
-                "{}.{rest}",
-                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string())
-            );
+            let forged = with_alg(&proof, other);
             assert_eq!(
                 verify_proof(&forged, &check(&jkt, &rules)),
                 Err(ProofError::BadSignature),
@@ -414,21 +413,13 @@ fn eddsa_rsa_and_p384_proofs_verify_with_their_own_algorithms_only() {
             );
         }
         // An algorithm of another key type names a key it cannot be.
-        let (head, rest) = proof.split_once('.').unwrap();
-        let mut header: Value = serde_json::from_slice(
-            &base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(head)
-                .unwrap(),
-        )
-        .unwrap();
-        header["alg"] = json!(if alg == Algorithm::EdDSA {
-            "ES256"
-        } else {
-            "EdDSA"
-        });
-        let forged = format!(
-            "{}.{rest}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string())
+        let forged = with_alg(
+            &proof,
+            if alg == Algorithm::EdDSA {
+                "ES256"
+            } else {
+                "EdDSA"
+            },
         );
         assert_eq!(
             verify_proof(&forged, &check(&jkt, &rules)),

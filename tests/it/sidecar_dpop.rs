@@ -458,26 +458,28 @@ async fn dev_token_and_dev_dpop_proof_make_a_bound_token_and_its_proofs() {
     let key = dir.path().join("client-dpop.pem");
     let key_arg = key.to_str().unwrap();
     let issuer_key = support::fixture("keys/issuer-ed25519.pem");
-    let token = lifeguard(&[
-        "dev",
-        "token",
-        "--key",
-        issuer_key.to_str().unwrap(),
-        "--kid",
-        "test-ed-1",
-        "--issuer",
-        support::ISSUER,
-        "--audience",
-        RESOURCE,
-        "--subject",
-        "alice",
-        "--tenant",
-        "t",
-        "--client",
-        "c",
-        "--dpop-key",
-        key_arg,
-    ]);
+    let issuer_key = issuer_key.to_str().unwrap();
+    let dev_token = |extra: &[&str]| {
+        let mut args = vec![
+            "dev",
+            "token",
+            "--key",
+            issuer_key,
+            "--kid",
+            "test-ed-1",
+            "--issuer",
+            support::ISSUER,
+            "--audience",
+            RESOURCE,
+            "--subject",
+            "alice",
+            "--dpop-key",
+            key_arg,
+        ];
+        args.extend_from_slice(extra);
+        lifeguard(&args)
+    };
+    let token = dev_token(&["--tenant", "t", "--client", "c"]);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
@@ -508,22 +510,7 @@ async fn dev_token_and_dev_dpop_proof_make_a_bound_token_and_its_proofs() {
     assert_eq!(send(proof()).await.status, 200, "a second proof");
     assert_eq!(send(first).await.status, 401, "a replayed proof");
     // The key file is reused, not replaced: a second token is bound to the same key.
-    let again = lifeguard(&[
-        "dev",
-        "token",
-        "--key",
-        issuer_key.to_str().unwrap(),
-        "--kid",
-        "test-ed-1",
-        "--issuer",
-        support::ISSUER,
-        "--audience",
-        RESOURCE,
-        "--subject",
-        "alice",
-        "--dpop-key",
-        key_arg,
-    ]);
+    let again = dev_token(&[]);
     let cnf = |token: &str| -> Value {
         use base64::Engine;
         let claims = token.split('.').nth(1).unwrap();
