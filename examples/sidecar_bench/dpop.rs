@@ -6,8 +6,9 @@
 //!
 //! - *bearer*: `Authorization: Bearer <token>`, an ordinary token of the bench issuer;
 //! - *DPoP*: `Authorization: DPoP <token>`, a token with the same claims plus `cnf.jkt` (the
-//!   thumbprint of a P-256 key the bench makes, [`DpopKey`]), and `DPoP: <proof>`, an ES256
-//!   proof made for that one request (`htm` POST, `htu` the policy's `resource`, `ath` the
+//!   thumbprint of a key the bench makes, [`DpopKey`]: P-256 for ES256, the default, Ed25519
+//!   for EdDSA or RSA-2048 for PS256, `--dpop-alg`), and `DPoP: <proof>`, a proof made for
+//!   that one request (`htm` POST, `htu` the policy's `resource`, `ath` the
 //!   token's hash, a random `jti`). The sidecar verifies every proof (RFC 9449 §4.3) and
 //!   remembers its `jti`: a proof sent twice is refused as a replay, so none is.
 //!
@@ -30,20 +31,21 @@
 //! during its rounds, summed, divided by the calls it answered.
 //!
 //! Before any process starts, the lane also times [`verify_proof`] in its own thread over
-//! proofs made beforehand — no network, no sidecar — and the ES256 signature check alone
-//! (aws-lc-rs, which `jsonwebtoken` verifies with): how much of the added cost is the
-//! signature.
+//! proofs made beforehand — no network, no sidecar — and the signature check alone
+//! ([`verify_signature`], aws-lc-rs, with the key read from the proof's JWK as the sidecar
+//! reads it): how much of the added cost is the signature.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED, UnparsedPublicKey};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::Algorithm;
+use lifeguard::api::JwsAlgorithm;
 use lifeguard::identity::dpop::{ProofCheck, verify_proof};
 use lifeguard::identity::dpop_mint::{DpopKey, ProofClaims};
+use lifeguard::identity::dpop_signature::verify_signature;
 use lifeguard::policy::DpopRules;
 use serde_json::{Value, json};
 
@@ -81,6 +83,8 @@ pub struct DpopPlan {
     pub closed_calls: usize,
     /// Proofs verified in process.
     pub verifications: usize,
+    /// The algorithm of the proofs (and kind of the key).
+    pub alg: JwsAlgorithm,
     pub smoke: bool,
 }
 
@@ -98,6 +102,7 @@ impl DpopPlan {
             connections: args.connections.max(1),
             closed_calls: if smoke { 400 } else { 60_000 },
             verifications: if smoke { 200 } else { 5_000 },
+            alg: args.dpop_alg.unwrap_or(JwsAlgorithm::ES256),
             smoke,
         }
     }
@@ -116,6 +121,7 @@ impl DpopPlan {
             "paced_connections": PACED_CONNECTIONS, "closed_loop_connections": self.connections,
             "closed_loop_calls_per_variant": self.closed_round() * self.rounds.max(1),
             "in_process_proofs": self.verifications,
+            "proof_algorithm": self.alg.as_str(),
         })
     }
 }
@@ -170,8 +176,8 @@ struct Caller {
 }
 
 impl Caller {
-    fn new(keys: &Keys, endpoint: &Endpoint) -> Result<Self> {
-        let key = DpopKey::generate().context("generating the DPoP key")?;
+    fn new(keys: &Keys, endpoint: &Endpoint, alg: JwsAlgorithm) -> Result<Self> {
+        let key = DpopKey::generate_for(alg).context("generating the DPoP key")?;
         let (subject, tenant, client) = ("bench-dpop", "tenant-0", "client-0");
         let jkt = key.thumbprint();
         Ok(Self {
@@ -309,12 +315,15 @@ fn timed<T>(items: &[T], what: &str, mut check: impl FnMut(&T) -> bool) -> Resul
     })
 }
 
-/// [`verify_proof`] over `n` proofs made beforehand (every check of RFC 9449 §4.3 but replay,
-/// with the rules the bench policy gets: the defaults), and the ES256 signature check of the
+/// [`verify_proof`] over `n` proofs of `alg` made beforehand (every check of RFC 9449 §4.3 but
+/// replay, with the rules the bench policy gets: the defaults), and the signature check of the
 /// same proofs alone; in this thread, with no other process of the lane running.
-fn in_process(keys: &Keys, n: usize) -> Result<InProcess> {
-    eprintln!("phase: dpop, in-process proof verification");
-    let key = DpopKey::generate().context("generating the DPoP key")?;
+fn in_process(keys: &Keys, n: usize, alg: JwsAlgorithm) -> Result<InProcess> {
+    eprintln!(
+        "phase: dpop, in-process proof verification ({})",
+        alg.as_str()
+    );
+    let key = DpopKey::generate_for(alg).context("generating the DPoP key")?;
     let jkt = key.thumbprint();
     let token = keys.bound_token(Algorithm::RS256, "bench-dpop", "tenant-0", "client-0", &jkt)?;
     let now = jiff::Timestamp::now().as_second();
@@ -337,16 +346,6 @@ fn in_process(keys: &Keys, n: usize) -> Result<InProcess> {
     let verify = timed(&proofs, "proofs", verify)?;
 
     let jwk = key.public_jwk();
-    let coordinate = |name: &str| {
-        jwk.get(name)
-            .and_then(Value::as_str)
-            .and_then(|c| URL_SAFE_NO_PAD.decode(c).ok())
-            .with_context(|| format!("the key's `{name}`"))
-    };
-    let mut point = vec![0x04];
-    point.extend(coordinate("x")?);
-    point.extend(coordinate("y")?);
-    let public = UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point);
     let signed = proofs
         .iter()
         .map(|p| {
@@ -357,8 +356,9 @@ fn in_process(keys: &Keys, n: usize) -> Result<InProcess> {
             Ok((input.as_bytes().to_vec(), signature))
         })
         .collect::<Result<Vec<_>>>()?;
-    let signature =
-        |(input, signature): &(Vec<u8>, Vec<u8>)| public.verify(input, signature).is_ok();
+    let signature = |(input, signature): &(Vec<u8>, Vec<u8>)| {
+        verify_signature(alg, &jwk, input, signature).is_ok()
+    };
     timed(&signed, "signatures", signature)?;
     let signature = timed(&signed, "signatures", signature)?;
     Ok(InProcess {
@@ -515,7 +515,7 @@ pub async fn run(
     if preflight_other_cores > 0.1 {
         eprintln!("warning: other processes use {preflight_other_cores:.2} cores: expect noise");
     }
-    let in_process = in_process(&keys, plan.verifications)?;
+    let in_process = in_process(&keys, plan.verifications, plan.alg)?;
 
     let server = Server::start(&bins.example, work)?;
     let dir = work.join("dpop");
@@ -530,7 +530,7 @@ pub async fn run(
     )
     .await
     .context("starting the sidecar")?;
-    let mut caller = Caller::new(&keys, &sidecar.endpoint)?;
+    let mut caller = Caller::new(&keys, &sidecar.endpoint, plan.alg)?;
     checked(&mut caller).await?;
 
     let mut lane = Lane {

@@ -81,7 +81,7 @@ pub struct InProcess {
     pub proofs: usize,
     /// `lifeguard::identity::dpop::verify_proof`.
     pub verify: Timing,
-    /// The ES256 signature check alone (aws-lc-rs).
+    /// The signature check alone (aws-lc-rs, the key read from the proof's JWK).
     pub signature: Timing,
 }
 
@@ -172,8 +172,9 @@ impl DpopResult {
             .sum();
         vec![Target {
             name: format!(
-                "DPoP: sidecar CPU a DPoP-verified greet adds over a bearer one (proof \
-                 verification and replay cache included), {shape}"
+                "DPoP ({}): sidecar CPU a DPoP-verified greet adds over a bearer one (proof \
+                 verification and replay cache included), {shape}",
+                self.plan.alg.as_str()
             ),
             measured: added.us,
             limit: ADDED_CPU_LIMIT_US,
@@ -217,8 +218,9 @@ impl DpopResult {
         let _ = writeln!(
             o,
             "  bearer: Authorization: Bearer <token>; DPoP: Authorization: DPoP <the same claims + cnf.jkt> \
-             and DPoP: <a fresh ES256 proof>;\n  every request built before its round; checked first: \
-             a DPoP call succeeds, its proof again and the bound token as bearer get 401\n"
+             and DPoP: <a fresh {} proof>;\n  every request built before its round; checked first: \
+             a DPoP call succeeds, its proof again and the bound token as bearer get 401\n",
+            p.alg.as_str()
         );
         for shape in self.shapes() {
             let _ = writeln!(o, "{shape}");
@@ -263,8 +265,9 @@ impl DpopResult {
         let ip = &self.in_process;
         let _ = writeln!(
             o,
-            "\nin process (the bench's own thread: no network, no sidecar), {} fresh ES256 proofs",
-            ip.proofs
+            "\nin process (the bench's own thread: no network, no sidecar), {} fresh {} proofs",
+            ip.proofs,
+            p.alg.as_str()
         );
         let _ = writeln!(
             o,
@@ -273,7 +276,8 @@ impl DpopResult {
         );
         let _ = writeln!(
             o,
-            "  ES256 signature check alone (aws-lc-rs):        {} = {:.0} % of verify_proof",
+            "  {:<5} signature check alone (aws-lc-rs):        {} = {:.0} % of verify_proof",
+            p.alg.as_str(),
             ip.signature.text(),
             ip.signature.ns() / ip.verify.ns().max(1e-9) * 100.0
         );

@@ -147,7 +147,8 @@ struct Args {
     /// `greet` with a bearer token and with a DPoP-bound token and a fresh proof per call,
     /// paced (--dpop-rate) and in a closed loop (--connections), in interleaved rounds, every
     /// request built before its round; and `verify_proof` is timed in process (results:
-    /// target/bench/dpop.json, dpop-smoke.json with --smoke, or --out).
+    /// target/bench/dpop.json, dpop-ps256.json or dpop-eddsa.json by --dpop-alg, -smoke before
+    /// .json with --smoke, or --out).
     #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing", "rate_limits"])]
     dpop: bool,
     /// Seconds of paced load measured per variant of --dpop.
@@ -156,6 +157,9 @@ struct Args {
     /// Calls per second of --dpop's paced load (8 connections).
     #[arg(long, requires = "dpop")]
     dpop_rate: Option<f64>,
+    /// The algorithm of --dpop's proofs: ES256 (the default), EdDSA or PS256.
+    #[arg(long, requires = "dpop", value_parser = parse_dpop_alg)]
+    dpop_alg: Option<lifeguard::api::JwsAlgorithm>,
     /// PostgreSQL server where --rate-limits creates (and drops) a database of its own.
     #[arg(
         long,
@@ -263,10 +267,15 @@ async fn dpop(
     if !(plan.rate > 0.0 && plan.measured.as_secs_f64() > 0.0) {
         bail!("--dpop-rate and --dpop-secs must be positive");
     }
+    // dpop.json for ES256 proofs, dpop-ps256.json and dpop-eddsa.json for the others.
+    let stem = match plan.alg {
+        lifeguard::api::JwsAlgorithm::ES256 => "dpop".to_owned(),
+        other => format!("dpop-{}", other.as_str().to_lowercase()),
+    };
     let mode = if args.smoke { "smoke" } else { "full" };
     let result = dpop::run(plan, mode, machine, repo, work, bins).await;
     let result = cli::logs_kept(result, work)?;
-    let out = dirs.results(args.out.clone(), "dpop", args.smoke);
+    let out = dirs.results(args.out.clone(), &stem, args.smoke);
     cli::publish(
         &result.table(),
         &result.to_json(),
@@ -300,6 +309,15 @@ fn hot_path_only(plan: &Plan, repo: &Path, work: &Path, out: &Path) -> Result<u6
 }
 
 /// The binaries under test: `given`, else `default`.
+/// `--dpop-alg`: one of the algorithms the bench can make DPoP keys for.
+fn parse_dpop_alg(name: &str) -> Result<lifeguard::api::JwsAlgorithm, String> {
+    use lifeguard::api::JwsAlgorithm::{ES256, EdDSA, PS256};
+    [ES256, EdDSA, PS256]
+        .into_iter()
+        .find(|alg| alg.as_str() == name)
+        .ok_or_else(|| format!("`{name}` is not one of ES256, EdDSA, PS256"))
+}
+
 fn binary(given: Option<PathBuf>, default: PathBuf) -> Result<PathBuf> {
     cli::binary(
         given,

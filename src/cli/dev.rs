@@ -8,9 +8,10 @@ use serde_json::json;
 
 use std::path::Path;
 
+use lifeguard::api::JwsAlgorithm;
 use lifeguard::identity::dpop_mint::{DpopKey, ProofClaims};
 
-use super::{DevDpopProofArgs, DevTokenArgs};
+use super::{DevDpopProofArgs, DevTokenArgs, DpopKeyAlg};
 
 pub fn token(args: &DevTokenArgs) -> Result<()> {
     let key =
@@ -33,7 +34,12 @@ pub fn token(args: &DevTokenArgs) -> Result<()> {
         claims["client_id"] = json!(c);
     }
     if let Some(path) = &args.dpop_key {
-        let key = dpop_key(path, true)?;
+        let alg = match args.dpop_alg {
+            DpopKeyAlg::Es256 => JwsAlgorithm::ES256,
+            DpopKeyAlg::EdDsa => JwsAlgorithm::EdDSA,
+            DpopKeyAlg::Ps256 => JwsAlgorithm::PS256,
+        };
+        let key = dpop_key(path, Some(alg))?;
         claims["cnf"] = json!({"jkt": key.thumbprint()});
     }
     let token = lifeguard::identity::mint::mint_token(&key, alg, args.kid.as_deref(), &claims)?;
@@ -43,7 +49,7 @@ pub fn token(args: &DevTokenArgs) -> Result<()> {
 
 /// `lifeguard dev dpop-proof`: one proof for one request.
 pub fn dpop_proof(args: &DevDpopProofArgs) -> Result<()> {
-    let key = dpop_key(&args.dpop_key, false)?;
+    let key = dpop_key(&args.dpop_key, None)?;
     let proof = key
         .proof(&ProofClaims {
             method: &args.htm,
@@ -58,18 +64,20 @@ pub fn dpop_proof(args: &DevDpopProofArgs) -> Result<()> {
     Ok(())
 }
 
-/// The DPoP key in `path`; with `create`, a new one written there (mode 0600) when the file
-/// does not exist.
-fn dpop_key(path: &Path, create: bool) -> Result<DpopKey> {
-    match std::fs::read_to_string(path) {
-        Ok(pem) => DpopKey::from_pem(&pem).with_context(|| format!("reading {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-            let key = DpopKey::generate()?;
+/// The DPoP key in `path`; with `create`, a new one of that algorithm written there (mode
+/// 0600) when the file does not exist.
+fn dpop_key(path: &Path, create: Option<JwsAlgorithm>) -> Result<DpopKey> {
+    match (std::fs::read_to_string(path), create) {
+        (Ok(pem), _) => {
+            DpopKey::from_pem(&pem).with_context(|| format!("reading {}", path.display()))
+        }
+        (Err(e), Some(alg)) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = DpopKey::generate_for(alg)?;
             write_private(path, &key.to_pem())
                 .with_context(|| format!("writing the new DPoP key {}", path.display()))?;
             Ok(key)
         }
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        (Err(e), _) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }
 

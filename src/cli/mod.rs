@@ -233,7 +233,7 @@ pub enum ExceptionCommand {
 #[derive(Debug, Subcommand)]
 pub enum DevCommand {
     /// Sign a JWT with a local private key, for trying Lifeguard with a development issuer.
-    Token(DevTokenArgs),
+    Token(Box<DevTokenArgs>),
     /// Make a DPoP proof (RFC 9449) with a client key, for one request to a server whose
     /// tokens `dev token --dpop-key` bound to that key.
     DpopProof(DevDpopProofArgs),
@@ -241,7 +241,8 @@ pub enum DevCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct DevDpopProofArgs {
-    /// The client's DPoP key: a PKCS#8 P-256 PEM, as `dev token --dpop-key` writes it.
+    /// The client's DPoP key: a PKCS#8 PEM of a P-256 (ES256), Ed25519 (EdDSA) or RSA (PS256)
+    /// key, as `dev token --dpop-key` writes it. The proof's `alg` follows the key.
     #[arg(long, value_name = "PEM")]
     pub dpop_key: PathBuf,
     /// The URI the request is for (`htu`): the policy's `resource`.
@@ -289,11 +290,26 @@ pub struct DevTokenArgs {
     /// Shift `iat` (and `exp`) into the past, e.g. 2h, to make an old token.
     #[arg(long, default_value = "0s")]
     pub issued_ago: lifeguard::api::PolicyDuration,
-    /// Bind the token to this DPoP key (`cnf.jkt`): a PKCS#8 P-256 PEM, created (mode 0600)
-    /// when the file does not exist. Present the token as `Authorization: DPoP <token>` with a
-    /// proof from `lifeguard dev dpop-proof`.
+    /// Bind the token to this DPoP key (`cnf.jkt`): a PKCS#8 PEM (P-256, Ed25519 or RSA),
+    /// created (mode 0600) when the file does not exist. Present the token as
+    /// `Authorization: DPoP <token>` with a proof from `lifeguard dev dpop-proof`.
     #[arg(long, value_name = "PEM")]
     pub dpop_key: Option<PathBuf>,
+    /// The kind of key `--dpop-key` creates when the file does not exist: ES256 (P-256),
+    /// EdDSA (Ed25519) or PS256 (RSA-2048). An existing key keeps its kind.
+    #[arg(long, requires = "dpop_key", value_enum, default_value = "ES256")]
+    pub dpop_alg: DpopKeyAlg,
+}
+
+/// The kinds of DPoP key `dev token` can create.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DpopKeyAlg {
+    #[value(name = "ES256")]
+    Es256,
+    #[value(name = "EdDSA")]
+    EdDsa,
+    #[value(name = "PS256")]
+    Ps256,
 }
 
 #[derive(Debug, clap::Args)]

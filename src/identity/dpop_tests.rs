@@ -2,7 +2,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::api::JwsAlgorithm;
-use crate::identity::dpop_mint::{DpopKey, ProofClaims};
+use crate::identity::dpop_mint::{DpopKey, DpopKeyError, ProofClaims};
 
 const URI: &str = "https://reports.example.com/mcp";
 const TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2ln";
@@ -79,6 +79,34 @@ fn a_proper_proof_verifies_and_names_its_key() {
         b["htu"] = json!("HTTPS://Reports.Example.COM:443/mcp?x=1#f")
     });
     assert!(verify_proof(&proof, &check(&jkt, &rules)).is_ok());
+}
+
+#[test]
+fn proofs_of_every_kind_of_local_key_verify_and_name_their_algorithm() {
+    let rules = rules();
+    let only_es256 = DpopRules {
+        algorithms: vec![JwsAlgorithm::ES256],
+        ..rules.clone()
+    };
+    for alg in [JwsAlgorithm::EdDSA, JwsAlgorithm::PS256] {
+        let key = DpopKey::generate_for(alg).unwrap();
+        let jkt = key.thumbprint();
+        let proof = key.proof(&claims()).unwrap();
+        let header: Value = serde_json::from_slice(
+            &URL_SAFE_NO_PAD
+                .decode(proof.split('.').next().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(header["alg"], alg.as_str());
+        assert_eq!(verify_proof(&proof, &check(&jkt, &rules)).unwrap().jkt, jkt);
+        // Only when the policy allows the algorithm.
+        assert_eq!(
+            verify_proof(&proof, &check(&jkt, &only_es256)),
+            Err(ProofError::DisallowedAlgorithm),
+            "{alg:?} where only ES256 is allowed"
+        );
+    }
 }
 
 #[test]
@@ -328,9 +356,20 @@ fn a_required_nonce_must_be_current() {
 
 #[test]
 fn a_key_survives_its_pem() {
-    let key = DpopKey::generate().unwrap();
-    let again = DpopKey::from_pem(&key.to_pem()).unwrap();
-    assert_eq!(again.thumbprint(), key.thumbprint());
+    for alg in [
+        JwsAlgorithm::ES256,
+        JwsAlgorithm::EdDSA,
+        JwsAlgorithm::PS256,
+    ] {
+        let key = DpopKey::generate_for(alg).unwrap();
+        let again = DpopKey::from_pem(&key.to_pem()).unwrap();
+        assert_eq!(again.thumbprint(), key.thumbprint(), "{alg:?}");
+        assert_eq!(again.algorithm(), alg);
+    }
+    assert!(matches!(
+        DpopKey::generate_for(JwsAlgorithm::RS256),
+        Err(DpopKeyError::Unsupported("RS256"))
+    ));
     assert!(
         DpopKey::from_pem("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
             .is_err()

@@ -520,6 +520,47 @@ async fn dev_token_and_dev_dpop_proof_make_a_bound_token_and_its_proofs() {
         serde_json::from_slice::<Value>(&claims).unwrap()["cnf"].clone()
     };
     assert_eq!(cnf(&again), cnf(&token));
+    // An RSA key on request (PS256 proofs, which the default algorithms accept).
+    let rsa_key = dir.path().join("client-rsa.pem");
+    let rsa_arg = rsa_key.to_str().unwrap();
+    let mut rsa_args: Vec<&str> = vec!["dev", "token", "--key", issuer_key, "--kid", "test-ed-1"];
+    rsa_args.extend([
+        "--issuer",
+        support::ISSUER,
+        "--audience",
+        RESOURCE,
+        "--subject",
+        "bob",
+    ]);
+    rsa_args.extend(["--dpop-key", rsa_arg, "--dpop-alg", "PS256"]);
+    let rsa_token = lifeguard(&rsa_args);
+    assert_ne!(cnf(&rsa_token), cnf(&token));
+    let rsa_proof = lifeguard(&[
+        "dev",
+        "dpop-proof",
+        "--dpop-key",
+        rsa_arg,
+        "--htu",
+        RESOURCE,
+        "--token",
+        &rsa_token,
+    ]);
+    let header = rsa_proof.split('.').next().unwrap();
+    let header: Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, header).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (header["alg"].as_str(), header["jwk"]["kty"].as_str()),
+        (Some("PS256"), Some("RSA"))
+    );
+    let answered = client
+        .request("tools/list", json!({}))
+        .header("authorization", &format!("DPoP {rsa_token}"))
+        .header("dpop", &rsa_proof)
+        .send()
+        .await;
+    assert_eq!(answered.status, 200, "{}", answered.raw);
     // A file that is not a key is an error naming it, and is left as it was.
     std::fs::write(dir.path().join("junk.pem"), "junk").unwrap();
     let junk = std::process::Command::new(env!("CARGO_BIN_EXE_lifeguard"))
