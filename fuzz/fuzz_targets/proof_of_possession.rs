@@ -51,6 +51,7 @@ fn check(proof: &str) {
             now_secs: NOW,
             rules: &RULES,
             nonce: None,
+            keys: None,
         },
     );
     let Ok(verified) = result else {

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::policy::DpopRules;
 
-use super::dpop_signature::{SignatureError, verify_signature};
+use super::dpop_signature::{ProofKeys, SignatureError, parse_key, verify_with};
 
 /// Longest proof accepted: an RSA-4096 key in the header and a few claims fit well within it.
 pub const MAX_PROOF_BYTES: usize = 8 * 1024;
@@ -110,6 +110,8 @@ pub struct ProofCheck<'a> {
     pub rules: &'a DpopRules,
     /// When nonces are required: whether a nonce is current.
     pub nonce: Option<&'a dyn Fn(&str) -> bool>,
+    /// Keys earlier proofs verified with, reused instead of built again, and kept.
+    pub keys: Option<&'a ProofKeys>,
 }
 
 /// A proof that passed every check but replay.
@@ -182,12 +184,21 @@ pub fn verify_proof(proof: &str, check: &ProofCheck<'_>) -> Result<VerifiedProof
     let signature = URL_SAFE_NO_PAD
         .decode(parts.signature)
         .map_err(|_| ProofError::BadSignature)?;
-    verify_signature(alg, jwk, parts.signing_input.as_bytes(), &signature).map_err(
-        |e| match e {
-            SignatureError::BadKey => ProofError::BadKey,
-            SignatureError::BadSignature => ProofError::BadSignature,
-        },
-    )?;
+    let as_proof_error = |e| match e {
+        SignatureError::BadKey => ProofError::BadKey,
+        SignatureError::BadSignature => ProofError::BadSignature,
+    };
+    let message = parts.signing_input.as_bytes();
+    match check.keys.and_then(|keys| keys.get(alg, &jkt)) {
+        Some(key) => verify_with(&key, message, &signature).map_err(as_proof_error)?,
+        None => {
+            let key = parse_key(alg, jwk).map_err(as_proof_error)?;
+            verify_with(&key, message, &signature).map_err(as_proof_error)?;
+            if let Some(keys) = check.keys {
+                keys.insert(alg, jkt.clone(), std::sync::Arc::new(key));
+            }
+        }
+    }
     // Only a signed payload is read.
     let claims = parts.claims()?;
 
@@ -304,6 +315,10 @@ fn claim_str<'a>(claims: &'a Map<String, Value>, name: &str) -> Option<&'a str> 
 /// Whether `htu` names `target` (RFC 9449 §4.3 step 9): both parsed and normalised (scheme and
 /// host case, default ports, dot segments), query and fragment ignored; no user info.
 fn same_target(htu: &str, target: &str) -> bool {
+    // What clients send: the policy's `resource` as it is written.
+    if htu == target && !htu.contains('@') {
+        return true;
+    }
     let (Ok(htu), Ok(target)) = (url::Url::parse(htu), url::Url::parse(target)) else {
         return false;
     };

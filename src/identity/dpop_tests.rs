@@ -32,6 +32,7 @@ fn check<'a>(key: &'a str, rules: &'a DpopRules) -> ProofCheck<'a> {
         now_secs: NOW,
         rules,
         nonce: None,
+        keys: None,
     }
 }
 
@@ -107,6 +108,70 @@ fn proofs_of_every_kind_of_local_key_verify_and_name_their_algorithm() {
             "{alg:?} where only ES256 is allowed"
         );
     }
+}
+
+#[test]
+fn a_kept_key_still_checks_every_signature() {
+    use crate::identity::dpop_signature::{MAX_PROOF_KEYS, ProofKeys};
+    let kept = ProofKeys::default();
+    let rules = rules();
+    for alg in [JwsAlgorithm::ES256, JwsAlgorithm::PS256] {
+        let key = DpopKey::generate_for(alg).unwrap();
+        let jkt = key.thumbprint();
+        let check = ProofCheck {
+            keys: Some(&kept),
+            ..check(&jkt, &rules)
+        };
+        assert!(verify_proof(&key.proof(&claims()).unwrap(), &check).is_ok());
+        assert!(
+            kept.get(alg, &jkt).is_some(),
+            "{alg:?}: kept after it verified"
+        );
+        // The kept key verifies the next proof, and refuses a forged one.
+        assert!(verify_proof(&key.proof(&claims()).unwrap(), &check).is_ok());
+        let proof = key.proof(&claims()).unwrap();
+        let (signed, _) = proof.rsplit_once('.').unwrap();
+        let other = DpopKey::generate_for(alg).unwrap();
+        let foreign = other.proof(&claims()).unwrap();
+        let forged = format!("{signed}.{}", foreign.rsplit_once('.').unwrap().1);
+        assert_eq!(verify_proof(&forged, &check), Err(ProofError::BadSignature));
+        // Kept under its algorithm only.
+        assert!(kept.get(JwsAlgorithm::RS256, &jkt).is_none());
+    }
+    assert_eq!(kept.len(), 2);
+    // A key whose signature failed is not kept.
+    let key = DpopKey::generate().unwrap();
+    let jkt = key.thumbprint();
+    let bad = edited(&key, |_, _| {});
+    let (signed, _) = bad.rsplit_once('.').unwrap();
+    let check = ProofCheck {
+        keys: Some(&kept),
+        ..check(&jkt, &rules)
+    };
+    assert_eq!(
+        verify_proof(&format!("{signed}.AAAA"), &check),
+        Err(ProofError::BadSignature)
+    );
+    assert!(kept.get(JwsAlgorithm::ES256, &jkt).is_none());
+    // Bounded: when full it starts again empty.
+    let any = kept
+        .get(JwsAlgorithm::ES256, &kept_es256_jkt(&kept))
+        .unwrap();
+    for i in kept.len()..MAX_PROOF_KEYS {
+        kept.insert(JwsAlgorithm::ES256, format!("k{i}"), any.clone());
+    }
+    assert_eq!(kept.len(), MAX_PROOF_KEYS);
+    kept.insert(JwsAlgorithm::ES256, "one more".into(), any);
+    assert_eq!(kept.len(), 1);
+}
+
+/// The thumbprint of the ES256 key [`a_kept_key_still_checks_every_signature`] kept first.
+fn kept_es256_jkt(kept: &crate::identity::dpop_signature::ProofKeys) -> String {
+    kept.thumbprints()
+        .into_iter()
+        .find(|(alg, _)| *alg == JwsAlgorithm::ES256)
+        .map(|(_, jkt)| jkt)
+        .unwrap()
 }
 
 #[test]
@@ -343,6 +408,7 @@ fn a_required_nonce_must_be_current() {
             &proof,
             &ProofCheck {
                 nonce: Some(&current),
+                keys: None,
                 ..check(&jkt, &rules)
             },
         )

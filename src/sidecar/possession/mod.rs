@@ -30,6 +30,7 @@ use crate::api::ProofOfPossession;
 use crate::identity::client_cert::certificate_thumbprint;
 use crate::identity::dpop::{ProofCheck, ProofError, verify_proof};
 use crate::identity::dpop_nonce::NonceKey;
+use crate::identity::dpop_signature::ProofKeys;
 use crate::identity::{AuthError, Identity, Scheme};
 use crate::ledger::TaskLedger;
 use crate::model::KeyBinding;
@@ -65,10 +66,12 @@ impl From<ProofError> for Unproven {
     }
 }
 
-/// What proving possession needs beyond the request: the replay cache and the nonce key.
+/// What proving possession needs beyond the request: the replay cache, the nonce key, and
+/// the keys of proofs that verified (a client signs its proofs with one key).
 pub struct Possession {
     replay: ReplayCache,
     nonces: NonceKey,
+    keys: ProofKeys,
 }
 
 impl Possession {
@@ -78,6 +81,7 @@ impl Possession {
         Ok(Self {
             replay: ReplayCache::for_ledger(ledger),
             nonces: NonceKey::new(ledger.secret(NONCE_KEY_SECRET).await?),
+            keys: ProofKeys::default(),
         })
     }
 
@@ -138,6 +142,7 @@ impl Possession {
                 nonce: rules
                     .require_nonce
                     .then_some(&is_current as &dyn Fn(&str) -> bool),
+                keys: Some(&self.keys),
             },
         )?;
         if !record {
