@@ -407,6 +407,46 @@ fn benchmark_dpop_smoke_run_verifies_every_proof() {
     );
 }
 
+/// `--dpop --dpop-alg PS256`, tiny: the same lane with RSA keys and PS256 proofs, every proof
+/// verified (the default algorithm list accepts PS256).
+#[test]
+fn benchmark_dpop_smoke_run_with_ps256_proofs_verifies_every_proof() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/dpop-ps256-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--dpop", "--smoke", "--dpop-alg", "PS256"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the PS256 DPoP smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "PS256 DPoP smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("fresh PS256 proofs"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("DPoP results")).expect("JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    assert_eq!(json["plan"]["proof_algorithm"], "PS256", "{json}");
+    let lanes = json["lanes"].as_array().expect("lanes");
+    let dpop_calls: u64 = lanes
+        .iter()
+        .filter(|l| l["variant"] == "DPoP")
+        .map(|l| l["calls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(dpop_calls > 0, "{lanes:?}");
+    assert!(lanes.iter().all(|l| l["failed"] == 0), "{lanes:?}");
+}
+
 /// The operator benchmark: 20 light sidecars, 20 policies, 3 runs of each measurement, against
 /// the API emulator (it needs the Python venv of scripts/test.sh, like the other operator
 /// tests).
