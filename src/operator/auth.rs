@@ -22,10 +22,61 @@ pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
 
-/// How long a successful review is reused for acknowledgements on the same token (streams
-/// are always reviewed afresh).
+/// How long a successful review is reused for acknowledgements on the same token, at most
+/// (streams are always reviewed afresh).
 const CACHE_TTL: Duration = Duration::from_secs(60);
+/// Each entry's life is [`CACHE_TTL`] less a random part of this (uniform, millisecond steps),
+/// so it lasts between 45 and 60 s: the reviews of 1,000 sidecars that connected together
+/// (an operator restart, a rollout) expire spread over 15 s instead of at one instant, and the
+/// acknowledgements after that are not 1,000 TokenReviews at once. Never longer than
+/// `CACHE_TTL`, so a review is still reused for at most a minute.
+const CACHE_JITTER: Duration = Duration::from_secs(15);
 const CACHE_MAX: usize = 20_000;
+
+/// Successful reviews by token digest, each with the instant it stops being reused.
+#[derive(Default)]
+struct ReviewCache {
+    entries: HashMap<[u8; 32], (PodIdentity, Instant)>,
+}
+
+impl ReviewCache {
+    /// The identity a review of `digest` established, unless it expired at `now`.
+    fn get(&self, digest: &[u8; 32], now: Instant) -> Option<PodIdentity> {
+        self.entries
+            .get(digest)
+            .filter(|(_, expires)| now < *expires)
+            .map(|(identity, _)| identity.clone())
+    }
+
+    /// Keeps a review made at `now`, until a jittered instant (see [`CACHE_JITTER`]).
+    fn insert(&mut self, digest: [u8; 32], identity: PodIdentity, now: Instant) {
+        if self.entries.len() >= CACHE_MAX {
+            self.entries.retain(|_, (_, expires)| now < *expires);
+            if self.entries.len() >= CACHE_MAX {
+                self.entries.clear();
+            }
+        }
+        self.entries
+            .insert(digest, (identity, expiry(now, random_u64())));
+    }
+}
+
+/// When a review made at `now` stops being reused: [`CACHE_TTL`] less `random` reduced to a
+/// whole number of milliseconds within [`CACHE_JITTER`].
+fn expiry(now: Instant, random: u64) -> Instant {
+    let steps = u64::try_from(CACHE_JITTER.as_millis()).unwrap_or(u64::MAX);
+    let jitter = Duration::from_millis(random % steps.saturating_add(1));
+    now + CACHE_TTL.saturating_sub(jitter)
+}
+
+/// A random number from the OS (0 when it has none: the full [`CACHE_TTL`], as before jitter).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => 0,
+    }
+}
 
 /// Why a sidecar was refused. `label` is the bounded metric label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -188,7 +239,7 @@ pub fn check_claim(pod: &PodIdentity, namespace: &str, name: &str) -> Result<(),
 pub struct SidecarAuthenticator {
     client: kube::Client,
     pods: Store<Pod>,
-    cache: Mutex<HashMap<[u8; 32], (PodIdentity, Instant)>>,
+    cache: Mutex<ReviewCache>,
 }
 
 impl SidecarAuthenticator {
@@ -196,7 +247,7 @@ impl SidecarAuthenticator {
         Self {
             client,
             pods,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(ReviewCache::default()),
         }
     }
 
@@ -225,32 +276,23 @@ impl SidecarAuthenticator {
                 .map_err(|e| AuthError::ReviewFailed(e.to_string()))?,
         };
         let identity = check_pod(&reviewed, pod.as_ref())?;
-        let mut cache = super::conventions::locked(&self.cache);
-        if cache.len() >= CACHE_MAX {
-            cache.retain(|_, (_, at)| at.elapsed() < CACHE_TTL);
-            if cache.len() >= CACHE_MAX {
-                cache.clear();
-            }
-        }
-        cache.insert(
+        super::conventions::locked(&self.cache).insert(
             Sha256::digest(token).into(),
-            (identity.clone(), Instant::now()),
+            identity.clone(),
+            Instant::now(),
         );
         Ok(identity)
     }
 
-    /// A review of `token` no older than a minute (used for acknowledgements).
+    /// A review of `token` no older than a minute (45 to 60 s, see [`CACHE_JITTER`]; used for
+    /// acknowledgements).
     pub async fn authenticate_cached(&self, token: &str) -> Result<PodIdentity, AuthError> {
         let digest: [u8; 32] = Sha256::digest(token).into();
-        {
-            let cache = super::conventions::locked(&self.cache);
-            if let Some((identity, at)) = cache.get(&digest)
-                && at.elapsed() < CACHE_TTL
-            {
-                return Ok(identity.clone());
-            }
+        let cached = super::conventions::locked(&self.cache).get(&digest, Instant::now());
+        match cached {
+            Some(identity) => Ok(identity),
+            None => self.authenticate(token).await,
         }
-        self.authenticate(token).await
     }
 }
 
@@ -258,7 +300,7 @@ impl SidecarAuthenticator {
 mod tests {
     use super::*;
     use k8s_openapi::api::authentication::v1::UserInfo;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn status(username: &str, audiences: &[&str], extra: &[(&str, &str)]) -> TokenReviewStatus {
         TokenReviewStatus {
@@ -293,6 +335,72 @@ mod tests {
             "spec": {"containers": [], "serviceAccountName": sa}
         }))
         .unwrap()
+    }
+
+    fn identity(n: usize) -> PodIdentity {
+        PodIdentity {
+            namespace: "team-a".into(),
+            name: format!("reports-{n}"),
+            uid: format!("uid-{n}"),
+            service_account: "reports".into(),
+        }
+    }
+
+    fn digest(n: usize) -> [u8; 32] {
+        Sha256::digest(format!("token-{n}")).into()
+    }
+
+    #[test]
+    fn reviews_kept_at_the_same_instant_expire_at_different_instants_within_the_bound() {
+        let now = Instant::now();
+        let mut cache = ReviewCache::default();
+        for n in 0..1_000 {
+            cache.insert(digest(n), identity(n), now);
+        }
+        let expiries: BTreeSet<Instant> = cache.entries.values().map(|(_, e)| *e).collect();
+        let (earliest, latest) = (now + CACHE_TTL - CACHE_JITTER, now + CACHE_TTL);
+        assert!(
+            expiries.iter().all(|e| (earliest..=latest).contains(e)),
+            "every expiry within [TTL − jitter, TTL]"
+        );
+        // 1,000 draws over 15,001 millisecond steps: spread, not one instant. (All equal, or
+        // fewer than 900 distinct instants, has a probability far below 1e-30.)
+        assert!(
+            expiries.len() >= 900,
+            "{} distinct expiries",
+            expiries.len()
+        );
+        let spread = *expiries.last().unwrap() - *expiries.first().unwrap();
+        assert!(spread >= CACHE_JITTER / 2, "spread {spread:?}");
+
+        // Every review is reused until its own instant and not after; before the earliest
+        // bound all are reused, at the TTL none is.
+        let alive = |at: Instant| {
+            (0..1_000)
+                .filter(|n| cache.get(&digest(*n), at).is_some())
+                .count()
+        };
+        assert_eq!(alive(earliest - Duration::from_millis(1)), 1_000);
+        assert_eq!(alive(latest), 0);
+        let midway = alive(now + CACHE_TTL - CACHE_JITTER / 2);
+        assert!(
+            (1..1_000).contains(&midway),
+            "{midway} alive halfway through the jitter"
+        );
+        assert_eq!(cache.get(&digest(7), now), Some(identity(7)));
+    }
+
+    #[test]
+    fn the_jitter_is_whole_milliseconds_and_never_beyond_its_bound() {
+        let now = Instant::now();
+        assert_eq!(expiry(now, 0), now + CACHE_TTL);
+        assert_eq!(expiry(now, 1), now + CACHE_TTL - Duration::from_millis(1));
+        assert_eq!(expiry(now, 15_000), now + CACHE_TTL - CACHE_JITTER);
+        assert_eq!(expiry(now, 15_001), now + CACHE_TTL);
+        assert_eq!(
+            expiry(now, u64::MAX),
+            now + CACHE_TTL - Duration::from_millis(u64::MAX % 15_001)
+        );
     }
 
     #[test]

@@ -37,6 +37,17 @@ use super::sessions::Sessions;
 use super::status::{exception_status, policy_status, revocation_status};
 use super::stream::Distribution;
 
+/// Reconciles each controller runs at once (kube-runtime's default is unbounded). Every plan
+/// publish reconciles every object of every kind, so with 1,000 policies an unbounded
+/// controller would have 1,000 status patches, Events and NetworkPolicy applies in flight
+/// together; eight per kind (24 for the three controllers) keeps the operator well inside the
+/// API server's default in-flight budget (200 mutating requests), while a round over 1,000
+/// objects is still only 125 successive waves of requests per controller. A controller never
+/// runs two reconciles of the same object at once, whatever this number.
+pub const RECONCILE_CONCURRENCY: u16 = 8;
+// kube-runtime reads 0 as "unbounded".
+const _: () = assert!(RECONCILE_CONCURRENCY > 0);
+
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,

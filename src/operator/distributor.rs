@@ -1,6 +1,7 @@
 //! The loop that turns the watch caches into the [`Distribution`] every sidecar stream sends:
 //! recompute the plan when anything it depends on changes (an object, a pod, the approver
-//! Secret, leadership) or when an exception reaches `notBefore`/`expiresAt`, publish it, and
+//! Secret, leadership) or when an exception reaches `notBefore`/`expiresAt` (from the plan
+//! published last, so only the policies the change touched are compiled again), publish it, and
 //! fix the target of revocations seen for the first time. While it leads and spans are
 //! exported, it also starts the trace of each revocation that arrives without one
 //! ([`super::revocation_traces`]), in time for the plan that first carries it.
@@ -21,7 +22,7 @@ use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation, Secr
 use super::ack_table::SidecarView;
 use super::cluster_acks::ClusterAcks;
 use super::metrics::OperatorMetrics;
-use super::plan::{ApproverKeys, Plan, PodKey, World, plan};
+use super::plan::{ApproverKeys, Plan, PodKey, World, plan_from};
 use super::propagation::{FirstSight, PropagationTracker};
 use super::revocation_traces::{StartedTraces, start_traces};
 use super::stream::Distribution;
@@ -111,15 +112,21 @@ impl Distributor {
             }
             started.traces(&revocations, now)
         };
-        let plan = Arc::new(plan(World {
-            policies: &policies,
-            exceptions: &exceptions,
-            revocations: &revocations,
-            pods: &pods,
-            approver_keys: &keys,
-            now,
-            revocation_traces: &revocation_traces,
-        }));
+        // The plan published last: policies whose inputs did not change keep its compilation.
+        let previous = self.publish.borrow().plan.clone();
+        let plan = Arc::new(plan_from(
+            Some(&*previous),
+            World {
+                policies: &policies,
+                exceptions: &exceptions,
+                revocations: &revocations,
+                pods: &pods,
+                approver_keys: &keys,
+                now,
+                revocation_traces: &revocation_traces,
+            },
+        ));
+        drop(previous);
         let (document, hash) = match &keys {
             ApproverKeys::Loaded { document, .. } => (
                 Some(document.clone()),
@@ -133,6 +140,7 @@ impl Distributor {
             policies = policies.len(),
             revocations = revocations.len(),
             pods = pods.len(),
+            compiled_afresh = plan.compiled_afresh,
             compiled = ?plan.policies.values().map(|p| p.compiled.as_ref().map(|c| (c.revocations.len(), c.hash.clone()))).collect::<Vec<_>>(),
             "plan computed"
         );

@@ -2,6 +2,12 @@
 //! gets, the one compiled snapshot per policy, each exception's state and the next instant at
 //! which any of that changes by itself. The operator's IO shell feeds it the watch caches and
 //! acts on the result; every rule here is tested on plain objects.
+//!
+//! Replanning is incremental: [`plan_from`] is given the previous plan and reuses a policy's
+//! compilation (the same `Arc<CompiledPolicy>`) when everything that compilation read is the
+//! same again ([`CompiledFrom`]): the policy, its exceptions in force, the revocations in
+//! force for its issuers and their traces. The result is exactly what `plan_from(None, …)`
+//! (the tests' `plan`) computes from nothing; only the work differs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -18,9 +24,10 @@ use crate::api::{
 /// The approver keys as the operator last read them (shared with the webhook).
 pub use crate::exception::ApproverKeys;
 use crate::exception::verify;
-use crate::policy::compile::{namespace_of, targets};
+use crate::policy::compile::namespace_of;
+use crate::policy::selection::{self, PolicySelector};
 use crate::policy::{
-    CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile, selection,
+    CompileInput, CompileMode, EffectivePolicy, ObjectKey, ObjectKind, Severity, compile,
 };
 
 /// Namespace and name of a pod.
@@ -89,6 +96,60 @@ pub struct ExceptionPlan {
     pub duplicates: Vec<String>,
 }
 
+/// What one policy's compilation read, kept beside it so the next plan can tell whether
+/// compiling again would give the same: the caches' own objects (`Arc`s shared with them, not
+/// copies), each list in a fixed order (the caches hand them out in any order).
+///
+/// The approver keys and the clock are not here because the compiler never reads them: they
+/// decide which exceptions are in force and which revocations have expired, and those lists
+/// are compared.
+#[derive(Debug)]
+struct CompiledFrom {
+    policy: Arc<McpServerPolicy>,
+    /// Its exceptions whose signature verified and whose window is open, by key.
+    exceptions: Vec<Arc<CapabilityException>>,
+    /// The revocations in force whose issuer it trusts, by name.
+    revocations: Vec<Arc<PrincipalRevocation>>,
+    /// The traces of those revocations: name → `traceparent`.
+    traces: BTreeMap<String, String>,
+}
+
+impl CompiledFrom {
+    /// Whether both name the same policy as the compiler reads it: metadata name, namespace
+    /// and generation, and the spec. An object the cache replaced for a status write or a
+    /// label change still counts as the same.
+    fn same_policy(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.policy, &other.policy) || {
+            let (a, b) = (&self.policy.metadata, &other.policy.metadata);
+            a.name == b.name
+                && a.namespace == b.namespace
+                && a.generation == b.generation
+                && self.policy.spec == other.policy.spec
+        }
+    }
+
+    /// Whether the compiler would read the same from both (exceptions by metadata name,
+    /// namespace and spec; revocations by name and spec).
+    fn same_as(&self, other: &Self) -> bool {
+        fn same_list<T>(a: &[Arc<T>], b: &[Arc<T>], same: impl Fn(&T, &T) -> bool) -> bool {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(x, y)| Arc::ptr_eq(x, y) || same(x, y))
+        }
+        self.same_policy(other)
+            && same_list(&self.exceptions, &other.exceptions, |a, b| {
+                a.metadata.name == b.metadata.name
+                    && a.metadata.namespace == b.metadata.namespace
+                    && a.spec == b.spec
+            })
+            && same_list(&self.revocations, &other.revocations, |a, b| {
+                a.metadata.name == b.metadata.name && a.spec == b.spec
+            })
+            && self.traces == other.traces
+    }
+}
+
 /// The whole plan.
 #[derive(Debug, Default)]
 pub struct Plan {
@@ -100,6 +161,11 @@ pub struct Plan {
     pub next_change: Option<Timestamp>,
     /// Every traced revocation: name → `traceparent`.
     pub revocation_traces: BTreeMap<String, String>,
+    /// How many policies this plan compiled; the others reused the previous plan's
+    /// compilation.
+    pub compiled_afresh: usize,
+    /// What each policy's compilation read (see [`plan_from`]).
+    compiled_from: HashMap<ObjectKey, CompiledFrom>,
 }
 
 impl Plan {
@@ -119,15 +185,6 @@ fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> 
         namespace: namespace_of(meta),
         name: meta.name.clone().unwrap_or_default(),
     }
-}
-
-/// The shared rule (`policy::selection`): the webhook injects by the same one.
-fn selects(policy: &McpServerPolicy, pod: &Pod) -> bool {
-    selection::selects(
-        policy,
-        &namespace_of(&pod.metadata),
-        pod.metadata.labels.as_ref(),
-    )
 }
 
 /// Condition reason and message of an exception whose signature verified, in `state` (its
@@ -275,31 +332,27 @@ fn flag_duplicate_grants(
     }
 }
 
-/// Computes the plan.
+/// Computes the plan from nothing (what every incremental plan must equal; the operator
+/// itself always passes the plan it published last to [`plan_from`]).
+#[cfg(test)]
 pub fn plan(world: World<'_>) -> Plan {
+    plan_from(None, world)
+}
+
+/// Computes the plan, reusing from `previous` the compilation of every policy whose inputs are
+/// unchanged ([`CompiledFrom`]): the same `Arc<CompiledPolicy>` and errors. The result equals
+/// `plan_from(None, world)`, whatever `previous` is.
+pub fn plan_from(previous: Option<&Plan>, world: World<'_>) -> Plan {
     let mut out = Plan::default();
     let mut policies: Vec<&Arc<McpServerPolicy>> = world.policies.iter().collect();
     policies.sort_by_key(|p| selection::age_order(p));
 
-    // Pods: the oldest selecting policy wins; the others are shadowed on that pod.
-    let mut matched: HashMap<ObjectKey, i32> = HashMap::new();
-    let mut shadowed: HashMap<ObjectKey, ObjectKey> = HashMap::new();
-    for pod in world.pods {
-        let mut winner: Option<ObjectKey> = None;
-        for policy in policies.iter().filter(|p| selects(p, pod)) {
-            let key = key_of(&policy.metadata);
-            *matched.entry(key.clone()).or_default() += 1;
-            match &winner {
-                None => winner = Some(key),
-                Some(w) => {
-                    shadowed.entry(key).or_insert_with(|| w.clone());
-                }
-            }
-        }
-        if let Some(w) = winner {
-            out.pods.insert(key_of(&pod.metadata), w);
-        }
-    }
+    let Assignment {
+        pods,
+        matched,
+        shadowed,
+    } = assign_pods(&policies, world.pods);
+    out.pods = pods;
 
     // Exceptions: state at `now`, and the next instant any of them changes by itself.
     let policy_keys: BTreeSet<ObjectKey> = policies.iter().map(|p| key_of(&p.metadata)).collect();
@@ -325,25 +378,36 @@ pub fn plan(world: World<'_>) -> Plan {
     }
     flag_duplicate_grants(world.exceptions, &mut out.exceptions);
 
-    let revocations: Vec<PrincipalRevocation> = world
+    // The exceptions in force, by the policy they name, each list in key order.
+    let mut active: HashMap<ObjectKey, Vec<(ObjectKey, &Arc<CapabilityException>)>> =
+        HashMap::new();
+    for exception in world.exceptions {
+        let key = key_of(&exception.metadata);
+        if out
+            .exceptions
+            .get(&key)
+            .is_some_and(|p| p.state == ExceptionState::Active)
+        {
+            let target = ObjectKey {
+                namespace: namespace_of(&exception.metadata),
+                name: exception.spec.policy_ref.name.clone(),
+            };
+            active.entry(target).or_default().push((key, exception));
+        }
+    }
+    for list in active.values_mut() {
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    // The revocations in force, by name.
+    let mut revocations: Vec<&Arc<PrincipalRevocation>> = world
         .revocations
         .iter()
         .filter(|r| r.spec.expires_at.as_ref().is_none_or(|e| e.0 > world.now))
-        .map(|r| r.as_ref().clone())
         .collect();
+    revocations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+
     for policy in &policies {
         let key = key_of(&policy.metadata);
-        let active: Vec<CapabilityException> = world
-            .exceptions
-            .iter()
-            .filter(|e| targets(e, policy))
-            .filter(|e| {
-                out.exceptions
-                    .get(&key_of(&e.metadata))
-                    .is_some_and(|p| p.state == ExceptionState::Active)
-            })
-            .map(|e| e.as_ref().clone())
-            .collect();
         let issuers: BTreeSet<&str> = policy
             .spec
             .identity
@@ -351,47 +415,51 @@ pub fn plan(world: World<'_>) -> Plan {
             .iter()
             .map(|i| i.issuer.as_str())
             .collect();
-        let trusted: Vec<PrincipalRevocation> = revocations
+        let trusted: Vec<Arc<PrincipalRevocation>> = revocations
             .iter()
             .filter(|r| issuers.contains(r.spec.issuer.as_str()))
+            .copied()
             .cloned()
             .collect();
-        let compilation = compile(CompileInput {
-            policy,
-            exceptions: &active,
-            revocations: &trusted,
-            mode: CompileMode::Cluster,
-            now: world.now,
-        });
-        let errors: Vec<String> = compilation
-            .problems
-            .iter()
-            .filter(|p| {
-                p.problem.severity == Severity::Error
-                    && p.object.kind == ObjectKind::McpServerPolicy
-            })
-            .map(|p| p.problem.to_string())
-            .collect();
-        let compiled = compilation.effective.and_then(|effective| {
-            let json = serde_json::value::to_raw_value(&effective).ok()?;
-            let revocations: BTreeSet<String> = effective
-                .revocations
+        let from = CompiledFrom {
+            policy: Arc::clone(policy),
+            // An exception names its policy by namespace and name (`compile::targets`): a
+            // policy without a name has none.
+            exceptions: active
+                .get(&key)
+                .filter(|_| policy.metadata.name.is_some())
+                .map_or_else(Vec::new, |list| {
+                    list.iter().map(|(_, e)| Arc::clone(e)).collect()
+                }),
+            traces: trusted
                 .iter()
-                .map(|r| r.name.clone())
-                .collect();
-            let revocation_traces = traces_of(&revocations, world.revocation_traces);
-            Some(Arc::new(CompiledPolicy {
-                hash: effective.hash(),
-                revocation_traces_json: (!revocation_traces.is_empty())
-                    .then(|| serde_json::value::to_raw_value(&revocation_traces).ok())
-                    .flatten()
-                    .map(Arc::from),
-                revocation_traces,
-                revocations,
-                effective,
-                json: Arc::from(json),
-            }))
+                .filter_map(|r| {
+                    let name = r.metadata.name.clone().unwrap_or_default();
+                    let traceparent = world.revocation_traces.get(&name)?.clone();
+                    Some((name, traceparent))
+                })
+                .collect(),
+            revocations: trusted,
+        };
+        // A policy with errors compiles to nothing whatever its exceptions and revocations:
+        // its errors are the spec's alone.
+        let reused = previous.and_then(|previous| {
+            let before = previous.compiled_from.get(&key)?;
+            let planned = previous.policies.get(&key)?;
+            let same = if planned.compiled.is_some() {
+                before.same_as(&from)
+            } else {
+                before.same_policy(&from)
+            };
+            same.then_some(planned)
         });
+        let (compiled, errors) = match reused {
+            Some(before) => (before.compiled.clone(), before.errors.clone()),
+            None => {
+                out.compiled_afresh += 1;
+                compile_policy(&from, world.now)
+            }
+        };
         out.policies.insert(
             key.clone(),
             PolicyPlan {
@@ -402,9 +470,113 @@ pub fn plan(world: World<'_>) -> Plan {
                 shadowed_by: shadowed.get(&key).cloned(),
             },
         );
+        out.compiled_from.insert(key, from);
     }
     out.revocation_traces = world.revocation_traces.clone();
     out
+}
+
+/// Which policy each pod gets.
+struct Assignment {
+    pods: HashMap<PodKey, ObjectKey>,
+    /// Pods each policy's selector matches.
+    matched: HashMap<ObjectKey, i32>,
+    /// The policy that wins some of the pods a policy selects.
+    shadowed: HashMap<ObjectKey, ObjectKey>,
+}
+
+/// The oldest selecting policy wins a pod; the others are shadowed on that pod. Each policy's
+/// selector is parsed once, and a pod is asked about only by the policies of its namespace.
+fn assign_pods(policies: &[&Arc<McpServerPolicy>], pods: &[Arc<Pod>]) -> Assignment {
+    // Namespace → its policies with their selectors, oldest first.
+    let mut by_namespace: HashMap<String, Vec<(ObjectKey, PolicySelector)>> = HashMap::new();
+    for policy in policies {
+        let key = key_of(&policy.metadata);
+        by_namespace
+            .entry(key.namespace.clone())
+            .or_default()
+            .push((key, PolicySelector::of(policy)));
+    }
+    let mut out = Assignment {
+        pods: HashMap::new(),
+        matched: HashMap::new(),
+        shadowed: HashMap::new(),
+    };
+    for pod in pods {
+        let namespace = namespace_of(&pod.metadata);
+        let Some(candidates) = by_namespace.get(&namespace) else {
+            continue;
+        };
+        let labels = pod.metadata.labels.as_ref();
+        let mut winner: Option<&ObjectKey> = None;
+        for (key, selector) in candidates {
+            if !selector.selects(&namespace, labels) {
+                continue;
+            }
+            *out.matched.entry(key.clone()).or_default() += 1;
+            match winner {
+                None => winner = Some(key),
+                Some(w) => {
+                    out.shadowed.entry(key.clone()).or_insert_with(|| w.clone());
+                }
+            }
+        }
+        if let Some(w) = winner {
+            out.pods.insert(key_of(&pod.metadata), w.clone());
+        }
+    }
+    out
+}
+
+/// Compiles one policy from what [`CompiledFrom`] names: its snapshot (`None` when the spec
+/// has errors) and the errors of the McpServerPolicy itself.
+fn compile_policy(
+    from: &CompiledFrom,
+    now: Timestamp,
+) -> (Option<Arc<CompiledPolicy>>, Vec<String>) {
+    let exceptions: Vec<CapabilityException> =
+        from.exceptions.iter().map(|e| e.as_ref().clone()).collect();
+    let revocations: Vec<PrincipalRevocation> = from
+        .revocations
+        .iter()
+        .map(|r| r.as_ref().clone())
+        .collect();
+    let compilation = compile(CompileInput {
+        policy: &from.policy,
+        exceptions: &exceptions,
+        revocations: &revocations,
+        mode: CompileMode::Cluster,
+        now,
+    });
+    let errors: Vec<String> = compilation
+        .problems
+        .iter()
+        .filter(|p| {
+            p.problem.severity == Severity::Error && p.object.kind == ObjectKind::McpServerPolicy
+        })
+        .map(|p| p.problem.to_string())
+        .collect();
+    let compiled = compilation.effective.and_then(|effective| {
+        let json = serde_json::value::to_raw_value(&effective).ok()?;
+        let revocations: BTreeSet<String> = effective
+            .revocations
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        let revocation_traces = traces_of(&revocations, &from.traces);
+        Some(Arc::new(CompiledPolicy {
+            hash: effective.hash(),
+            revocation_traces_json: (!revocation_traces.is_empty())
+                .then(|| serde_json::value::to_raw_value(&revocation_traces).ok())
+                .flatten()
+                .map(Arc::from),
+            revocation_traces,
+            revocations,
+            effective,
+            json: Arc::from(json),
+        }))
+    });
+    (compiled, errors)
 }
 
 /// The traces of `revocations` among every revocation's `traces`.

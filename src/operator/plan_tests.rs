@@ -17,6 +17,10 @@ fn at(t: &str) -> Timestamp {
 }
 
 fn policy(name: &str, created: &str, app: &str) -> Arc<McpServerPolicy> {
+    policy_trusting(name, created, app, "https://idp.example.com")
+}
+
+fn policy_trusting(name: &str, created: &str, app: &str, issuer: &str) -> Arc<McpServerPolicy> {
     let mut p: McpServerPolicy = serde_json::from_value(json!({
         "apiVersion": "lifeguard.dev/v1alpha1",
         "kind": "McpServerPolicy",
@@ -25,7 +29,7 @@ fn policy(name: &str, created: &str, app: &str) -> Arc<McpServerPolicy> {
             "selector": {"matchLabels": {"app": app}},
             "resource": "https://mcp.example.com/mcp",
             "identity": {"issuers": [{
-                "issuer": "https://idp.example.com",
+                "issuer": issuer,
                 "audiences": ["https://mcp.example.com/mcp"],
                 "jwksUri": "https://idp.example.com/jwks"
             }]},
@@ -114,7 +118,15 @@ impl Inputs {
     }
 
     fn plan_traced(&self, now: &str, revocation_traces: &BTreeMap<String, String>) -> Plan {
-        plan(World {
+        plan(self.world(now, revocation_traces))
+    }
+
+    fn world<'a>(
+        &'a self,
+        now: &str,
+        revocation_traces: &'a BTreeMap<String, String>,
+    ) -> World<'a> {
+        World {
             policies: &self.policies,
             exceptions: &self.exceptions,
             revocations: &self.revocations,
@@ -122,7 +134,19 @@ impl Inputs {
             approver_keys: &self.keys,
             now: at(now),
             revocation_traces,
-        })
+        }
+    }
+
+    /// The plan from `previous`, checked equal to the plan from nothing.
+    fn replan(
+        &self,
+        previous: &Plan,
+        now: &str,
+        revocation_traces: &BTreeMap<String, String>,
+    ) -> Plan {
+        let incremental = plan_from(Some(previous), self.world(now, revocation_traces));
+        assert_same_plan(&incremental, &plan(self.world(now, revocation_traces)));
+        incremental
     }
 }
 
@@ -326,4 +350,269 @@ fn a_policy_that_does_not_compile_has_errors_and_no_snapshot() {
     let (winner, compiled) = plan.policy_for(&key("reports-0")).unwrap();
     assert_eq!(winner, &key("reports"));
     assert!(compiled.is_none());
+}
+
+/// Everything two plans say, compared (the count of compilations aside: that is the point of
+/// reusing them).
+fn assert_same_plan(incremental: &Plan, full: &Plan) {
+    assert_eq!(incremental.pods, full.pods);
+    assert_eq!(incremental.exceptions, full.exceptions);
+    assert_eq!(incremental.next_change, full.next_change);
+    assert_eq!(incremental.revocation_traces, full.revocation_traces);
+    assert_eq!(
+        incremental.policies.keys().collect::<Vec<_>>(),
+        full.policies.keys().collect::<Vec<_>>()
+    );
+    for (key, a) in &incremental.policies {
+        let b = &full.policies[key];
+        assert_eq!(
+            (a.generation, &a.errors, a.matched_pods, &a.shadowed_by),
+            (b.generation, &b.errors, b.matched_pods, &b.shadowed_by),
+            "{key}"
+        );
+        match (&a.compiled, &b.compiled) {
+            (None, None) => {}
+            (Some(a), Some(b)) => {
+                assert_eq!(a.effective, b.effective, "{key}");
+                assert_eq!(a.hash, b.hash, "{key}");
+                assert_eq!(a.json.get(), b.json.get(), "{key}");
+                assert_eq!(a.revocations, b.revocations, "{key}");
+                assert_eq!(a.revocation_traces, b.revocation_traces, "{key}");
+                assert_eq!(
+                    a.revocation_traces_json.as_ref().map(|j| j.get()),
+                    b.revocation_traces_json.as_ref().map(|j| j.get()),
+                    "{key}"
+                );
+            }
+            (a, b) => panic!("{key}: compiled {} vs {}", a.is_some(), b.is_some()),
+        }
+    }
+}
+
+fn compiled(plan: &Plan, name: &str) -> Arc<CompiledPolicy> {
+    plan.policies[&key(name)].compiled.clone().unwrap()
+}
+
+/// Whether `name` kept the very compilation it had in `before`.
+fn kept(before: &Plan, after: &Plan, name: &str) -> bool {
+    Arc::ptr_eq(&compiled(before, name), &compiled(after, name))
+}
+
+/// A copy of `object` with `edit` applied to its JSON: a new `Arc`, as the watch cache makes
+/// for every event.
+fn edited<T: serde::Serialize + serde::de::DeserializeOwned>(
+    object: &Arc<T>,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> Arc<T> {
+    let mut value = serde_json::to_value(object.as_ref()).unwrap();
+    edit(&mut value);
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+fn broken_policy() -> Arc<McpServerPolicy> {
+    edited(&policy("broken", "2026-11-03T00:00:00Z", "broken"), |v| {
+        v["spec"]["resource"] = json!("not a url")
+    })
+}
+
+#[test]
+fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_touched() {
+    const NOW: &str = "2026-12-05T00:00:00Z";
+    let no_traces = BTreeMap::new();
+    let mut inputs = Inputs {
+        policies: vec![
+            policy("reports", "2026-11-01T00:00:00Z", "reports"),
+            policy_trusting(
+                "billing",
+                "2026-11-02T00:00:00Z",
+                "billing",
+                "https://other-idp.example.com",
+            ),
+            broken_policy(),
+        ],
+        exceptions: vec![],
+        revocations: vec![revocation("old", "https://idp.example.com", None)],
+        pods: vec![pod("reports-0", "reports"), pod("billing-0", "billing")],
+        keys: loaded_keys(),
+    };
+    let first = plan_from(None, inputs.world(NOW, &no_traces));
+    assert_same_plan(&first, &inputs.plan(NOW));
+    assert_eq!(first.compiled_afresh, 3);
+
+    // Nothing the compiler reads changed, though every object is a new `Arc` (a status write
+    // replaces it in the cache) and the caches list them in another order: all reused.
+    inputs.policies = inputs
+        .policies
+        .iter()
+        .rev()
+        .map(|p| edited(p, |_| {}))
+        .collect();
+    inputs.revocations = inputs
+        .revocations
+        .iter()
+        .map(|r| edited(r, |_| {}))
+        .collect();
+    inputs.pods.reverse();
+    let same = inputs.replan(&first, NOW, &no_traces);
+    assert_eq!(same.compiled_afresh, 0);
+    assert!(kept(&first, &same, "reports") && kept(&first, &same, "billing"));
+    assert_eq!(
+        same.policies[&key("broken")].errors,
+        first.policies[&key("broken")].errors
+    );
+
+    // A policy's spec changes: that policy alone is compiled again.
+    inputs.policies[2] = edited(&inputs.policies[2], |v| {
+        v["metadata"]["generation"] = json!(3);
+        v["spec"]["protocol"] = json!({"allowMissingNameHeader": true});
+    });
+    assert_eq!(inputs.policies[2].metadata.name.as_deref(), Some("reports"));
+    let spec = inputs.replan(&same, NOW, &no_traces);
+    assert_eq!(spec.compiled_afresh, 1);
+    assert!(!kept(&same, &spec, "reports") && kept(&same, &spec, "billing"));
+    assert_ne!(
+        compiled(&spec, "reports").hash,
+        compiled(&same, "reports").hash
+    );
+    assert_eq!(compiled(&spec, "reports").effective.generation, Some(3));
+
+    // A pod is relabelled: it changes hands, nothing is compiled.
+    inputs.pods = vec![pod("reports-0", "billing"), pod("billing-0", "billing")];
+    let relabelled = inputs.replan(&spec, NOW, &no_traces);
+    assert_eq!(relabelled.compiled_afresh, 0);
+    assert_eq!(
+        relabelled.pods.get(&key("reports-0")),
+        Some(&key("billing"))
+    );
+    assert_eq!(relabelled.policies[&key("billing")].matched_pods, 2);
+    assert!(kept(&spec, &relabelled, "reports") && kept(&spec, &relabelled, "billing"));
+
+    // A revocation for reports' issuer arrives: reports only.
+    inputs
+        .revocations
+        .push(revocation("new", "https://idp.example.com", None));
+    let revoked = inputs.replan(&relabelled, NOW, &no_traces);
+    assert_eq!(revoked.compiled_afresh, 1);
+    assert!(!kept(&relabelled, &revoked, "reports") && kept(&relabelled, &revoked, "billing"));
+    assert!(compiled(&revoked, "reports").revocations.contains("new"));
+
+    // Its trace starts: the snapshot that carries it carries the trace.
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traces = BTreeMap::from([("new".to_owned(), traceparent.to_owned())]);
+    let traced = inputs.replan(&revoked, NOW, &traces);
+    assert_eq!(traced.compiled_afresh, 1);
+    assert!(!kept(&revoked, &traced, "reports") && kept(&revoked, &traced, "billing"));
+    assert_eq!(compiled(&traced, "reports").revocation_traces, traces);
+
+    // A revocation for billing's issuer arrives: billing only.
+    inputs.revocations.push(revocation(
+        "elsewhere",
+        "https://other-idp.example.com",
+        None,
+    ));
+    let other = inputs.replan(&traced, NOW, &traces);
+    assert_eq!(other.compiled_afresh, 1);
+    assert!(kept(&traced, &other, "reports") && !kept(&traced, &other, "billing"));
+
+    // The first revocation is deleted: reports only.
+    inputs
+        .revocations
+        .retain(|r| r.metadata.name.as_deref() != Some("new"));
+    let lifted = inputs.replan(&other, NOW, &no_traces);
+    assert_eq!(lifted.compiled_afresh, 1);
+    assert!(!kept(&other, &lifted, "reports") && kept(&other, &lifted, "billing"));
+    assert!(!compiled(&lifted, "reports").revocations.contains("new"));
+
+    // An exception for reports is added, in its window: reports only.
+    inputs.exceptions = vec![exception(
+        "reports",
+        "2026-12-01T00:00:00Z",
+        "2026-12-15T00:00:00Z",
+    )];
+    let granted = inputs.replan(&lifted, NOW, &no_traces);
+    assert_eq!(granted.compiled_afresh, 1);
+    assert!(!kept(&lifted, &granted, "reports") && kept(&lifted, &granted, "billing"));
+    assert_eq!(compiled(&granted, "reports").effective.exceptions.len(), 1);
+
+    // Time passes inside the window: nothing is compiled.
+    let later = inputs.replan(&granted, "2026-12-10T00:00:00Z", &no_traces);
+    assert_eq!(later.compiled_afresh, 0);
+    assert!(kept(&granted, &later, "reports"));
+
+    // The exception expires: reports only, without it.
+    let expired = inputs.replan(&later, "2026-12-15T00:00:00Z", &no_traces);
+    assert_eq!(expired.compiled_afresh, 1);
+    assert!(!kept(&later, &expired, "reports") && kept(&later, &expired, "billing"));
+    assert!(
+        compiled(&expired, "reports")
+            .effective
+            .exceptions
+            .is_empty()
+    );
+    assert_eq!(
+        compiled(&expired, "reports").hash,
+        compiled(&lifted, "reports").hash
+    );
+
+    // A policy is deleted: it leaves the plan, the others are kept.
+    inputs
+        .policies
+        .retain(|p| p.metadata.name.as_deref() != Some("billing"));
+    let deleted = inputs.replan(&expired, "2026-12-15T00:00:00Z", &no_traces);
+    assert_eq!(deleted.compiled_afresh, 0);
+    assert!(!deleted.policies.contains_key(&key("billing")));
+    assert!(kept(&expired, &deleted, "reports"));
+}
+
+#[test]
+fn approver_keys_recompile_a_policy_only_when_they_change_its_exceptions_in_force() {
+    const NOW: &str = "2026-12-05T00:00:00Z";
+    let no_traces = BTreeMap::new();
+    let mut inputs = Inputs {
+        policies: vec![
+            policy("reports", "2026-11-01T00:00:00Z", "reports"),
+            policy("other", "2026-11-02T00:00:00Z", "other"),
+        ],
+        exceptions: vec![exception(
+            "reports",
+            "2026-12-01T00:00:00Z",
+            "2026-12-15T00:00:00Z",
+        )],
+        revocations: vec![],
+        pods: vec![],
+        keys: loaded_keys(),
+    };
+    let first = inputs.plan(NOW);
+    assert_eq!(compiled(&first, "reports").effective.exceptions.len(), 1);
+
+    // The same keys read again (a new Secret object): nothing is compiled.
+    inputs.keys = loaded_keys();
+    let reread = inputs.replan(&first, NOW, &no_traces);
+    assert_eq!(reread.compiled_afresh, 0);
+
+    // The keys are gone: the exception is no longer in force, reports is compiled without it.
+    inputs.keys = ApproverKeys::Missing;
+    let missing = inputs.replan(&reread, NOW, &no_traces);
+    assert_eq!(missing.compiled_afresh, 1);
+    assert!(!kept(&reread, &missing, "reports") && kept(&reread, &missing, "other"));
+    assert!(
+        compiled(&missing, "reports")
+            .effective
+            .exceptions
+            .is_empty()
+    );
+
+    // A previous plan of an unrelated world changes nothing about the result.
+    let unrelated = Inputs {
+        policies: vec![policy("reports", "2026-11-01T00:00:00Z", "elsewhere")],
+        exceptions: vec![],
+        revocations: vec![revocation("x", "https://idp.example.com", None)],
+        pods: vec![],
+        keys: ApproverKeys::Missing,
+    }
+    .plan(NOW);
+    let from_unrelated = inputs.replan(&unrelated, NOW, &no_traces);
+    assert_eq!(from_unrelated.compiled_afresh, 2);
+    let from_default = inputs.replan(&Plan::default(), NOW, &no_traces);
+    assert_eq!(from_default.compiled_afresh, 2);
 }

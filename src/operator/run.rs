@@ -344,7 +344,9 @@ impl Operator {
                 controllers::changes(remote_changed.clone()),
             )
         };
-        let controller_config = ControllerConfig::default().debounce(Duration::from_millis(50));
+        let controller_config = ControllerConfig::default()
+            .debounce(Duration::from_millis(50))
+            .concurrency(controllers::RECONCILE_CONCURRENCY);
         let shutdown = &self.shutdown;
         // The controllers keep watches of their own rather than subscribing to the
         // distributor's caches: a shared reflector waits for its slowest subscriber, and status

@@ -17,25 +17,55 @@ pub fn age_order(policy: &McpServerPolicy) -> (Option<Timestamp>, String) {
     )
 }
 
-/// Whether `policy` selects a pod of `namespace` with `labels`. An empty selector selects
+/// A policy's selector, parsed once and asked about any number of pods (the operator's plan
+/// asks it about every pod, the webhook about the pod under review). An empty selector selects
 /// nothing (the compiler refuses it: it would capture every pod of the namespace), and so does
 /// a selector that does not parse.
+#[derive(Clone, Debug)]
+pub struct PolicySelector {
+    namespace: String,
+    /// `None`: selects nothing.
+    selector: Option<Selector>,
+}
+
+impl PolicySelector {
+    /// Parses `policy`'s selector.
+    pub fn of(policy: &McpServerPolicy) -> Self {
+        Self {
+            namespace: super::compile::namespace_of(&policy.metadata),
+            selector: Selector::try_from(policy.spec.selector.clone())
+                .ok()
+                .filter(|s| !s.selects_all()),
+        }
+    }
+
+    /// The policy's namespace: it selects pods of this namespace only.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether it selects a pod of `namespace` with `labels`.
+    pub fn selects(&self, namespace: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        if self.namespace != namespace {
+            return false;
+        }
+        let Some(selector) = &self.selector else {
+            return false;
+        };
+        let empty = BTreeMap::new();
+        selector.matches(labels.unwrap_or(&empty))
+    }
+}
+
+/// Whether `policy` selects a pod of `namespace` with `labels` (the selector parsed for this
+/// one question; [`PolicySelector`] keeps it for many).
 pub fn selects(
     policy: &McpServerPolicy,
     namespace: &str,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
-    if super::compile::namespace_of(&policy.metadata) != namespace {
-        return false;
-    }
-    let Ok(selector) = Selector::try_from(policy.spec.selector.clone()) else {
-        return false;
-    };
-    if selector.selects_all() {
-        return false;
-    }
-    let empty = BTreeMap::new();
-    selector.matches(labels.unwrap_or(&empty))
+    super::compile::namespace_of(&policy.metadata) == namespace
+        && PolicySelector::of(policy).selects(namespace, labels)
 }
 
 /// The policy that governs the pod: the oldest of those that select it.
@@ -116,5 +146,53 @@ mod tests {
         ];
         let got = governing(&policies, "team-a", Some(&labels(&[("app", "r")])));
         assert_eq!(got.unwrap().metadata.name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_parsed_selector_answers_as_the_one_shot_rule_for_every_pod() {
+        let policies = [
+            policy(
+                "in",
+                "2026-11-01T00:00:00Z",
+                serde_json::json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["r", "x"]}]}),
+            ),
+            policy(
+                "labels",
+                "2026-11-01T00:00:00Z",
+                serde_json::json!({"matchLabels": {"app": "r", "tier": "web"}}),
+            ),
+            policy("all", "2026-11-01T00:00:00Z", serde_json::json!({})),
+            policy(
+                "broken",
+                "2026-11-01T00:00:00Z",
+                serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Resembles", "values": ["r"]}]}),
+            ),
+        ];
+        let pods = [
+            None,
+            Some(labels(&[])),
+            Some(labels(&[("app", "r")])),
+            Some(labels(&[("app", "r"), ("tier", "web")])),
+            Some(labels(&[("app", "x"), ("tier", "web")])),
+        ];
+        for p in &policies {
+            let parsed = PolicySelector::of(p);
+            assert_eq!(parsed.namespace(), "team-a");
+            for namespace in ["team-a", "team-b"] {
+                for pod in &pods {
+                    assert_eq!(
+                        parsed.selects(namespace, pod.as_ref()),
+                        selects(p, namespace, pod.as_ref()),
+                        "{:?} on {namespace} {pod:?}",
+                        p.metadata.name
+                    );
+                }
+            }
+        }
+        let app_r = labels(&[("app", "r"), ("tier", "web")]);
+        assert!(PolicySelector::of(&policies[0]).selects("team-a", Some(&app_r)));
+        assert!(PolicySelector::of(&policies[1]).selects("team-a", Some(&app_r)));
+        assert!(!PolicySelector::of(&policies[2]).selects("team-a", Some(&app_r)));
+        assert!(!PolicySelector::of(&policies[1]).selects("team-b", Some(&app_r)));
     }
 }
