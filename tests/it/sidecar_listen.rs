@@ -119,20 +119,10 @@ async fn two_principals_never_see_each_others_task_events() {
     let (_server, _sidecar, client) = support::start_behind_sidecar(SPEC).await;
     let alice = User::new("alice", "tenant-a", "console").token();
     let bob = User::new("bob", "tenant-a", "console").token();
-    let a = support::create_task(
-        &client,
-        &alice,
-        "write_rows",
-        json!({"count": 3, "intervalMs": 100, "label": "a"}),
-    )
-    .await;
-    let b = support::create_task(
-        &client,
-        &bob,
-        "write_rows",
-        json!({"count": 3, "intervalMs": 100, "label": "b"}),
-    )
-    .await;
+    // Both tasks wait for a confirmation, so neither can finish before the streams are open:
+    // every status change the test reads happens after both acknowledgements.
+    let a = waiting_for_confirmation(&client, &alice, "a").await;
+    let b = waiting_for_confirmation(&client, &bob, "b").await;
     let mut alice_stream = ListenStream::open(
         &client.url,
         &alice,
@@ -149,8 +139,23 @@ async fn two_principals_never_see_each_others_task_events() {
         true,
     )
     .await;
-    let alice_frames = notified_then_drained(&mut alice_stream).await;
-    let bob_frames = notified_then_drained(&mut bob_stream).await;
+    // Each acknowledgement lists only the listener's own task: the other was dropped.
+    for (stream, own) in [(&mut alice_stream, &a), (&mut bob_stream, &b)] {
+        let ack = stream.next(LONG).await.expect("acknowledgement");
+        assert_eq!(
+            ack["method"], "notifications/subscriptions/acknowledged",
+            "{ack}"
+        );
+        assert_eq!(
+            ack["params"]["notifications"]["taskIds"],
+            json!([own]),
+            "{ack}"
+        );
+    }
+    confirm(&client, &alice, &a).await;
+    confirm(&client, &bob, &b).await;
+    let alice_frames = read_until_completed(&mut alice_stream).await;
+    let bob_frames = read_until_completed(&mut bob_stream).await;
     let task_ids = |frames: &[Value]| -> Vec<String> {
         frames
             .iter()
@@ -188,10 +193,54 @@ async fn two_principals_never_see_each_others_task_events() {
     }
     let read = client.get_task(&alice, &a).await;
     assert_eq!(read.result()["status"], "completed", "{read:?}");
-    assert_eq!(
-        read.result()["result"]["content"][0]["text"],
-        "wrote 3 rows"
-    );
+    assert_eq!(read.result()["result"]["content"][0]["text"], "confirmed a");
+}
+
+/// Starts a `confirm_action` task and polls until it asks for its confirmation.
+async fn waiting_for_confirmation(
+    client: &support::McpClient,
+    token: &str,
+    action: &str,
+) -> String {
+    let id = support::create_task(client, token, "confirm_action", json!({"action": action})).await;
+    support::eventually(LONG, async || {
+        let r = client.get_task(token, &id).await;
+        (r.result()["status"] == "input_required").then_some(())
+    })
+    .await
+    .expect("the task asks for confirmation");
+    id
+}
+
+async fn confirm(client: &support::McpClient, token: &str, task: &str) {
+    let reply = client
+        .request(
+            "tasks/update",
+            json!({"taskId": task, "inputResponses": {
+                "confirm-1": {"action": "accept", "content": {"confirm": true}}
+            }}),
+        )
+        .token(token)
+        .send()
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+}
+
+/// Every frame up to this stream's `completed` task notification (each within 5 s), then
+/// whatever else arrives in a 900 ms quiet window: a notification about someone else's task
+/// would be in one or the other.
+async fn read_until_completed(stream: &mut ListenStream) -> Vec<Value> {
+    let mut frames = Vec::new();
+    while let Some(frame) = stream.next(LONG).await {
+        let completed =
+            frame["method"] == "notifications/tasks" && frame["params"]["status"] == "completed";
+        frames.push(frame);
+        if completed {
+            break;
+        }
+    }
+    frames.extend(stream.drain(Duration::from_millis(900)).await);
+    frames
 }
 
 #[tokio::test]
@@ -373,21 +422,6 @@ async fn revocation_and_policy_withdrawal_close_streams() {
     assert_eq!(applied["detail"]["streamsClosed"], 1);
 }
 
-/// The frames of `stream` up to its first task notification (however long a loaded machine
-/// takes to send it), then whatever follows until it is quiet for 900 ms.
-async fn notified_then_drained(stream: &mut ListenStream) -> Vec<Value> {
-    let mut frames = Vec::new();
-    while let Some(frame) = stream.next(LONG).await {
-        let notified = frame["method"] == "notifications/tasks";
-        frames.push(frame);
-        if notified {
-            break;
-        }
-    }
-    frames.extend(stream.drain(Duration::from_millis(900)).await);
-    frames
-}
-
 #[tokio::test]
 async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
     let (server, sidecar, client) = support::start_behind_sidecar(SPEC).await;
@@ -405,7 +439,7 @@ async fn a_slow_consumer_is_cut_off_with_bounded_buffering() {
     server
         .emit(json!({"kind": "resourceUpdated", "uri": "example://team-a/flood", "count": 200000}))
         .await;
-    let cut = support::eventually(Duration::from_secs(20), async || {
+    let cut = support::eventually(Duration::from_secs(60), async || {
         sidecar
             .audit()
             .into_iter()
