@@ -18,23 +18,20 @@
 //! (all its threads, including the sidecar's ledger and audit threads), and context switches
 //! per request (voluntary + involuntary over all threads: the wake-up profile).
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use axum::Json;
-use axum::routing::post;
+use anyhow::{Context, Result};
 use jsonwebtoken::Algorithm;
-use lifeguard::runtime::http::ServerLimits;
 use lifeguard::runtime::workers::Workers;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::bench_support::procs::{clock_ticks_per_sec, cpu_ticks};
 use crate::client::{Conn, Endpoint, Template, is_success};
+use crate::in_process::{self, MemoryServer};
 use crate::procs::{self, Keys, TASK_TOOL};
 
 /// Client connections per worker.
@@ -190,8 +187,16 @@ async fn at_worker_count(
     secs: f64,
 ) -> Result<Vec<HotLane>> {
     let shutdown = CancellationToken::new();
-    let upstream = start_memory_server(workers, shutdown.clone()).await?;
-    let endpoint = start_sidecar(dir, keys, upstream, workers, shutdown.clone()).await?;
+    let upstream = MemoryServer::start(workers, shutdown.clone()).await?;
+    let endpoint = in_process::start_sidecar(
+        dir,
+        keys,
+        &procs::policy_yaml(),
+        upstream.addr,
+        workers,
+        shutdown.clone(),
+    )
+    .await?;
     let token = keys.token(Algorithm::RS256, "hot-path", "bench", "bench-client")?;
 
     let greet = Template::tool_call(&endpoint, &token, "greet", json!({"name": "bench"}), false);
@@ -311,145 +316,6 @@ async fn closed_loop(
         client.await.context("a hot-path client panicked")??;
     }
     Ok((done, errors.load(Ordering::Relaxed), elapsed))
-}
-
-/// The sidecar of this process, in front of `upstream`; returns its MCP endpoint once it
-/// answers.
-async fn start_sidecar(
-    dir: &Path,
-    keys: &Keys,
-    upstream: SocketAddr,
-    workers: &Workers,
-    shutdown: CancellationToken,
-) -> Result<Endpoint> {
-    std::fs::write(dir.join("jwks.json"), &keys.jwks).context("writing jwks.json")?;
-    let policy = dir.join("policy.yaml");
-    std::fs::write(&policy, procs::policy_yaml()).context("writing the bench policy")?;
-    let listen = free_port()?;
-    let config = lifeguard::sidecar::SidecarConfig {
-        policy: lifeguard::sidecar::PolicySourceConfig::File {
-            path: policy,
-            approver_keys: None,
-        },
-        upstream: format!("http://{upstream}/mcp").parse()?,
-        listen,
-        ledger: lifeguard::ledger::LedgerLocation::Sqlite(dir.join("ledger.db")),
-        ledger_scope: lifeguard::ledger::LedgerScope::local(),
-        internal_listen: None,
-        heartbeat_ttl: Duration::from_secs(30),
-        internal_advertise: None,
-        admin: None,
-        audit_file: Some(dir.join("audit.jsonl")),
-        upstream_timeout: Duration::from_secs(30),
-        upstream_http2: lifeguard::sidecar::UpstreamHttp2::Never,
-        cancel_confirm_timeout: Duration::from_secs(5),
-        limits: ServerLimits {
-            max_connections: 4096,
-            max_connections_per_peer: 4096,
-            ..Default::default()
-        },
-        app_probes: Default::default(),
-        workers: Some(workers.clone()),
-    };
-    tokio::spawn(async move {
-        if let Err(e) = lifeguard::sidecar::run(config, shutdown).await {
-            eprintln!("hot path: the in-process sidecar stopped: {e:#}");
-        }
-    });
-    let endpoint = Endpoint {
-        addr: listen,
-        path: "/mcp".into(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // Ready once a connection is accepted and the policy is in force (no 503).
-        if let Ok(mut conn) = Conn::connect(listen).await {
-            let probe = Template::mcp(
-                &endpoint,
-                "not-a-token",
-                "tools/list",
-                None,
-                json!({}),
-                false,
-            );
-            if let Ok(status) = conn.send(probe.bytes()).await
-                && status == 401
-            {
-                return Ok(endpoint);
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the in-process sidecar never became ready");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn free_port() -> Result<SocketAddr> {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(probe.local_addr()?)
-}
-
-/// An MCP server that answers `greet`, creates tasks that never end, and reports them working;
-/// its connections are served on `workers`.
-async fn start_memory_server(workers: &Workers, shutdown: CancellationToken) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let next = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().route(
-        "/mcp",
-        post(move |Json(request): Json<Value>| {
-            let next = next.clone();
-            async move { Json(answer(&request, &next)) }
-        }),
-    );
-    let limits = ServerLimits {
-        max_connections: 4096,
-        max_connections_per_peer: 4096,
-        ..Default::default()
-    };
-    let metrics = lifeguard::runtime::http::ConnectionMetrics::default();
-    tokio::spawn(lifeguard::runtime::http::serve_on(
-        listener,
-        app,
-        limits,
-        metrics,
-        shutdown,
-        workers.clone(),
-    ));
-    Ok(addr)
-}
-
-const CREATED_AT: &str = "2026-12-02T00:00:00.000Z";
-
-fn answer(request: &Value, next: &AtomicU64) -> Value {
-    let id = request.get("id").cloned().unwrap_or(Value::Null);
-    let task = |task_id: &str, result_type: Option<&str>| {
-        let mut state = json!({
-            "taskId": task_id, "status": "working", "createdAt": CREATED_AT,
-            "lastUpdatedAt": CREATED_AT, "ttlMs": 86_400_000, "pollIntervalMs": 500,
-        });
-        if let Some(t) = result_type {
-            state["resultType"] = json!(t);
-        }
-        state
-    };
-    let result = match request.get("method").and_then(Value::as_str) {
-        Some("tools/call") if request.pointer("/params/name") == Some(&json!(TASK_TOOL)) => {
-            let n = next.fetch_add(1, Ordering::Relaxed);
-            task(&format!("memory-task-{n}"), Some("task"))
-        }
-        Some("tools/call") => json!({"content": [{"type": "text", "text": "Hello, bench!"}]}),
-        Some("tasks/get") => {
-            let task_id = request
-                .pointer("/params/taskId")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            task(task_id, None)
-        }
-        _ => json!({}),
-    };
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
 /// CPU time of this process (all threads), seconds.

@@ -13,6 +13,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod bare_hop;
 #[path = "../bench_support/mod.rs"]
 mod bench_support;
 mod client;
@@ -21,6 +22,7 @@ mod dpop;
 mod dpop_report;
 mod exhaustion;
 mod hot_path;
+mod in_process;
 mod listen;
 mod phases;
 mod procs;
@@ -151,6 +153,17 @@ struct Args {
     /// .json with --smoke, or --out).
     #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing", "rate_limits"])]
     dpop: bool,
+    /// Instead of the run: the sidecar against a bare proxy hop (issue 35). `greet` directly,
+    /// through nginx (nginx-light, installed with apt-get when missing and run as root),
+    /// through a minimal hyper proxy (examples/bare_proxy) and through the sidecar, and a
+    /// forwarded `tasks/get` through the sidecar, in interleaved closed-loop rounds on
+    /// --connections connections; CPU per request of each proxy and every ratio (results:
+    /// target/bench/bare-hop.json, bare-hop-smoke.json with --smoke, or --out).
+    #[arg(long, conflicts_with_all = ["soak", "hot_path_only", "tracing", "rate_limits", "dpop"])]
+    bare_hop: bool,
+    /// The minimal hyper proxy of --bare-hop [default: target/<profile>/examples/bare_proxy].
+    #[arg(long, requires = "bare_hop")]
+    bare_proxy: Option<PathBuf>,
     /// Seconds of paced load measured per variant of --dpop.
     #[arg(long, requires = "dpop")]
     dpop_secs: Option<f64>,
@@ -254,6 +267,31 @@ async fn rate_limits(
     )
 }
 
+/// The bare-hop mode: one result file, exit status 1 when a request failed.
+async fn bare_hop(
+    args: &Args,
+    machine: Machine,
+    repo: &Path,
+    work: &Path,
+    bins: &Binaries,
+    dirs: &Dirs,
+    bare_proxy: &Path,
+) -> Result<u64> {
+    let plan = bare_hop::BareHopPlan::new(args);
+    let mode = if args.smoke { "smoke" } else { "full" };
+    let result = bare_hop::run(plan, mode, machine, repo, work, bins, bare_proxy).await;
+    let result = cli::logs_kept(result, work)?;
+    let out = dirs.results(args.out.clone(), "bare-hop", args.smoke);
+    cli::publish(
+        &result.table(),
+        &result.to_json(),
+        &out,
+        work,
+        args.keep,
+        result.errors.count,
+    )
+}
+
 /// The DPoP mode: one result file, exit status 1 when a request failed.
 async fn dpop(
     args: &Args,
@@ -336,22 +374,25 @@ async fn run(args: Args) -> Result<u64> {
         dirs.profile.join("examples/example_server"),
     )?;
     let mode = match (
+        args.bare_hop,
         args.soak,
         args.tracing,
         args.rate_limits,
         args.dpop,
         args.smoke,
     ) {
-        (true, _, _, _, true) => "soak-smoke",
-        (true, _, _, _, false) => "soak",
-        (_, true, _, _, true) => "tracing-smoke",
-        (_, true, _, _, false) => "tracing",
-        (_, _, true, _, true) => "rate-limits-smoke",
-        (_, _, true, _, false) => "rate-limits",
-        (_, _, _, true, true) => "dpop-smoke",
-        (_, _, _, true, false) => "dpop",
-        (false, false, false, false, true) => "smoke",
-        (false, false, false, false, false) => "full",
+        (true, _, _, _, _, true) => "bare-hop-smoke",
+        (true, _, _, _, _, false) => "bare-hop",
+        (_, true, _, _, _, true) => "soak-smoke",
+        (_, true, _, _, _, false) => "soak",
+        (_, _, true, _, _, true) => "tracing-smoke",
+        (_, _, true, _, _, false) => "tracing",
+        (_, _, _, true, _, true) => "rate-limits-smoke",
+        (_, _, _, true, _, false) => "rate-limits",
+        (_, _, _, _, true, true) => "dpop-smoke",
+        (_, _, _, _, true, false) => "dpop",
+        (false, false, false, false, false, true) => "smoke",
+        (false, false, false, false, false, false) => "full",
     };
     let work = dirs.work(
         args.work_dir.clone(),
@@ -389,6 +430,14 @@ async fn run(args: Args) -> Result<u64> {
         example,
         sidecar_env,
     };
+    if args.bare_hop {
+        let bare_proxy = cli::binary(
+            args.bare_proxy.clone(),
+            dirs.profile.join("examples/bare_proxy"),
+            "cargo build --release --example bare_proxy",
+        )?;
+        return bare_hop(&args, machine, &repo, &work, &bins, &dirs, &bare_proxy).await;
+    }
     if args.soak {
         return soak(&args, &repo, &work, &bins, &dirs).await;
     }

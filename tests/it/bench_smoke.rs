@@ -605,3 +605,68 @@ fn scale_out_benchmark_smoke_run_has_no_errors() {
     assert!(json["creation"]["postgres"]["n"].as_u64() > Some(0));
     assert!(json["polls"]["postgres_other"]["n"].as_u64() > Some(0));
 }
+
+/// `--bare-hop`, tiny: `greet` directly, through the minimal hyper proxy, through nginx when it
+/// is installed (a smoke run never installs it, and says so) and through the sidecar, and a
+/// forwarded `tasks/get` through the sidecar, in interleaved rounds; every request succeeds and
+/// every lane reports each round. Asserts outcomes, never the CPU figures.
+#[test]
+fn benchmark_bare_hop_smoke_run_measures_every_lane_in_every_round() {
+    let out = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("bench/bare-hop-smoke.json");
+    let mut command = Command::new(example_binary("sidecar_bench"));
+    command
+        .args(["--bare-hop", "--smoke"])
+        .arg("--lifeguard")
+        .arg(env!("CARGO_BIN_EXE_lifeguard"))
+        .arg("--example-server")
+        .arg(example_binary("example_server"))
+        .arg("--bare-proxy")
+        .arg(example_binary("bare_proxy"))
+        .arg("--out")
+        .arg(&out);
+    let output = run_to_completion(command, "the bare-hop smoke run", HANG_GUARD);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "bare-hop smoke run failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("bare-hop results")).expect("JSON");
+    assert_eq!(json["passed"], true, "{json}");
+    let lanes: Vec<String> = json["lanes"]
+        .as_array()
+        .expect("lanes")
+        .iter()
+        .map(|l| l["lane"].as_str().unwrap().to_owned())
+        .collect();
+    let mut expected = vec![
+        "greet direct",
+        "greet via hyper",
+        "greet via sidecar",
+        "tasks/get via sidecar",
+    ];
+    if json["nginx_missing"].is_null() {
+        expected.insert(1, "greet via nginx");
+    } else {
+        assert!(stdout.contains("NO NGINX LANE"), "{stdout}");
+    }
+    assert_eq!(lanes, expected, "{json}");
+    for lane in json["lanes"].as_array().unwrap() {
+        let rounds = lane["rounds"].as_array().expect("rounds");
+        assert_eq!(
+            rounds.len(),
+            json["plan"]["rounds"].as_u64().unwrap() as usize,
+            "{lane}"
+        );
+        assert!(
+            rounds.iter().all(|r| r["requests"].as_u64() > Some(0)),
+            "{lane}"
+        );
+    }
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(3), "{json}");
+}
