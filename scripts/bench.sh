@@ -8,6 +8,8 @@
 #        scripts/bench.sh --soak     10 minutes at 80 % of the measured maximum throughput:
 #                                    RSS must stay flat, no request may fail (target/bench/soak.json)
 #        scripts/bench.sh --baseline FILE   compare the reduction targets with an earlier run
+#        scripts/bench.sh --bare-hop        the sidecar against nginx and a minimal hyper proxy
+#                                    (target/bench/bare-hop.json; about 4 minutes)
 #        scripts/bench.sh --hot-path-only   only the in-process hot path at 1 and 2 workers
 #                                    (target/bench/hot-path.json; about 50 s)
 #        scripts/bench.sh --dpop     the sidecar CPU a DPoP-verified call adds over a bearer one,
@@ -17,5 +19,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --locked --bin lifeguard --example example_server --example sidecar_bench
-exec target/release/examples/sidecar_bench "$@"
+cargo build --release --locked --bin lifeguard --example example_server --example sidecar_bench \
+  --example bare_proxy
+exec "${CARGO_TARGET_DIR:-target}/release/examples/sidecar_bench" "$@"
