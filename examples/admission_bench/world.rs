@@ -118,6 +118,7 @@ pub async fn start_webhook(
         "webhook",
         WEBHOOK_NAMESPACE,
         &config,
+        &[],
         dir,
         emulator,
         ca,

@@ -45,20 +45,34 @@ fn operator_config(repo: &Path) -> Result<String> {
 pub type Operator = Component;
 
 /// Starts the operator with the benchmark's configuration and waits until it is ready.
+///
+/// Every light sidecar connects from 127.0.0.1 with two connections (its stream and its
+/// acknowledgements), where pods in a cluster each have an address of their own: the
+/// per-address connection cap (`--max-connections-per-peer`, 64 by default) is raised to what
+/// `sidecars` need, or the operator would close all but the first 32 sidecars' connections.
 pub async fn start_operator(
     binary: &Path,
     repo: &Path,
     dir: &Path,
     emulator: &Emulator,
     ca: &Ca,
+    sidecars: usize,
 ) -> Result<Operator> {
     let config = dir.join("operator.yaml");
     std::fs::write(&config, operator_config(repo)?).context("writing operator.yaml")?;
+    let per_peer = sidecars * 2 + 64;
+    let extra = [
+        "--max-connections-per-peer".to_owned(),
+        per_peer.to_string(),
+        "--max-connections".to_owned(),
+        per_peer.max(8192).to_string(),
+    ];
     Component::start(
         binary,
         "operator",
         OPERATOR_NAMESPACE,
         &config,
+        &extra,
         dir,
         emulator,
         ca,

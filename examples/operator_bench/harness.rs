@@ -205,13 +205,15 @@ pub struct Component {
 }
 
 impl Component {
-    /// Starts `lifeguard <subcommand>` in `namespace` with `config`, serving `ca`'s certificate,
-    /// and waits until /readyz answers 200.
+    /// Starts `lifeguard <subcommand>` in `namespace` with `config` and `extra` arguments,
+    /// serving `ca`'s certificate, and waits until /readyz answers 200.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         binary: &Path,
         subcommand: &str,
         namespace: &str,
         config: &Path,
+        extra: &[String],
         dir: &Path,
         emulator: &Emulator,
         ca: &Ca,
@@ -231,6 +233,7 @@ impl Component {
             .arg(&ca.key_path)
             .arg("--config")
             .arg(config)
+            .args(extra)
             .env("RUST_LOG", "info,kube=warn");
         let proc = Proc::spawn(command, dir, subcommand, Quote::Tail(40))?;
         let admin = proc.wait_for("admin on ", Duration::from_secs(60))?;

@@ -101,7 +101,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     eprintln!("starting the operator");
     let ca = Ca::mint(work)?;
     let t = Instant::now();
-    let operator = start_operator(lifeguard, repo, work, &emulator, &ca).await?;
+    let operator = start_operator(lifeguard, repo, work, &emulator, &ca, plan.sidecars).await?;
     let operator_ready = t.elapsed();
     let t = Instant::now();
     wait_policy_status(&emulator.api, plan.policies, long).await?;

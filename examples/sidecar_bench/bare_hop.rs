@@ -3,7 +3,9 @@
 //! One example server and three proxies in front of it, side by side in one run:
 //!
 //! - **nginx** (`nginx-light` from Debian, installed with apt-get when missing and the bench
-//!   runs as root): `proxy_pass` with upstream keep-alive, the access log off, one worker;
+//!   runs as root): `proxy_pass` with upstream keep-alive, the access log off, one worker, and
+//!   keep-alive connections never closed for their number of requests (nginx closes them after
+//!   1,000 by default, which the other proxies never do);
 //! - **hyper** (`examples/bare_proxy`): a minimal hyper reverse proxy, the Rust floor;
 //! - **the sidecar** (the bench policy: a token check, policy, ledger and audit on every call).
 //!
@@ -125,10 +127,11 @@ fn start_nginx(
     let config = format!(
         "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\n\
          events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/client-body;\n  \
+         http {{\n  access_log off;\n  keepalive_requests 100000000;\n  keepalive_timeout 300s;\n  client_body_temp_path {d}/client-body;\n  \
          proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  \
          scgi_temp_path {d}/scgi;\n  \
-         upstream mcp {{ server {}; keepalive 64; }}\n  \
+         upstream mcp {{ server {}; keepalive 64; keepalive_requests 100000000; \
+         keepalive_timeout 300s; }}\n  \
          server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://mcp;\n      \
          proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
         upstream.addr
