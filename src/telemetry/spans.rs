@@ -116,10 +116,15 @@ fn inject(span: &SpanContext, headers: &mut HeaderMap) {
 }
 
 /// Polls `future` with `context` current (as it is without one when traces are not exported).
-async fn run_in<F: Future>(context: Option<Context>, future: F) -> F::Output {
+///
+/// A plain function returning the future itself (wrapped or not), not an `async fn`: an async
+/// wrapper keeps its argument future in its own state and copies it there, and the request's
+/// future is several KiB — each async layer around it was another copy per request and made
+/// every future above it that much larger.
+fn run_in<F: Future>(context: Option<Context>, future: F) -> impl Future<Output = F::Output> {
     match context {
-        Some(context) => future.with_context(context).await,
-        None => future.await,
+        Some(context) => futures_util::future::Either::Left(future.with_context(context)),
+        None => futures_util::future::Either::Right(future),
     }
 }
 
@@ -200,8 +205,8 @@ impl ServerSpan {
     }
 
     /// Polls `future` with the span current, so the spans it makes are the request's children.
-    pub async fn run<F: Future>(&self, future: F) -> F::Output {
-        run_in(self.context(), future).await
+    pub fn run<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
+        run_in(self.context(), future)
     }
 
     /// Continues the caller's trace from the request's `params._meta` (`traceparent`,
@@ -474,8 +479,8 @@ pub fn authorizer(action: &str) -> Authorizing {
 impl Authorizing {
     /// Polls `future` (the question over HTTP) with this span current, so the request it sends
     /// names this span as its parent ([`current_context_headers`]).
-    pub async fn run<F: Future>(&self, future: F) -> F::Output {
-        run_in(self.0.clone(), future).await
+    pub fn run<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
+        run_in(self.0.clone(), future)
     }
 
     /// Records where the decision came from (`cache` or `authorizer`) and what it was (`allow`,
