@@ -485,44 +485,72 @@ struct Assignment {
     shadowed: HashMap<ObjectKey, ObjectKey>,
 }
 
-/// The oldest selecting policy wins a pod; the others are shadowed on that pod. Each policy's
-/// selector is parsed once, and a pod is asked about only by the policies of its namespace.
+/// The oldest selecting policy wins a pod; the others are shadowed on that pod. `policies` come
+/// oldest first. Each policy's selector is parsed once and asked only about the pods of its
+/// namespace — and when it names a label value (`matchLabels`), only about the pods carrying
+/// that value, looked up in an index of the namespace's labels built once per plan (a policy
+/// for one app no longer tests every pod of a crowded namespace).
 fn assign_pods(policies: &[&Arc<McpServerPolicy>], pods: &[Arc<Pod>]) -> Assignment {
-    // Namespace → its policies with their selectors, oldest first.
-    let mut by_namespace: HashMap<String, Vec<(ObjectKey, PolicySelector)>> = HashMap::new();
-    for policy in policies {
-        let key = key_of(&policy.metadata);
-        by_namespace
-            .entry(key.namespace.clone())
-            .or_default()
-            .push((key, PolicySelector::of(policy)));
+    /// A namespace's pods (indexes into `pods`, ascending) and, per label key and value, the
+    /// pods carrying it (ascending too).
+    #[derive(Default)]
+    struct NamespacePods<'a> {
+        all: Vec<usize>,
+        by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
+    }
+    let mut by_namespace: HashMap<String, NamespacePods<'_>> = HashMap::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let index = by_namespace.entry(namespace_of(&pod.metadata)).or_default();
+        index.all.push(i);
+        for (k, v) in pod.metadata.labels.iter().flatten() {
+            index
+                .by_label
+                .entry((k.as_str(), v.as_str()))
+                .or_default()
+                .push(i);
+        }
     }
     let mut out = Assignment {
         pods: HashMap::new(),
         matched: HashMap::new(),
         shadowed: HashMap::new(),
     };
-    for pod in pods {
-        let namespace = namespace_of(&pod.metadata);
-        let Some(candidates) = by_namespace.get(&namespace) else {
+    // The winner of each pod, by index: the first (oldest) policy that selected it.
+    let mut winners: Vec<Option<ObjectKey>> = vec![None; pods.len()];
+    for policy in policies {
+        let selector = PolicySelector::of(policy);
+        let Some(index) = by_namespace.get(selector.namespace()) else {
             continue;
         };
-        let labels = pod.metadata.labels.as_ref();
-        let mut winner: Option<&ObjectKey> = None;
-        for (key, selector) in candidates {
-            if !selector.selects(&namespace, labels) {
+        // Every selected pod carries each of `matchLabels`' values: the first narrows the
+        // candidates, the whole selector decides.
+        let required = policy.spec.selector.match_labels.iter().flatten().next();
+        let candidates: &[usize] = match required {
+            Some((k, v)) => index
+                .by_label
+                .get(&(k.as_str(), v.as_str()))
+                .map_or(&[], Vec::as_slice),
+            None => &index.all,
+        };
+        let key = key_of(&policy.metadata);
+        for &i in candidates {
+            if !selector.selects(selector.namespace(), pods[i].metadata.labels.as_ref()) {
                 continue;
             }
             *out.matched.entry(key.clone()).or_default() += 1;
-            match winner {
-                None => winner = Some(key),
+            match &winners[i] {
+                None => winners[i] = Some(key.clone()),
+                // Candidates come in pod order, as before: the winner named is the one of the
+                // first pod on which this policy is shadowed.
                 Some(w) => {
                     out.shadowed.entry(key.clone()).or_insert_with(|| w.clone());
                 }
             }
         }
+    }
+    for (pod, winner) in pods.iter().zip(winners) {
         if let Some(w) = winner {
-            out.pods.insert(key_of(&pod.metadata), w.clone());
+            out.pods.insert(key_of(&pod.metadata), w);
         }
     }
     out

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 use crate::exception::{ApproverTrust, sign};
@@ -171,6 +171,101 @@ fn the_older_of_two_overlapping_policies_wins_the_pod_and_the_newer_is_told() {
     assert_eq!(plan.policies[&key("newer")].matched_pods, 1);
     let (_, compiled) = plan.policy_for(&key("reports-0")).unwrap();
     assert_eq!(compiled.unwrap().effective.policy, key("older"));
+}
+
+/// A policy with `selector` (any label selector) in `namespace`.
+fn policy_selecting(
+    name: &str,
+    namespace: &str,
+    created: &str,
+    selector: Value,
+) -> Arc<McpServerPolicy> {
+    let mut p = policy(name, created, "unused").as_ref().clone();
+    p.metadata.namespace = Some(namespace.into());
+    p.spec.selector = serde_json::from_value(selector).unwrap();
+    Arc::new(p)
+}
+
+fn pod_labelled(name: &str, namespace: &str, labels: Value) -> Arc<Pod> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace, "labels": labels}
+        }))
+        .unwrap(),
+    )
+}
+
+/// The label index narrows a `matchLabels` policy's candidates; the whole selector still
+/// decides, policies without `matchLabels` see every pod of their namespace, and the oldest
+/// selecting policy wins whatever kind of selector it has.
+#[test]
+fn selection_by_label_index_agrees_with_every_kind_of_selector() {
+    let ns = |name: &str, namespace: &str| ObjectKey {
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let inputs = Inputs {
+        policies: vec![
+            // Oldest: an expression only (no matchLabels), app in (a, b).
+            policy_selecting(
+                "expr",
+                "team-a",
+                "2026-11-01T00:00:00Z",
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "b"]}]}),
+            ),
+            // Two labels: the first narrows, the second must hold too.
+            policy_selecting(
+                "a-front",
+                "team-a",
+                "2026-11-02T00:00:00Z",
+                json!({"matchLabels": {"app": "a", "tier": "front"}}),
+            ),
+            // A label and an expression that excludes some of its pods.
+            policy_selecting(
+                "c-not-canary",
+                "team-a",
+                "2026-11-03T00:00:00Z",
+                json!({"matchLabels": {"app": "c"},
+                       "matchExpressions": [{"key": "track", "operator": "NotIn", "values": ["canary"]}]}),
+            ),
+            // The same label in another namespace.
+            policy_selecting(
+                "c-elsewhere",
+                "team-b",
+                "2026-11-04T00:00:00Z",
+                json!({"matchLabels": {"app": "c"}}),
+            ),
+        ],
+        exceptions: vec![],
+        revocations: vec![],
+        pods: vec![
+            pod_labelled("a-front-0", "team-a", json!({"app": "a", "tier": "front"})),
+            pod_labelled("a-back-0", "team-a", json!({"app": "a", "tier": "back"})),
+            pod_labelled("c-0", "team-a", json!({"app": "c"})),
+            pod_labelled("c-canary", "team-a", json!({"app": "c", "track": "canary"})),
+            pod_labelled("c-b", "team-b", json!({"app": "c"})),
+            pod_labelled("bare", "team-a", json!({})),
+        ],
+        keys: ApproverKeys::Missing,
+    };
+    let plan = inputs.plan("2026-12-05T00:00:00Z");
+    let winner = |pod: &str, namespace: &str| plan.pods.get(&ns(pod, namespace)).cloned();
+    assert_eq!(winner("a-front-0", "team-a"), Some(ns("expr", "team-a")));
+    assert_eq!(winner("a-back-0", "team-a"), Some(ns("expr", "team-a")));
+    assert_eq!(winner("c-0", "team-a"), Some(ns("c-not-canary", "team-a")));
+    assert_eq!(winner("c-canary", "team-a"), None);
+    assert_eq!(winner("c-b", "team-b"), Some(ns("c-elsewhere", "team-b")));
+    assert_eq!(winner("bare", "team-a"), None);
+    let status = |name: &str, namespace: &str| &plan.policies[&ns(name, namespace)];
+    assert_eq!(status("expr", "team-a").matched_pods, 2);
+    assert_eq!(status("a-front", "team-a").matched_pods, 1);
+    assert_eq!(
+        status("a-front", "team-a").shadowed_by,
+        Some(ns("expr", "team-a"))
+    );
+    assert_eq!(status("c-not-canary", "team-a").matched_pods, 1);
+    assert_eq!(status("c-not-canary", "team-a").shadowed_by, None);
+    assert_eq!(status("c-elsewhere", "team-b").matched_pods, 1);
 }
 
 #[test]
