@@ -15,11 +15,11 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use jsonwebtoken::Algorithm;
 use lifeguard::runtime::workers::Workers;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Conn, Endpoint, Template, is_success};
@@ -140,8 +140,8 @@ pub async fn run(repo: &Path, work: &Path, workers: &Workers, plan: &Plan) -> Re
     };
     let caller = keys.token(Algorithm::RS256, "perf-gate", "bench", "bench-client")?;
     let other = keys.token(Algorithm::RS256, "someone-else", "bench", "bench-client")?;
-    let own_task = create_task(&sidecar, &caller).await?;
-    let foreign_task = create_task(&sidecar, &other).await?;
+    let own_task = procs::running_task(&sidecar, &caller).await?;
+    let foreign_task = procs::running_task(&sidecar, &other).await?;
     let ids = TaskIds {
         own: own_task,
         foreign: foreign_task,
@@ -199,25 +199,6 @@ fn end_phase(phases: &mut Vec<Phase>, phase: Phase) {
 struct TaskIds {
     own: String,
     foreign: String,
-}
-
-async fn create_task(sidecar: &Endpoint, token: &str) -> Result<String> {
-    let create = Template::tool_call(sidecar, token, TASK_TOOL, json!({"seconds": 86400}), true);
-    let mut conn = Conn::connect(sidecar.addr).await?;
-    let status = conn.send(create.bytes()).await?;
-    conn.body_json()
-        .and_then(|v| {
-            v.pointer("/result/taskId")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .filter(|_| status == 200)
-        .with_context(|| {
-            format!(
-                "creating a task through the in-process sidecar: HTTP {status} {}",
-                String::from_utf8_lossy(conn.body())
-            )
-        })
 }
 
 /// What one phase sends, on one connection.

@@ -29,9 +29,9 @@ use serde_json::{Value, json};
 
 use crate::bench_support::procs::{Proc, Quote, clock_ticks_per_sec, cpu_ticks};
 use crate::bench_support::report::{Target, heading};
-use crate::client::{Conn, Endpoint, Template};
-use crate::phases::{Load, closed_loop_each, task_id_of};
-use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
+use crate::client::{Endpoint, Template};
+use crate::phases::{Load, closed_loop_each};
+use crate::procs::{Keys, Server, Sidecar, running_task};
 use crate::report::Machine;
 use crate::run::Binaries;
 use crate::stats::Errors;
@@ -340,17 +340,6 @@ pub async fn run(
         errors,
         plan: (plan.rounds, plan.per_lane.as_secs_f64(), plan.connections),
     })
-}
-
-async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
-    let mut conn = Conn::connect(endpoint.addr).await?;
-    let template =
-        Template::tool_call(endpoint, token, TASK_TOOL, json!({"seconds": 86_400}), true);
-    let status = conn.send(template.bytes()).await?;
-    conn.body_json()
-        .filter(|_| status == 200)
-        .and_then(|v| task_id_of(&v))
-        .context("creating a running task through the sidecar")
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bench_support::procs::{clock_ticks_per_sec, cpu_ticks};
 use crate::client::{Conn, Endpoint, Template, is_success};
 use crate::in_process::{self, MemoryServer};
-use crate::procs::{self, Keys, TASK_TOOL};
+use crate::procs::{self, Keys};
 
 /// Client connections per worker.
 pub const CONNECTIONS_PER_WORKER: usize = 8;
@@ -200,29 +200,7 @@ async fn at_worker_count(
     let token = keys.token(Algorithm::RS256, "hot-path", "bench", "bench-client")?;
 
     let greet = Template::tool_call(&endpoint, &token, "greet", json!({"name": "bench"}), false);
-    let create = Template::tool_call(
-        &endpoint,
-        &token,
-        TASK_TOOL,
-        json!({"seconds": 86400}),
-        true,
-    );
-    let mut conn = Conn::connect(endpoint.addr).await?;
-    let status = conn.send(create.bytes()).await?;
-    let task_id = conn
-        .body_json()
-        .and_then(|v| {
-            v.pointer("/result/taskId")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .filter(|_| status == 200)
-        .with_context(|| {
-            format!(
-                "creating the task through the in-process sidecar: HTTP {status} {}",
-                String::from_utf8_lossy(conn.body())
-            )
-        })?;
+    let task_id = procs::running_task(&endpoint, &token).await?;
     let poll = Template::task_get(&endpoint, &token, &task_id);
 
     let mut lanes = Vec::new();

@@ -10,7 +10,7 @@ use jsonwebtoken::Algorithm;
 use serde_json::json;
 
 use crate::bench_support::procs::{Proc, Quote};
-use crate::client::{self, Endpoint};
+use crate::client::{self, Conn, Endpoint, Template};
 
 pub const ISSUER: &str = "https://idp.bench";
 pub const RESOURCE: &str = "http://127.0.0.1/mcp";
@@ -127,6 +127,26 @@ impl Keys {
         lifeguard::identity::mint::mint_token(pem, alg, Some(kid), claims)
             .with_context(|| format!("minting a {alg:?} token"))
     }
+}
+
+/// Creates one task of [`TASK_TOOL`] that runs for a day through `endpoint` and returns its id
+/// (for the phases that poll a working task).
+pub async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
+    let mut conn = Conn::connect(endpoint.addr).await?;
+    let args = json!({"seconds": 86_400});
+    let template = Template::tool_call(endpoint, token, TASK_TOOL, args, true);
+    let status = conn.send(template.bytes()).await?;
+    conn.body_json()
+        .filter(|_| status == 200)
+        .and_then(|v| {
+            v.pointer("/result/taskId")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        })
+        .with_context(|| {
+            let why = client::describe_failure(status, conn.body());
+            format!("creating a running task at {}: {why}", endpoint.addr)
+        })
 }
 
 /// The claims of a bench token for `subject` in `tenant` via `client`, valid for 6 hours.

@@ -12,8 +12,8 @@ use crate::client::{self, Conn, Endpoint, Template};
 use crate::components;
 use crate::exhaustion::{self, ExhaustionPlan};
 use crate::listen::{self, LaneTarget, ListenPlan, ListenResult};
-use crate::phases::{self, Lane, Load, latency_rounds, settle, task_id_of, throughput_rounds};
-use crate::procs::{self, Keys, Server, Sidecar, TASK_TOOL};
+use crate::phases::{self, Lane, Load, latency_rounds, settle, throughput_rounds};
+use crate::procs::{self, Keys, Server, Sidecar, TASK_TOOL, running_task};
 use crate::report::{LaneResult, LoadResult, Machine, Results, targets};
 use crate::stats::{Added, Errors, Summary};
 
@@ -131,21 +131,6 @@ fn ledger_rows(path: &Path) -> Result<(u64, u64)> {
 
 fn file_size(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// Creates one long-running task (for the tasks/get phase) and returns its id.
-async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
-    let mut conn = Conn::connect(endpoint.addr).await?;
-    let args = json!({"seconds": 86_400});
-    let template = Template::tool_call(endpoint, token, TASK_TOOL, args, true);
-    let status = conn.send(template.bytes()).await?;
-    conn.body_json()
-        .filter(|_| status == 200)
-        .and_then(|v| task_id_of(&v))
-        .with_context(|| {
-            let why = client::describe_failure(status, conn.body());
-            format!("creating a running task: {why}")
-        })
 }
 
 /// The running processes and what the phases have gathered so far.

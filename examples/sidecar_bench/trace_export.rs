@@ -38,9 +38,9 @@ use serde_json::{Value, json};
 
 use crate::bench_support::otlp::{OtlpReceiver, SPAN_KIND_SERVER};
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, cpu_ticks, preflight_noise};
-use crate::client::{self, Conn, Endpoint, Template};
-use crate::phases::{Accept, Load, closed_loop, paced, task_id_of};
-use crate::procs::{Keys, Server, Sidecar, TASK_TOOL};
+use crate::client::Template;
+use crate::phases::{Accept, Load, closed_loop, paced};
+use crate::procs::{Keys, Server, Sidecar, running_task};
 use crate::report::Machine;
 use crate::run::Binaries;
 use crate::stats::{Errors, Summary};
@@ -191,21 +191,6 @@ fn without_otel(env: &[(String, String)]) -> Vec<(String, String)> {
         .filter(|(k, _)| !k.starts_with("OTEL_"))
         .cloned()
         .collect()
-}
-
-/// Creates one long-running task through `endpoint` and returns its id.
-async fn running_task(endpoint: &Endpoint, token: &str) -> Result<String> {
-    let mut conn = Conn::connect(endpoint.addr).await?;
-    let template =
-        Template::tool_call(endpoint, token, TASK_TOOL, json!({"seconds": 86_400}), true);
-    let status = conn.send(template.bytes()).await?;
-    conn.body_json()
-        .filter(|_| status == 200)
-        .and_then(|v| task_id_of(&v))
-        .with_context(|| {
-            let why = client::describe_failure(status, conn.body());
-            format!("creating a running task: {why}")
-        })
 }
 
 fn template(config: &Config, method: Method, token: &str) -> Template {
