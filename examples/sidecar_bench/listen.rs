@@ -70,12 +70,15 @@ pub struct ListenLane {
     pub sidecar_rss_open: Memory,
 }
 
-/// Both lanes and what the sidecar adds.
+/// The lanes and what the sidecar adds.
 pub struct ListenResult {
     pub plan: ListenPlan,
     pub direct: ListenLane,
     pub via: ListenLane,
     pub added: Added,
+    /// Every stream over one HTTP/2 connection to a sidecar of its own (`--client-http2 on`),
+    /// and what it adds over the direct lane.
+    pub via_http2: Option<(ListenLane, Added)>,
 }
 
 /// What the lane talks to.
@@ -89,6 +92,8 @@ pub struct LaneTarget<'a> {
     pub sidecar: &'a Proc,
     pub server: &'a Proc,
     pub ticks_per_sec: u64,
+    /// The streams' client speaks HTTP/2 by prior knowledge: one connection carries them all.
+    pub http2: bool,
 }
 
 fn group_uri(group: usize) -> String {
@@ -186,6 +191,13 @@ async fn read(
 /// Runs one lane: opens every stream, emits for warmup + duration, and matches receipts to
 /// emissions.
 pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<ListenLane> {
+    let streams = if target.http2 {
+        reqwest::Client::builder().http2_prior_knowledge()
+    } else {
+        reqwest::Client::builder().pool_max_idle_per_host(0)
+    };
+    let streams = streams.build().context("HTTP client")?;
+    // Emissions go to the example server over HTTP/1.1 whatever the lane.
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -198,7 +210,7 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
         let batch = batch_start..(batch_start + 100).min(plan.streams);
         let opened = futures_util::future::join_all(batch.map(|i| {
             let token = &target.tokens[i % target.tokens.len()];
-            open(&http, &target.url, token, i, i % plan.groups)
+            open(&streams, &target.url, token, i, i % plan.groups)
         }))
         .await;
         for (offset, result) in opened.into_iter().enumerate() {
@@ -290,14 +302,30 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
 }
 
 impl ListenResult {
-    pub fn new(plan: ListenPlan, direct: ListenLane, via: ListenLane) -> Self {
+    pub fn new(
+        plan: ListenPlan,
+        direct: ListenLane,
+        via: ListenLane,
+        via_http2: Option<ListenLane>,
+    ) -> Self {
         let added = Added::between(&direct.latency, &via.latency);
+        let via_http2 = via_http2.map(|lane| {
+            let added = Added::between(&direct.latency, &lane.latency);
+            (lane, added)
+        });
         Self {
             plan,
             direct,
             via,
             added,
+            via_http2,
         }
+    }
+
+    /// The lanes through a sidecar: HTTP/1.1, then HTTP/2 when it ran.
+    pub fn sidecar_lanes(&self) -> impl Iterator<Item = (&ListenLane, &Added)> {
+        std::iter::once((&self.via, &self.added))
+            .chain(self.via_http2.as_ref().map(|(lane, added)| (lane, added)))
     }
 
     /// Lines for the report table.
@@ -311,7 +339,12 @@ impl ListenResult {
             p.fan_out(),
             p.duration.as_secs_f64()
         );
-        for lane in [&self.direct, &self.via] {
+        let lanes = [
+            Some(&self.direct),
+            Some(&self.via),
+            self.via_http2.as_ref().map(|(l, _)| l),
+        ];
+        for lane in lanes.into_iter().flatten() {
             let s = &lane.latency;
             o.push_str(&format!(
                 "  {:<22} delivered {:>7}/{:<7} p50 {:>8}  p99 {:>8}  p99.9 {:>8}  opened in {:.1} s  sidecar {:.2} cores  server {:.2} cores\n",
@@ -326,18 +359,21 @@ impl ListenResult {
                 lane.server_cores,
             ));
         }
-        let a = &self.added;
-        o.push_str(&format!(
-            "  added by the sidecar   p50 {:>8}  p99 {:>8}  p99.9 {:>8}\n",
-            us_signed(a.p50),
-            us_signed(a.p99),
-            us_signed(a.p999)
-        ));
-        o.push_str(&format!(
-            "  sidecar VmRSS: {:.1} MiB with every stream open, peak {:.1} MiB while delivering\n",
-            self.via.sidecar_rss_open.rss_kib as f64 / 1024.0,
-            self.via.sidecar_rss_peak.rss_kib as f64 / 1024.0
-        ));
+        for (lane, a) in self.sidecar_lanes() {
+            o.push_str(&format!(
+                "  added ({:<16}) p50 {:>8}  p99 {:>8}  p99.9 {:>8}\n",
+                lane.name,
+                us_signed(a.p50),
+                us_signed(a.p99),
+                us_signed(a.p999)
+            ));
+            o.push_str(&format!(
+                "  sidecar VmRSS ({}): {:.1} MiB with every stream open, peak {:.1} MiB while delivering\n",
+                lane.name,
+                lane.sidecar_rss_open.rss_kib as f64 / 1024.0,
+                lane.sidecar_rss_peak.rss_kib as f64 / 1024.0
+            ));
+        }
         o
     }
 
@@ -356,12 +392,15 @@ impl ListenResult {
             "direct": lane(&self.direct),
             "via_sidecar": lane(&self.via),
             "added": self.added.to_json(),
+            "via_sidecar_http2": self.via_http2.as_ref().map(|(l, _)| lane(l)),
+            "added_http2": self.via_http2.as_ref().map(|(_, a)| a.to_json()),
         })
     }
 
-    /// Deliveries that never arrived, in either lane.
+    /// Deliveries that never arrived, in any lane.
     pub fn lost(&self) -> u64 {
-        (self.direct.expected - self.direct.delivered) + (self.via.expected - self.via.delivered)
+        let lost = |l: &ListenLane| l.expected - l.delivered;
+        lost(&self.direct) + self.sidecar_lanes().map(|(l, _)| lost(l)).sum::<u64>()
     }
 }
 

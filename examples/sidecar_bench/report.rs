@@ -644,14 +644,23 @@ pub fn hot_path_targets(lanes: &[HotLane]) -> Vec<Target> {
 }
 
 /// The listen phase's target: sidecar memory with the streams open and events flowing.
+/// One per sidecar lane: HTTP/1.1 (a connection per stream) and, when it ran, HTTP/2 (one
+/// connection).
 pub fn listen_targets(listen: &ListenResult) -> Vec<Target> {
     let streams = listen.plan.streams;
-    vec![Target {
-        name: "sidecar VmRSS peak with 1,000 listen streams delivering".into(),
-        measured: listen.via.sidecar_rss_peak.rss_kib as f64 / 1024.0,
-        limit: 48.0,
-        unit: "MiB",
-        at_least: false,
-        not_applicable: (streams < 1_000).then(|| format!("only {streams} streams in this run")),
-    }]
+    listen
+        .sidecar_lanes()
+        .map(|(lane, _)| Target {
+            name: format!(
+                "sidecar VmRSS peak with 1,000 listen streams delivering ({})",
+                lane.name
+            ),
+            measured: lane.sidecar_rss_peak.rss_kib as f64 / 1024.0,
+            limit: 48.0,
+            unit: "MiB",
+            at_least: false,
+            not_applicable: (streams < 1_000)
+                .then(|| format!("only {streams} streams in this run")),
+        })
+        .collect()
 }

@@ -348,8 +348,15 @@ impl Bench<'_> {
 
     /// Fills the ledger to the row target with completed tasks of many principals, then reads
     /// random completed tasks across it as their owners (timed).
-    /// Listen streams directly on the server, then through the sidecar.
-    async fn listen_phase(&mut self, keys: &Keys, ticks_per_sec: u64) -> Result<ListenResult> {
+    /// Listen streams directly on the server, then through the sidecar (a connection per
+    /// stream), then over one HTTP/2 connection through a sidecar of its own (`listen_http2`:
+    /// how to start it), so that its memory reading starts from a fresh process.
+    async fn listen_phase(
+        &mut self,
+        keys: &Keys,
+        ticks_per_sec: u64,
+        listen_http2: Option<SidecarLaunch<'_>>,
+    ) -> Result<ListenResult> {
         let plan = &self.plan.listen;
         eprintln!(
             "phase: listen ({} streams, {} deliveries/s)",
@@ -368,19 +375,33 @@ impl Bench<'_> {
             .collect::<Result<Vec<_>>>()?;
         let url = |e: &Endpoint| format!("http://{}{}", e.addr, e.path);
         let server_base = format!("http://{}", self.direct.addr);
-        let lane = |name, endpoint: &Endpoint| LaneTarget {
+        let lane = |name, endpoint: &Endpoint, sidecar| LaneTarget {
             name,
             url: url(endpoint),
             server_base: server_base.clone(),
             tokens: &tokens,
-            sidecar: &self.sidecar.proc,
+            sidecar,
             server: &self.server.proc,
             ticks_per_sec,
+            http2: false,
         };
-        let direct = listen::run_lane(plan, &lane("direct", &self.direct)).await?;
+        let direct =
+            listen::run_lane(plan, &lane("direct", &self.direct, &self.sidecar.proc)).await?;
         tokio::time::sleep(self.plan.rest).await;
-        let via = listen::run_lane(plan, &lane("via sidecar", &self.via)).await?;
-        Ok(ListenResult::new(plan.clone(), direct, via))
+        let via =
+            listen::run_lane(plan, &lane("via sidecar", &self.via, &self.sidecar.proc)).await?;
+        let mut via_http2 = None;
+        if let Some(launch) = listen_http2 {
+            tokio::time::sleep(self.plan.rest).await;
+            let sidecar = launch.start(&self.server.endpoint, keys).await?;
+            tokio::time::sleep(self.plan.rest).await;
+            let target = LaneTarget {
+                http2: true,
+                ..lane("via sidecar, h2", &sidecar.endpoint, &sidecar.proc)
+            };
+            via_http2 = Some(listen::run_lane(plan, &target).await?);
+        }
+        Ok(ListenResult::new(plan.clone(), direct, via, via_http2))
     }
 
     async fn fill_phase(&mut self, tokens: &[String]) -> Result<(phases::Fill, Vec<u64>)> {
@@ -408,6 +429,20 @@ impl Bench<'_> {
             }
         }
         Ok((fill, samples))
+    }
+}
+
+/// How to start one more sidecar like the bench's, in a directory of its own.
+struct SidecarLaunch<'a> {
+    binary: &'a Path,
+    dir: &'a Path,
+    env: &'a [(String, String)],
+    args: &'a [String],
+}
+
+impl SidecarLaunch<'_> {
+    async fn start(&self, upstream: &Endpoint, keys: &Keys) -> Result<Sidecar> {
+        Sidecar::start(self.binary, self.dir, upstream, keys, self.env, self.args).await
     }
 }
 
@@ -469,7 +504,27 @@ pub async fn measure(
     memory.push(("idle, after start (no request yet)".to_owned(), idle));
     // Listen first: its memory reading must not inherit what the allocator keeps after the
     // throughput phase.
-    let listen = bench.listen_phase(&keys, ticks_per_sec).await?;
+    let http2_dir = work.join("listen-http2");
+    std::fs::create_dir_all(&http2_dir).context("creating the HTTP/2 listen lane's directory")?;
+    let mut http2_args = args.to_vec();
+    http2_args.extend(
+        [
+            "--client-http2",
+            "on",
+            "--http2-max-concurrent-streams",
+            "4096",
+        ]
+        .map(str::to_owned),
+    );
+    let launch = SidecarLaunch {
+        binary: &bins.lifeguard,
+        dir: &http2_dir,
+        env,
+        args: &http2_args,
+    };
+    let listen = bench
+        .listen_phase(&keys, ticks_per_sec, Some(launch))
+        .await?;
 
     bench.greet_phase().await?;
     bench.task_get_phase().await?;

@@ -194,6 +194,28 @@ pub struct SidecarArgs {
     #[arg(long, value_name = "DURATION",
           default_value_t = default_limits().idle_timeout.into())]
     pub idle_timeout: lifeguard::api::PolicyDuration,
+    /// Whether clients may speak HTTP/2 by prior knowledge (cleartext, RFC 9113 §3.3) on the
+    /// client port besides HTTP/1.1: `on` serves a connection that opens with the HTTP/2
+    /// preface as HTTP/2, every stream counted against --max-connections and
+    /// --max-connections-per-peer as a connection would be.
+    #[arg(long, value_enum, value_name = "off|on", env = "LIFEGUARD_CLIENT_HTTP2",
+          default_value_t = ClientHttp2::Off)]
+    pub client_http2: ClientHttp2,
+    /// HTTP/2: requests one client connection may have open at once
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, value_name = "N", env = "LIFEGUARD_HTTP2_MAX_CONCURRENT_STREAMS",
+          default_value_t = lifeguard::runtime::http::Http2Limits::default().max_concurrent_streams,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_concurrent_streams: u32,
+}
+
+/// `--client-http2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientHttp2 {
+    /// HTTP/1.1 only.
+    Off,
+    /// HTTP/1.1, and HTTP/2 by prior knowledge.
+    On,
 }
 
 fn default_limits() -> lifeguard::runtime::http::ServerLimits {

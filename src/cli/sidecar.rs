@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use lifeguard::ledger::{LedgerLocation, LedgerScope};
-use lifeguard::runtime::http::ServerLimits;
+use lifeguard::runtime::http::{Http2Limits, ServerLimits};
 use lifeguard::runtime::workers::Workers;
 use lifeguard::sidecar::{AppProbes, PolicySourceConfig, SidecarConfig};
 
@@ -174,6 +174,10 @@ fn limits(args: &SidecarArgs) -> Result<ServerLimits> {
         idle_timeout: args.idle_timeout.get(),
         max_connections: args.max_connections as usize,
         max_connections_per_peer: args.max_connections_per_peer as usize,
+        http2: (args.client_http2 == super::ClientHttp2::On).then(|| Http2Limits {
+            max_concurrent_streams: args.http2_max_concurrent_streams,
+            ..Http2Limits::default()
+        }),
         ..ServerLimits::default()
     })
 }

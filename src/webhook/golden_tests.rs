@@ -159,6 +159,7 @@ fn golden_injection_is_idempotent_and_dry_run_identical() {
         "injected-shared-ledger-port-collision",
         "injected-task-state-shared",
         "injected-upstream-http2",
+        "injected-client-http2",
         "injected-status-annotation-only",
     ] {
         let case = yaml(&fixtures().join("cases").join(format!("{name}.yaml")));

@@ -41,7 +41,8 @@ fn benchmark_smoke_run_has_no_errors() {
         "ratio via sidecar / direct",
         "listen: ",
         "exhaustion: ",
-        "added by the sidecar",
+        "added (via sidecar     )",
+        "added (via sidecar, h2 )",
         "targets",
         "no failed requests",
     ] {
@@ -59,7 +60,7 @@ fn benchmark_smoke_run_has_no_errors() {
     )
     .expect("results are JSON");
     assert_eq!(json["passed"], true);
-    assert_eq!(json["targets"].as_array().map(Vec::len), Some(13));
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(14));
     // The in-process hot path ran both methods at 1 and 2 workers, without failures.
     let lanes = json["hot_path"].as_array().expect("hot-path lanes");
     for method in ["greet", "tasks/get"] {
@@ -89,8 +90,9 @@ fn benchmark_smoke_run_has_no_errors() {
     assert_eq!(exhaustion["recovered"], true, "{exhaustion}");
     assert_eq!(exhaustion["half_sent_held"], 0, "{exhaustion}");
     assert_eq!(exhaustion["greet_failures"], 0, "{exhaustion}");
-    // The listen phase ran both lanes and every delivery arrived.
-    for lane in ["direct", "via_sidecar"] {
+    // The listen phase ran every lane (HTTP/2 on a sidecar of its own) and every delivery
+    // arrived.
+    for lane in ["direct", "via_sidecar", "via_sidecar_http2"] {
         let l = &json["listen"][lane];
         assert!(l["expected"].as_u64().unwrap_or(0) > 0, "{lane}: {l}");
         assert_eq!(l["delivered"], l["expected"], "{lane}: {l}");

@@ -38,6 +38,7 @@ mod sidecar_audit_trail;
 mod sidecar_cancellation;
 mod sidecar_capabilities;
 mod sidecar_capability_budgets;
+mod sidecar_client_http2;
 mod sidecar_control_plane;
 mod sidecar_delegation;
 mod sidecar_denials;

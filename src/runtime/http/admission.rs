@@ -27,6 +27,9 @@ pub struct ConnectionMetrics {
     /// Connections closed because a TLS handshake, a request head or the next request did not
     /// come in time: `handshake`, `header_read`, `idle`.
     pub timed_out: Family<ConnectionLabels, Counter>,
+    /// HTTP/2 streams answered `503` because a stream cap was reached: `max_streams`,
+    /// `max_streams_per_peer`.
+    pub streams_refused: Family<ConnectionLabels, Counter>,
 }
 
 impl ConnectionMetrics {
@@ -48,6 +51,12 @@ impl ConnectionMetrics {
             "Client connections closed because a TLS handshake (handshake), a request head \
              (header_read) or the next request (idle) did not complete in time",
             self.timed_out.clone(),
+        );
+        registry.register(
+            "http2_streams_refused",
+            "HTTP/2 requests answered 503 because the port's stream cap (max_streams) or the \
+             cap per peer address (max_streams_per_peer) was reached",
+            self.streams_refused.clone(),
         );
     }
 
@@ -78,30 +87,35 @@ impl Refusal {
             Self::PerPeer => "max_connections_per_peer",
         }
     }
+
+    /// The label of a refused HTTP/2 stream.
+    pub fn stream_label(self) -> &'static str {
+        match self {
+            Self::Total => "max_streams",
+            Self::PerPeer => "max_streams_per_peer",
+        }
+    }
 }
 
-/// The caps, shared by the accept loop and every connection's [`Admission`].
-pub struct Gate {
+/// A number of slots in total and per peer IP address.
+#[derive(Clone)]
+struct Slots {
     total: Arc<Semaphore>,
     per_peer: usize,
     peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    metrics: ConnectionMetrics,
 }
 
-impl Gate {
-    pub fn new(total: usize, per_peer: usize, metrics: ConnectionMetrics) -> Self {
+impl Slots {
+    fn new(total: usize, per_peer: usize) -> Self {
         Self {
             total: Arc::new(Semaphore::new(total.max(1))),
             per_peer: per_peer.max(1),
             peers: Arc::default(),
-            metrics,
         }
     }
 
-    /// A slot for one connection from `peer`, held until the [`Admission`] is dropped.
-    pub fn admit(&self, peer: IpAddr) -> Result<Admission, Refusal> {
+    fn take(&self, peer: IpAddr) -> Result<Slot, Refusal> {
         let Ok(permit) = self.total.clone().try_acquire_owned() else {
-            self.metrics.refuse(Refusal::Total.label());
             return Err(Refusal::Total);
         };
         let peer = peer.to_canonical();
@@ -109,32 +123,27 @@ impl Gate {
             let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
             let count = peers.entry(peer).or_insert(0);
             if *count >= self.per_peer {
-                self.metrics.refuse(Refusal::PerPeer.label());
                 return Err(Refusal::PerPeer);
             }
             *count += 1;
         }
-        self.metrics.open.inc();
-        Ok(Admission {
+        Ok(Slot {
             _permit: permit,
             peer,
             peers: self.peers.clone(),
-            open: self.metrics.open.clone(),
         })
     }
 }
 
-/// One admitted connection's slots.
-pub struct Admission {
+/// One slot of [`Slots`], given back when dropped.
+struct Slot {
     _permit: OwnedSemaphorePermit,
     peer: IpAddr,
     peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    open: Gauge,
 }
 
-impl Drop for Admission {
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.open.dec();
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(count) = peers.get_mut(&self.peer) {
             *count = count.saturating_sub(1);
@@ -143,6 +152,85 @@ impl Drop for Admission {
             }
         }
     }
+}
+
+/// The connection caps, shared by the accept loop and every connection's [`Admission`].
+pub struct Gate {
+    slots: Slots,
+    metrics: ConnectionMetrics,
+}
+
+impl Gate {
+    pub fn new(total: usize, per_peer: usize, metrics: ConnectionMetrics) -> Self {
+        Self {
+            slots: Slots::new(total, per_peer),
+            metrics,
+        }
+    }
+
+    /// A slot for one connection from `peer`, held until the [`Admission`] is dropped.
+    pub fn admit(&self, peer: IpAddr) -> Result<Admission, Refusal> {
+        match self.slots.take(peer) {
+            Ok(slot) => {
+                self.metrics.open.inc();
+                Ok(Admission {
+                    _slot: slot,
+                    open: self.metrics.open.clone(),
+                })
+            }
+            Err(refusal) => {
+                self.metrics.refuse(refusal.label());
+                Err(refusal)
+            }
+        }
+    }
+}
+
+/// One admitted connection's slots.
+pub struct Admission {
+    _slot: Slot,
+    open: Gauge,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// The caps on HTTP/2 streams being served, over every connection of a port: a multiplexed
+/// connection gets no more concurrent requests than that many HTTP/1.1 connections would.
+#[derive(Clone)]
+pub struct StreamGate {
+    slots: Slots,
+    refused: Family<ConnectionLabels, Counter>,
+}
+
+impl StreamGate {
+    pub fn new(total: usize, per_peer: usize, metrics: &ConnectionMetrics) -> Self {
+        Self {
+            slots: Slots::new(total, per_peer),
+            refused: metrics.streams_refused.clone(),
+        }
+    }
+
+    /// A slot for one stream from `peer`, held until the [`StreamSlot`] is dropped.
+    pub fn admit(&self, peer: IpAddr) -> Result<StreamSlot, Refusal> {
+        self.slots
+            .take(peer)
+            .map(|slot| StreamSlot { _slot: slot })
+            .inspect_err(|refusal| {
+                let reason = refusal.stream_label();
+                self.refused
+                    .get_or_create(&ConnectionLabels { reason })
+                    .inc();
+            })
+    }
+}
+
+/// One admitted HTTP/2 stream's slots.
+pub struct StreamSlot {
+    _slot: Slot,
 }
 
 #[cfg(test)]
@@ -180,6 +268,40 @@ mod tests {
     fn forgets_peers_without_connections() {
         let gate = Gate::new(8, 8, ConnectionMetrics::default());
         drop(gate.admit(ip("10.0.0.1")).unwrap());
-        assert!(gate.peers.lock().unwrap().is_empty());
+        assert!(gate.slots.peers.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn streams_have_caps_of_their_own_and_are_counted_when_refused() {
+        let metrics = ConnectionMetrics::default();
+        let gate = Gate::new(1, 1, metrics.clone());
+        let streams = StreamGate::new(3, 2, &metrics);
+        let _connection = gate.admit(ip("10.0.0.1")).unwrap();
+        let s1 = streams.admit(ip("10.0.0.1")).unwrap();
+        let _s2 = streams.admit(ip("10.0.0.1")).unwrap();
+        assert_eq!(streams.admit(ip("10.0.0.1")).err(), Some(Refusal::PerPeer));
+        let _s3 = streams.admit(ip("10.0.0.2")).unwrap();
+        assert_eq!(streams.admit(ip("10.0.0.3")).err(), Some(Refusal::Total));
+        drop(s1);
+        let _s4 = streams.admit(ip("10.0.0.1")).unwrap();
+        let refused = |reason| {
+            metrics
+                .streams_refused
+                .get_or_create(&ConnectionLabels { reason })
+                .get()
+        };
+        assert_eq!(refused("max_streams_per_peer"), 1);
+        assert_eq!(refused("max_streams"), 1);
+        // Streams take nothing from the connection caps.
+        assert_eq!(metrics.open.get(), 1);
+        assert!(
+            metrics
+                .refused
+                .get_or_create(&ConnectionLabels {
+                    reason: "max_connections"
+                })
+                .get()
+                == 0
+        );
     }
 }

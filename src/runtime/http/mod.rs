@@ -19,6 +19,10 @@
 //! - **Graceful shutdown**: when `shutdown` fires, accepting stops, idle connections close,
 //!   requests in flight get [`ServerLimits::shutdown_grace`] to finish, then the rest are
 //!   aborted. Connection errors are logged at debug level.
+//! - **HTTP/2 by prior knowledge**, when [`ServerLimits::http2`] opts in: a connection that
+//!   opens with the HTTP/2 preface is served by [`h2`] (every stream admitted against the
+//!   port's stream caps, deadlines counted by streams open), any other by HTTP/1.1. Off by
+//!   default.
 //! - **Where connections run**: [`serve`] serves each connection as a task of the runtime it
 //!   is called on; [`serve_on`] hands each one to the least loaded of a set of
 //!   [`Workers`](super::workers::Workers), which serves it start to end on one thread.
@@ -26,6 +30,8 @@
 mod admission;
 mod body;
 pub mod conn;
+mod h2;
+mod sniff;
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,8 +47,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use admission::{ConnectionLabels, ConnectionMetrics, Refusal};
 pub use body::{BodyBudget, BodyError, BodyReadTimeout, BudgetExhausted, Reservation, read_body};
+pub use h2::Http2Limits;
 
-use admission::{Admission, Gate};
+use admission::{Admission, Gate, StreamGate};
 use conn::{ConnClock, HeadTimer, Tracked};
 
 use super::workers::{Assignment, Workers};
@@ -70,6 +77,10 @@ pub struct ServerLimits {
     pub max_head_bytes: usize,
     /// Time requests in flight get to finish after shutdown begins (default 10 s).
     pub shutdown_grace: Duration,
+    /// Whether connections that open with the HTTP/2 preface are served, and how (default
+    /// `None`: HTTP/1.1 only). Each stream also takes a slot of caps as large as the connection
+    /// caps (see [`h2`]).
+    pub http2: Option<Http2Limits>,
 }
 
 impl Default for ServerLimits {
@@ -83,6 +94,7 @@ impl Default for ServerLimits {
             max_connections_per_peer: 64,
             max_head_bytes: 32 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            http2: None,
         }
     }
 }
@@ -164,6 +176,13 @@ async fn serve_placed(
         limits.max_connections_per_peer,
         metrics.clone(),
     );
+    let streams = limits.http2.as_ref().map(|_| {
+        StreamGate::new(
+            limits.max_connections,
+            limits.max_connections_per_peer,
+            &metrics,
+        )
+    });
     let router = router.layer(Extension(BodyReadTimeout(limits.body_read_timeout)));
     let service = TowerToHyperService::new(router);
     let mut connections = JoinSet::new();
@@ -182,6 +201,7 @@ async fn serve_placed(
                         let context = ConnectionContext {
                             peer, admission, service: service.clone(), limits: limits.clone(),
                             metrics: metrics.clone(), shutdown: shutdown.clone(), tls: tls.clone(),
+                            streams: streams.clone(),
                         };
                         match &workers {
                             None => {
@@ -266,6 +286,8 @@ struct ConnectionContext {
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The port's HTTP/2 stream caps (`Some` when HTTP/2 is served).
+    streams: Option<StreamGate>,
 }
 
 /// Serves a connection accepted on another runtime: the socket is registered with the
@@ -309,8 +331,68 @@ async fn serve_connection(stream: TcpStream, mut context: ConnectionContext) {
     }
 }
 
-/// Serves HTTP/1.1 on one admitted connection (plain or inside TLS).
-async fn serve_http<S>(stream: S, context: ConnectionContext)
+/// Serves one admitted connection (plain or inside TLS): HTTP/1.1, or HTTP/2 when the port
+/// serves it and the connection opens with its preface.
+async fn serve_http<S>(mut stream: S, context: ConnectionContext)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = ConnClock::new();
+    let (Some(http2), Some(streams)) = (context.limits.http2.clone(), context.streams.clone())
+    else {
+        return serve_http1(stream, clock, context).await;
+    };
+    let peer = context.peer;
+    let deadline =
+        tokio::time::Instant::from_std(clock.accepted()) + context.limits.header_read_timeout;
+    let sniffed = tokio::select! {
+        sniffed = tokio::time::timeout_at(deadline, sniff::sniff(&mut stream)) => sniffed,
+        _ = context.shutdown.cancelled() => return,
+    };
+    let (protocol, prefix) = match sniffed {
+        Ok(Ok(Some(decided))) => decided,
+        Ok(Ok(None)) => return,
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "connection ended with an error");
+            return;
+        }
+        Err(_) => {
+            context.metrics.time_out(conn::Expiry::Header.label());
+            tracing::debug!(%peer, reason = "header_read", "connection timed out");
+            return;
+        }
+    };
+    let stream = sniff::Rewound::new(prefix, stream);
+    match protocol {
+        sniff::Protocol::Http1 => serve_http1(stream, clock, context).await,
+        sniff::Protocol::Http2 => {
+            let ConnectionContext {
+                peer,
+                admission,
+                service,
+                limits,
+                metrics,
+                shutdown,
+                ..
+            } = context;
+            let connection = h2::Http2Connection {
+                peer,
+                service,
+                limits,
+                http2,
+                streams,
+                metrics,
+                shutdown,
+                accepted: tokio::time::Instant::from_std(clock.accepted()),
+            };
+            h2::serve(stream, connection).await;
+            drop(admission);
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on one admitted connection; `clock` started when it was accepted.
+async fn serve_http1<S>(stream: S, clock: std::sync::Arc<ConnClock>, context: ConnectionContext)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -321,9 +403,8 @@ where
         limits,
         metrics,
         shutdown,
-        tls: _,
+        ..
     } = context;
-    let clock = ConnClock::new();
     let buffer = limits.max_head_bytes.max(MIN_BUFFER);
     let mut builder = http1::Builder::new();
     builder

@@ -20,6 +20,16 @@ async fn slow(Extension(started): Extension<Arc<tokio::sync::Notify>>) -> &'stat
     "slow"
 }
 
+/// Answers once the test adds a permit to `release` (one per request).
+async fn hold(
+    Extension(started): Extension<Arc<tokio::sync::Notify>>,
+    Extension(release): Extension<Arc<tokio::sync::Semaphore>>,
+) -> &'static str {
+    started.notify_one();
+    release.acquire().await.unwrap().forget();
+    "held"
+}
+
 /// The thread serving the request, and the thread a task it spawns runs on.
 async fn thread() -> String {
     let name = || std::thread::current().name().unwrap_or("?").to_owned();
@@ -36,6 +46,8 @@ async fn echo_len(timeout: BodyReadTimeout, body: axum::body::Body) -> String {
 
 struct Running {
     addr: SocketAddr,
+    /// Released `/hold` requests answer.
+    release: Arc<tokio::sync::Semaphore>,
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
     served: tokio::task::JoinHandle<io::Result<()>>,
@@ -54,12 +66,15 @@ enum Placement {
 
 async fn start(limits: ServerLimits, placement: Placement) -> Running {
     let slow_started = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
     let router = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/slow", get(slow))
         .route("/thread", get(thread))
         .route("/echo", post(echo_len))
-        .layer(Extension(slow_started.clone()));
+        .route("/hold", get(hold))
+        .layer(Extension(slow_started.clone()))
+        .layer(Extension(release.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let metrics = ConnectionMetrics::default();
@@ -83,6 +98,7 @@ async fn start(limits: ServerLimits, placement: Placement) -> Running {
     };
     Running {
         addr,
+        release,
         metrics,
         shutdown,
         served,
@@ -285,6 +301,9 @@ async fn shutdown_lets_requests_in_flight_finish_and_stops_accepting(placement: 
     assert!(TcpStream::connect(server.addr).await.is_err());
 }
 }
+
+#[path = "tests_h2.rs"]
+mod h2;
 
 #[tokio::test]
 async fn each_connection_is_served_start_to_end_by_one_worker_and_connections_spread() {

@@ -38,6 +38,9 @@ pub const NATIVE_ANNOTATION: &str = "lifeguard.dev/native-sidecar";
 /// Pod annotation: `listen` or `always` when the MCP server speaks HTTP/2 without an upgrade
 /// (the sidecar's `--upstream-http2`); any other value leaves the default, HTTP/1.1.
 pub const UPSTREAM_HTTP2_ANNOTATION: &str = "lifeguard.dev/upstream-http2";
+/// Pod annotation: `on` lets the pod's clients speak HTTP/2 by prior knowledge to the sidecar
+/// (its `--client-http2`); any other value leaves the default, HTTP/1.1 only.
+pub const CLIENT_HTTP2_ANNOTATION: &str = "lifeguard.dev/client-http2";
 /// Label that marks Lifeguard's own pods, which are never mutated.
 pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
 pub const PART_OF_VALUE: &str = "lifeguard";
@@ -230,6 +233,7 @@ fn plan(
             Some("always") => Some("always"),
             _ => None,
         },
+        client_http2: annotation(CLIENT_HTTP2_ANNOTATION) == Some("on"),
     }
 }
 

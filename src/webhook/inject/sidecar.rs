@@ -30,6 +30,8 @@ pub const LEDGER_SCOPE_ENV: &str = "LIFEGUARD_LEDGER_SCOPE";
 pub const INTERNAL_ADVERTISE_ENV: &str = "LIFEGUARD_INTERNAL_ADVERTISE";
 /// Env var with the sidecar's `--upstream-http2`, from the pod's annotation.
 pub const UPSTREAM_HTTP2_ENV: &str = "LIFEGUARD_UPSTREAM_HTTP2";
+/// Env var with the sidecar's `--client-http2`, from the pod's annotation.
+pub const CLIENT_HTTP2_ENV: &str = "LIFEGUARD_CLIENT_HTTP2";
 /// Env var with the pod's IP (downward API), expanded into [`INTERNAL_ADVERTISE_ENV`].
 pub const POD_IP_ENV: &str = "POD_IP";
 
@@ -66,6 +68,8 @@ pub struct SidecarPlan {
     /// `listen` or `always`: the MCP server speaks HTTP/2 cleartext (`--upstream-http2`);
     /// `None`: HTTP/1.1.
     pub upstream_http2: Option<&'static str>,
+    /// Clients may speak HTTP/2 by prior knowledge to the sidecar (`--client-http2 on`).
+    pub client_http2: bool,
 }
 
 /// Wiring for a policy with `spec.ledger.connectionSecretRef`.
@@ -145,6 +149,9 @@ pub fn container(config: &WebhookFileConfig, plan: &SidecarPlan) -> Container {
     args.extend(["--log-format".to_owned(), "json".to_owned()]);
     if let Some(http2) = plan.upstream_http2 {
         env.push(literal_env(UPSTREAM_HTTP2_ENV, http2));
+    }
+    if plan.client_http2 {
+        env.push(literal_env(CLIENT_HTTP2_ENV, "on"));
     }
     if let Some(otel) = &config.sidecar.otel {
         env.extend(

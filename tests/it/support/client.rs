@@ -103,6 +103,18 @@ impl McpClient {
         }
     }
 
+    /// A client that speaks HTTP/2 by prior knowledge (cleartext, no upgrade), every request a
+    /// stream of one connection.
+    pub fn http2(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            http: reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .build()
+                .unwrap(),
+        }
+    }
+
     pub fn request(&self, method: &str, params: Value) -> RequestBuilder {
         RequestBuilder {
             client: self.clone(),
