@@ -141,6 +141,7 @@ impl Distributor {
             revocations = revocations.len(),
             pods = pods.len(),
             compiled_afresh = plan.compiled_afresh,
+            revocations_only = plan.revocations_only,
             compiled = ?plan.policies.values().map(|p| p.compiled.as_ref().map(|c| (c.revocations.len(), c.hash.clone()))).collect::<Vec<_>>(),
             "plan computed"
         );

@@ -128,26 +128,34 @@ impl CompiledFrom {
         }
     }
 
-    /// Whether the compiler would read the same from both (exceptions by metadata name,
-    /// namespace and spec; revocations by name and spec).
-    fn same_as(&self, other: &Self) -> bool {
-        fn same_list<T>(a: &[Arc<T>], b: &[Arc<T>], same: impl Fn(&T, &T) -> bool) -> bool {
-            a.len() == b.len()
-                && a.iter()
-                    .zip(b)
-                    .all(|(x, y)| Arc::ptr_eq(x, y) || same(x, y))
-        }
+    /// Whether the compiler would read the same policy and exceptions from both (exceptions by
+    /// metadata name, namespace and spec): all but the revocations and their traces.
+    fn same_but_revocations(&self, other: &Self) -> bool {
         self.same_policy(other)
             && same_list(&self.exceptions, &other.exceptions, |a, b| {
                 a.metadata.name == b.metadata.name
                     && a.metadata.namespace == b.metadata.namespace
                     && a.spec == b.spec
             })
+    }
+
+    /// Whether the compiler would read the same from both (revocations by name and spec).
+    fn same_as(&self, other: &Self) -> bool {
+        self.same_but_revocations(other)
             && same_list(&self.revocations, &other.revocations, |a, b| {
                 a.metadata.name == b.metadata.name && a.spec == b.spec
             })
             && self.traces == other.traces
     }
+}
+
+/// Whether two lists hold the same objects in the same order (the same `Arc`, or equal by
+/// `same`).
+fn same_list<T>(a: &[Arc<T>], b: &[Arc<T>], same: impl Fn(&T, &T) -> bool) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| Arc::ptr_eq(x, y) || same(x, y))
 }
 
 /// The whole plan.
@@ -164,6 +172,11 @@ pub struct Plan {
     /// How many policies this plan compiled; the others reused the previous plan's
     /// compilation.
     pub compiled_afresh: usize,
+    /// How many of those only had their revocations (or the traces of them) change: their
+    /// previous compilation was taken with the new revocation rules instead of compiling the
+    /// policy again (the result is the same; a revocation that every policy trusts re-hashes
+    /// each policy but validates and compiles none).
+    pub revocations_only: usize,
     /// What each policy's compilation read (see [`plan_from`]).
     compiled_from: HashMap<ObjectKey, CompiledFrom>,
 }
@@ -457,7 +470,16 @@ pub fn plan_from(previous: Option<&Plan>, world: World<'_>) -> Plan {
             Some(before) => (before.compiled.clone(), before.errors.clone()),
             None => {
                 out.compiled_afresh += 1;
-                compile_policy(&from, world.now)
+                let derived = previous
+                    .and_then(|previous| revocations_changed_only(previous, &key, &from))
+                    .and_then(|(before, errors)| Some((with_revocations(before, &from)?, errors)));
+                match derived {
+                    Some((compiled, errors)) => {
+                        out.revocations_only += 1;
+                        (Some(compiled), errors)
+                    }
+                    None => compile_policy(&from, world.now),
+                }
             }
         };
         out.policies.insert(
@@ -584,27 +606,67 @@ fn compile_policy(
         })
         .map(|p| p.problem.to_string())
         .collect();
-    let compiled = compilation.effective.and_then(|effective| {
-        let json = serde_json::value::to_raw_value(&effective).ok()?;
-        let revocations: BTreeSet<String> = effective
-            .revocations
-            .iter()
-            .map(|r| r.name.clone())
-            .collect();
-        let revocation_traces = traces_of(&revocations, &from.traces);
-        Some(Arc::new(CompiledPolicy {
-            hash: effective.hash(),
-            revocation_traces_json: (!revocation_traces.is_empty())
-                .then(|| serde_json::value::to_raw_value(&revocation_traces).ok())
-                .flatten()
-                .map(Arc::from),
-            revocation_traces,
-            revocations,
-            effective,
-            json: Arc::from(json),
-        }))
-    });
+    let compiled = compilation
+        .effective
+        .and_then(|effective| finish(effective, &from.traces));
     (compiled, errors)
+}
+
+/// The previous compilation of `key` and its errors, when what changed since is only the
+/// revocations in force for its issuers or their traces.
+fn revocations_changed_only<'p>(
+    previous: &'p Plan,
+    key: &ObjectKey,
+    from: &CompiledFrom,
+) -> Option<(&'p CompiledPolicy, Vec<String>)> {
+    let before = previous.compiled_from.get(key)?;
+    let planned = previous.policies.get(key)?;
+    let compiled = planned.compiled.as_deref()?;
+    before
+        .same_but_revocations(from)
+        .then(|| (compiled, planned.errors.clone()))
+}
+
+/// `before` with the revocation rules of `from`'s revocations: what compiling the same policy
+/// and exceptions with them gives ([`crate::policy::compile`] builds revocation rules from
+/// nothing else, and sorts them by name).
+fn with_revocations(before: &CompiledPolicy, from: &CompiledFrom) -> Option<Arc<CompiledPolicy>> {
+    let mut effective = before.effective.clone();
+    effective.revocations = from
+        .revocations
+        .iter()
+        .map(|r| crate::policy::compile::revocation_rule(r))
+        .collect();
+    effective.revocations.sort_by(|a, b| a.name.cmp(&b.name));
+    finish(effective, &from.traces)
+}
+
+/// A compiled policy from its effective policy: serialized once (the same bytes are hashed
+/// and sent), with the traces of the revocations it carries.
+fn finish(
+    effective: EffectivePolicy,
+    traces: &BTreeMap<String, String>,
+) -> Option<Arc<CompiledPolicy>> {
+    let json = serde_json::to_string(&effective).ok()?;
+    let hash = EffectivePolicy::hash_of_serialized(json.as_bytes());
+    let json = RawValue::from_string(json).ok()?;
+    let revocations: BTreeSet<String> = effective
+        .revocations
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    let revocation_traces = traces_of(&revocations, traces);
+    Some(Arc::new(CompiledPolicy {
+        hash,
+        revocation_traces_json: (!revocation_traces.is_empty())
+            .then(|| serde_json::value::to_raw_value(&revocation_traces).ok())
+            .flatten()
+            .map(Arc::from),
+        revocation_traces,
+        revocations,
+        effective,
+        json: Arc::from(json),
+    }))
 }
 
 /// The traces of `revocations` among every revocation's `traces`.

@@ -469,6 +469,8 @@ fn assert_same_plan(incremental: &Plan, full: &Plan) {
             (None, None) => {}
             (Some(a), Some(b)) => {
                 assert_eq!(a.effective, b.effective, "{key}");
+                // The hash is of the very bytes sent.
+                assert_eq!(a.hash, a.effective.hash(), "{key}");
                 assert_eq!(a.hash, b.hash, "{key}");
                 assert_eq!(a.json.get(), b.json.get(), "{key}");
                 assert_eq!(a.revocations, b.revocations, "{key}");
@@ -532,7 +534,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
     };
     let first = plan_from(None, inputs.world(NOW, &no_traces));
     assert_same_plan(&first, &inputs.plan(NOW));
-    assert_eq!(first.compiled_afresh, 3);
+    assert_eq!((first.compiled_afresh, first.revocations_only), (3, 0));
 
     // Nothing the compiler reads changed, though every object is a new `Arc` (a status write
     // replaces it in the cache) and the caches list them in another order: all reused.
@@ -563,7 +565,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
     });
     assert_eq!(inputs.policies[2].metadata.name.as_deref(), Some("reports"));
     let spec = inputs.replan(&same, NOW, &no_traces);
-    assert_eq!(spec.compiled_afresh, 1);
+    assert_eq!((spec.compiled_afresh, spec.revocations_only), (1, 0));
     assert!(!kept(&same, &spec, "reports") && kept(&same, &spec, "billing"));
     assert_ne!(
         compiled(&spec, "reports").hash,
@@ -587,7 +589,8 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
         .revocations
         .push(revocation("new", "https://idp.example.com", None));
     let revoked = inputs.replan(&relabelled, NOW, &no_traces);
-    assert_eq!(revoked.compiled_afresh, 1);
+    // Only its revocations changed: its compilation is taken with the new rules.
+    assert_eq!((revoked.compiled_afresh, revoked.revocations_only), (1, 1));
     assert!(!kept(&relabelled, &revoked, "reports") && kept(&relabelled, &revoked, "billing"));
     assert!(compiled(&revoked, "reports").revocations.contains("new"));
 
@@ -595,7 +598,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let traces = BTreeMap::from([("new".to_owned(), traceparent.to_owned())]);
     let traced = inputs.replan(&revoked, NOW, &traces);
-    assert_eq!(traced.compiled_afresh, 1);
+    assert_eq!((traced.compiled_afresh, traced.revocations_only), (1, 1));
     assert!(!kept(&revoked, &traced, "reports") && kept(&revoked, &traced, "billing"));
     assert_eq!(compiled(&traced, "reports").revocation_traces, traces);
 
@@ -606,7 +609,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
         None,
     ));
     let other = inputs.replan(&traced, NOW, &traces);
-    assert_eq!(other.compiled_afresh, 1);
+    assert_eq!((other.compiled_afresh, other.revocations_only), (1, 1));
     assert!(kept(&traced, &other, "reports") && !kept(&traced, &other, "billing"));
 
     // The first revocation is deleted: reports only.
@@ -614,7 +617,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
         .revocations
         .retain(|r| r.metadata.name.as_deref() != Some("new"));
     let lifted = inputs.replan(&other, NOW, &no_traces);
-    assert_eq!(lifted.compiled_afresh, 1);
+    assert_eq!((lifted.compiled_afresh, lifted.revocations_only), (1, 1));
     assert!(!kept(&other, &lifted, "reports") && kept(&other, &lifted, "billing"));
     assert!(!compiled(&lifted, "reports").revocations.contains("new"));
 
@@ -625,7 +628,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
         "2026-12-15T00:00:00Z",
     )];
     let granted = inputs.replan(&lifted, NOW, &no_traces);
-    assert_eq!(granted.compiled_afresh, 1);
+    assert_eq!((granted.compiled_afresh, granted.revocations_only), (1, 0));
     assert!(!kept(&lifted, &granted, "reports") && kept(&lifted, &granted, "billing"));
     assert_eq!(compiled(&granted, "reports").effective.exceptions.len(), 1);
 
@@ -636,7 +639,7 @@ fn an_incremental_plan_equals_the_full_plan_and_recompiles_only_what_a_change_to
 
     // The exception expires: reports only, without it.
     let expired = inputs.replan(&later, "2026-12-15T00:00:00Z", &no_traces);
-    assert_eq!(expired.compiled_afresh, 1);
+    assert_eq!((expired.compiled_afresh, expired.revocations_only), (1, 0));
     assert!(!kept(&later, &expired, "reports") && kept(&later, &expired, "billing"));
     assert!(
         compiled(&expired, "reports")

@@ -171,6 +171,21 @@ fn attach(object: &ObjectRef, problems: Problems, out: &mut Vec<ObjectProblem>) 
     );
 }
 
+/// The rule a PrincipalRevocation compiles to, whatever its problems (see [`compile`]). A
+/// policy's rules are these, sorted by name.
+pub fn revocation_rule(revocation: &PrincipalRevocation) -> RevocationRule {
+    let spec = &revocation.spec;
+    RevocationRule {
+        name: ObjectRef::revocation(revocation).name,
+        issuer: spec.issuer.clone(),
+        subject: spec.subject.clone(),
+        tenant: spec.tenant.clone(),
+        client: spec.client.clone(),
+        revoked_before: spec.revoked_before.0,
+        reason: spec.reason,
+    }
+}
+
 /// Compiles one server's policy. Exceptions with errors are left out (and reported); the
 /// policy is still produced. Errors in the McpServerPolicy itself produce no policy.
 pub fn compile(input: CompileInput<'_>) -> Compilation {
@@ -227,16 +242,7 @@ pub fn compile(input: CompileInput<'_>) -> Compilation {
         // A revocation is applied even when it has problems: refusing to apply it would
         // fail open. An empty issuer or subject simply matches no token, and one naming no
         // subject, tenant or client covers nobody (`RevocationRule::covers`).
-        let spec = &revocation.spec;
-        revocations.push(RevocationRule {
-            name: object.name,
-            issuer: spec.issuer.clone(),
-            subject: spec.subject.clone(),
-            tenant: spec.tenant.clone(),
-            client: spec.client.clone(),
-            revoked_before: spec.revoked_before.0,
-            reason: spec.reason,
-        });
+        revocations.push(revocation_rule(revocation));
     }
     revocations.sort_by(|a, b| a.name.cmp(&b.name));
 

@@ -89,8 +89,13 @@ impl EffectivePolicy {
     pub fn hash(&self) -> String {
         // Serializing plain data with string keys cannot fail.
         let bytes = serde_json::to_vec(self).unwrap_or_default();
-        let digest = Sha256::digest(&bytes);
-        hex::encode(digest)
+        Self::hash_of_serialized(&bytes)
+    }
+
+    /// [`EffectivePolicy::hash`] of a policy already serialized with `serde_json` (to hash and
+    /// keep one serialization instead of making two).
+    pub fn hash_of_serialized(json: &[u8]) -> String {
+        hex::encode(Sha256::digest(json))
     }
 
     /// How DPoP proofs are checked: the policy's rules, or the defaults.
