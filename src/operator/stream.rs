@@ -115,6 +115,20 @@ fn refuse(ctx: &StreamContext, error: &AuthError) -> Response {
     (error.status(), error.to_string()).into_response()
 }
 
+/// What a snapshot of `distribution` for `pod` would carry, as [`Sent`] compares it: cheap, so
+/// that a plan that changes nothing for a pod costs its stream no serialization.
+fn sent_to(distribution: &Distribution, pod: &PodIdentity) -> Sent {
+    let key = ObjectKey {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+    };
+    let assigned = distribution.plan.policy_for(&key);
+    Sent {
+        policy: assigned.map(|(k, c)| (k.clone(), c.map(|c| c.hash.clone()))),
+        approver_keys_hash: distribution.approver_keys_hash.clone(),
+    }
+}
+
 fn snapshot_line(
     distribution: &Distribution,
     pod: &PodIdentity,
@@ -139,10 +153,7 @@ fn snapshot_line(
     // Serializing borrowed JSON and plain fields cannot fail.
     let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
     bytes.push(b'\n');
-    let sent = Sent {
-        policy: assigned.map(|(k, c)| (k.clone(), c.map(|c| c.hash.clone()))),
-        approver_keys_hash: distribution.approver_keys_hash.clone(),
-    };
+    let sent = sent_to(distribution, pod);
     let carried = SentSnapshot {
         version: distribution.version,
         policy_hash: compiled.map(|c| c.hash.clone()),
@@ -261,9 +272,9 @@ impl StreamState {
                     return None;
                 }
                 let current = self.distribution.borrow_and_update().clone();
-                let (line, sent, carried) =
-                    snapshot_line(&current, &self.guard.pod, &self.guard.session);
-                if self.sent.as_ref() != Some(&sent) {
+                if self.sent.as_ref() != Some(&sent_to(&current, &self.guard.pod)) {
+                    let (line, sent, carried) =
+                        snapshot_line(&current, &self.guard.pod, &self.guard.session);
                     self.trace_new_revocations(&current, &carried);
                     self.guard
                         .sessions
