@@ -65,9 +65,21 @@ pub struct ListenLane {
     /// CPU of the sidecar and the example server over the emission window, in cores.
     pub sidecar_cores: f64,
     pub server_cores: f64,
-    /// Peak sidecar VmRSS sampled during the lane, and with every stream open before emission.
+    /// Peak sidecar VmRSS sampled during the lane, with every stream open before emission,
+    /// and before the first stream opened.
     pub sidecar_rss_peak: Memory,
     pub sidecar_rss_open: Memory,
+    pub sidecar_rss_before: Memory,
+}
+
+impl ListenLane {
+    /// KiB of sidecar VmRSS per open stream (open − before, over the streams).
+    pub fn kib_per_stream(&self, streams: usize) -> f64 {
+        self.sidecar_rss_open
+            .rss_kib
+            .saturating_sub(self.sidecar_rss_before.rss_kib) as f64
+            / streams.max(1) as f64
+    }
 }
 
 /// The lanes and what the sidecar adds.
@@ -203,6 +215,7 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
         .build()
         .context("HTTP client")?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let sidecar_rss_before = target.sidecar.try_memory()?;
     let opened_at = Instant::now();
     let mut readers = Vec::with_capacity(plan.streams);
     // Open in batches: a thousand simultaneous connects measure the accept queue, not listen.
@@ -298,6 +311,7 @@ pub async fn run_lane(plan: &ListenPlan, target: &LaneTarget<'_>) -> Result<List
         server_cores,
         sidecar_rss_peak: rss_peak,
         sidecar_rss_open,
+        sidecar_rss_before,
     })
 }
 
@@ -368,9 +382,11 @@ impl ListenResult {
                 us_signed(a.p999)
             ));
             o.push_str(&format!(
-                "  sidecar VmRSS ({}): {:.1} MiB with every stream open, peak {:.1} MiB while delivering\n",
+                "  sidecar VmRSS ({}): {:.1} MiB before, {:.1} MiB with every stream open ({:.1} KiB per stream), peak {:.1} MiB while delivering\n",
                 lane.name,
+                lane.sidecar_rss_before.rss_kib as f64 / 1024.0,
                 lane.sidecar_rss_open.rss_kib as f64 / 1024.0,
+                lane.kib_per_stream(self.plan.streams),
                 lane.sidecar_rss_peak.rss_kib as f64 / 1024.0
             ));
         }
@@ -385,6 +401,8 @@ impl ListenResult {
                 "sidecar_cores": l.sidecar_cores, "server_cores": l.server_cores,
                 "sidecar_rss_open": l.sidecar_rss_open.to_json(),
                 "sidecar_rss_peak": l.sidecar_rss_peak.to_json(),
+                "sidecar_rss_before": l.sidecar_rss_before.to_json(),
+                "kib_per_stream": l.kib_per_stream(self.plan.streams),
             })
         };
         json!({

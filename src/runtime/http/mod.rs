@@ -333,15 +333,32 @@ async fn serve_connection(stream: TcpStream, mut context: ConnectionContext) {
 
 /// Serves one admitted connection (plain or inside TLS): HTTP/1.1, or HTTP/2 when the port
 /// serves it and the connection opens with its preface.
-async fn serve_http<S>(mut stream: S, context: ConnectionContext)
+async fn serve_http<S>(stream: S, context: ConnectionContext)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let clock = ConnClock::new();
-    let (Some(http2), Some(streams)) = (context.limits.http2.clone(), context.streams.clone())
-    else {
-        return serve_http1(stream, clock, context).await;
-    };
+    match (context.limits.http2.clone(), context.streams.clone()) {
+        (Some(http2), Some(streams)) => {
+            // Boxed: the HTTP/2 connection's state would otherwise make every connection's
+            // task as large as the largest protocol's, HTTP/2 on or not.
+            Box::pin(serve_sniffed(stream, clock, context, http2, streams)).await;
+        }
+        _ => serve_http1(stream, clock, context).await,
+    }
+}
+
+/// Serves a connection of a port that also serves HTTP/2: HTTP/2 when it opens with the
+/// preface, else HTTP/1.1.
+async fn serve_sniffed<S>(
+    mut stream: S,
+    clock: std::sync::Arc<ConnClock>,
+    context: ConnectionContext,
+    http2: Http2Limits,
+    streams: StreamGate,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let peer = context.peer;
     let deadline =
         tokio::time::Instant::from_std(clock.accepted()) + context.limits.header_read_timeout;
