@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::bench_support::procs::Memory;
 use crate::cluster::{
-    Api, ISSUER, Operator, POLL_INTERVALS, REVOCATIONS, SSF_AUDIENCE, TRANSMITTER,
+    Api, Emulator, ISSUER, Operator, POLL_INTERVALS, REVOCATIONS, SSF_AUDIENCE, TRANSMITTER,
     bench_policy_path,
 };
 use crate::cpu::{Cpu, Ticks};
@@ -80,6 +80,49 @@ impl Counters {
             snapshots_sent: self.snapshots_sent - before.snapshots_sent,
             status_writes: self.status_writes - before.status_writes,
             reconciles: self.reconciles - before.reconciles,
+        }
+    }
+}
+
+/// What acknowledgements cost the API server over the measured runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reviews {
+    /// TokenReviews the emulator answered during the runs.
+    pub answered: u64,
+    /// Acknowledgements the operator authenticated by the token of the pod's open stream.
+    pub acks_by_stream_token: f64,
+    /// Acknowledgements it authenticated by a TokenReview (made for it, or cached).
+    pub acks_by_review: f64,
+}
+
+impl Reviews {
+    /// The emulator's TokenReviews so far and the operator's acknowledgement counters.
+    pub async fn scrape(emulator: &Emulator, operator: &Operator) -> Result<Self> {
+        let answered = match emulator.api.get("/__emulator/tokenreviews").await? {
+            Value::Array(reviews) => reviews.len() as u64,
+            other => bail!("the emulator's token reviews are not a list: {other}"),
+        };
+        let text = operator.metrics_text().await;
+        let via = |how: &str| {
+            crate::cluster::metric_sum(
+                &text,
+                &format!(
+                    "lifeguard_operator_acknowledgement_authentications_total{{via=\"{how}\"}}"
+                ),
+            )
+        };
+        Ok(Self {
+            answered,
+            acks_by_stream_token: via("stream_token"),
+            acks_by_review: via("token_review"),
+        })
+    }
+
+    pub fn minus(&self, before: &Reviews) -> Reviews {
+        Reviews {
+            answered: self.answered.saturating_sub(before.answered),
+            acks_by_stream_token: self.acks_by_stream_token - before.acks_by_stream_token,
+            acks_by_review: self.acks_by_review - before.acks_by_review,
         }
     }
 }

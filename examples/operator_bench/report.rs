@@ -10,7 +10,7 @@ use crate::bench_support::procs::Memory;
 use crate::bench_support::report::{errors_section, heading, load, mib};
 use crate::cpu::Cpu;
 use crate::fleet::Counters as FleetCounters;
-use crate::measure::{Kind, Record};
+use crate::measure::{Kind, Record, Reviews};
 use crate::stats::{Errors, Summary, ms};
 
 /// A target of the issue; the report prints its numbers with one decimal.
@@ -54,6 +54,7 @@ pub struct Results {
     pub memory: Vec<(String, Memory)>,
     pub peak_rss_kib: u64,
     pub fleet: FleetCounters,
+    pub reviews: Reviews,
     pub targets: Vec<Target>,
     pub errors: Errors,
 }
@@ -293,6 +294,14 @@ impl Results {
             f.stream_failures,
             f.refusals
         );
+        let r = &self.reviews;
+        let _ = writeln!(
+            o,
+            "token reviews during the runs: {} answered by the API server; acknowledgements \
+             authenticated by the token of their open stream {:.0}, by a TokenReview (made or \
+             cached) {:.0}\n",
+            r.answered, r.acks_by_stream_token, r.acks_by_review
+        );
 
         let _ = writeln!(o, "anchors (what the alternatives take)");
         let _ = writeln!(
@@ -377,6 +386,11 @@ impl Results {
                 "stream_failures": f.stream_failures, "refusals": f.refusals,
                 "largest_policy_bytes": f.largest_policy,
             },
+            "token_reviews": {
+                "answered_during_runs": self.reviews.answered,
+                "acks_by_stream_token": self.reviews.acks_by_stream_token,
+                "acks_by_review": self.reviews.acks_by_review,
+            },
             "targets": self.targets.iter().map(Target::to_json).collect::<Vec<_>>(),
             "errors": {"count": self.errors.count, "examples": self.errors.examples},
             "passed": self.errors.count == 0,
@@ -390,6 +404,7 @@ pub fn targets(
     setup: &Setup,
     at_rest: &Memory,
     peak_rss_kib: u64,
+    reviews: &Reviews,
 ) -> Vec<Target> {
     let scale = (setup.sidecars < 1_000 || setup.policies < 1_000).then(|| {
         format!(
@@ -436,6 +451,14 @@ pub fn targets(
             peak_rss_kib as f64 / 1024.0,
             128.0,
             "MiB",
+        ),
+        // However long the fleet was quiet: acknowledgements on open streams are never
+        // TokenReviews, so there is no burst of them to spread.
+        t(
+            "acknowledgements that needed a TokenReview during the runs",
+            reviews.acks_by_review,
+            0.0,
+            "acks",
         ),
     ]
 }

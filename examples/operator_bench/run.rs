@@ -13,7 +13,7 @@ use crate::bench_support::procs::{self, MachineTicks};
 use crate::cluster::{self, Api, Ca, Emulator, ISSUER, OTHER_ISSUER, Operator, start_operator};
 use crate::cpu::Ticks;
 use crate::fleet::{self, Dial, Fleet};
-use crate::measure::{Bench, Kind, RssSampler};
+use crate::measure::{Bench, Kind, Reviews, RssSampler};
 use crate::report::{self, Noise, Results, Setup};
 use crate::stats::{Errors, Summary, ms};
 
@@ -185,6 +185,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
 
     eprintln!("measuring: {} runs of each measurement", plan.runs);
     let memory_guard_mib = (machine.mem_total_kib as f64 / 1024.0 / 3.0).max(2048.0);
+    let reviews_before = Reviews::scrape(&emulator, &operator).await?;
     let sampler = RssSampler::start(operator.proc.pid);
     let runs_start = Ticks::take(operator.proc.pid, emulator.proc.pid);
     let runs_started = Instant::now();
@@ -232,6 +233,9 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     );
     let runs_secs = runs_started.elapsed().as_secs_f64();
     let peak_rss_kib = sampler.finish().await;
+    let reviews = Reviews::scrape(&emulator, &operator)
+        .await?
+        .minus(&reviews_before);
     memory.push(("operator at the end".into(), operator.proc.memory()));
     memory.push((
         "API emulator (Python) at the end".into(),
@@ -259,7 +263,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         initial_sync,
         dial_to_first_ack: Summary::of(&each),
     };
-    let targets = report::targets(&records, &setup, &at_rest, peak_rss_kib);
+    let targets = report::targets(&records, &setup, &at_rest, peak_rss_kib, &reviews);
     let fleet_counters = fleet.counters();
     Ok(Results {
         mode: plan.mode,
@@ -270,6 +274,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         memory,
         peak_rss_kib,
         fleet: fleet_counters,
+        reviews,
         targets,
         errors,
     })

@@ -33,6 +33,39 @@ const CACHE_TTL: Duration = Duration::from_secs(60);
 const CACHE_JITTER: Duration = Duration::from_secs(15);
 const CACHE_MAX: usize = 20_000;
 
+/// The longest a stream stays open: the longest projected-token life the webhook configures
+/// (`sidecar.tokenExpirationSeconds`, at most an hour), so every sidecar is reviewed afresh at
+/// least hourly, also when its token's expiry cannot be read (bound ServiceAccount tokens always
+/// carry `exp`; this covers other authenticators) or lies further out.
+pub const STREAM_LIFE_MAX: Duration = Duration::from_secs(3600);
+/// The shortest life a stream is given, even when its token's `exp` has passed by the
+/// operator's clock (the API server, which has just accepted the token, may run behind it):
+/// a sidecar is made to reconnect at most this often.
+pub const STREAM_LIFE_MIN: Duration = Duration::from_secs(30);
+
+/// The `exp` claim (seconds since the epoch) of a token the API server has just authenticated.
+/// Read without verifying the signature: the review verified these exact bytes. `None` when
+/// the token is not a JWT or carries no integer `exp`.
+pub fn token_expiry(token: &str) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Expiry {
+        exp: i64,
+    }
+    jsonwebtoken::dangerous::insecure_decode_claims::<Expiry>(token)
+        .ok()
+        .map(|claims| claims.exp)
+}
+
+/// How long a stream opened at `now_secs` with a token expiring at `expiry` stays open before
+/// the operator ends it, so that the sidecar reconnects with the token the kubelet has rotated
+/// in meanwhile: until the token expires, within [`STREAM_LIFE_MIN`]..=[`STREAM_LIFE_MAX`].
+pub fn stream_life(expiry: Option<i64>, now_secs: i64) -> Duration {
+    let left = expiry.map_or(STREAM_LIFE_MAX, |exp| {
+        Duration::from_secs(u64::try_from(exp.saturating_sub(now_secs)).unwrap_or(0))
+    });
+    left.clamp(STREAM_LIFE_MIN, STREAM_LIFE_MAX)
+}
+
 /// Successful reviews by token digest, each with the instant it stops being reused.
 #[derive(Default)]
 struct ReviewCache {
@@ -285,7 +318,8 @@ impl SidecarAuthenticator {
     }
 
     /// A review of `token` no older than a minute (45 to 60 s, see [`CACHE_JITTER`]; used for
-    /// acknowledgements).
+    /// acknowledgements whose token opened no stream on this replica, see
+    /// `Sessions::pod_of_stream_token`).
     pub async fn authenticate_cached(&self, token: &str) -> Result<PodIdentity, AuthError> {
         let digest: [u8; 32] = Sha256::digest(token).into();
         let cached = super::conventions::locked(&self.cache).get(&digest, Instant::now());
@@ -400,6 +434,55 @@ mod tests {
         assert_eq!(
             expiry(now, u64::MAX),
             now + CACHE_TTL - Duration::from_millis(u64::MAX % 15_001)
+        );
+    }
+
+    /// A JWT with `claims` as its payload (header and signature are not read).
+    fn jwt(claims: &serde_json::Value) -> String {
+        use base64::Engine as _;
+        let encode = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        format!(
+            "{}.{}.c2ln",
+            encode(&serde_json::json!({"alg": "RS256", "kid": "k"})),
+            encode(claims)
+        )
+    }
+
+    #[test]
+    fn a_tokens_expiry_is_read_from_its_exp_claim_and_nothing_else_counts() {
+        let exp = 1_780_000_000;
+        let bound = jwt(&serde_json::json!({"aud": ["lifeguard"], "exp": exp, "iat": exp - 600}));
+        assert_eq!(token_expiry(&bound), Some(exp));
+        for unreadable in [
+            "opaque-token".to_string(),
+            jwt(&serde_json::json!({"aud": ["lifeguard"]})),
+            jwt(&serde_json::json!({"exp": "tomorrow"})),
+            jwt(&serde_json::json!({"exp": 1.5e300})),
+            "a.b.c".to_string(),
+            String::new(),
+        ] {
+            assert_eq!(token_expiry(&unreadable), None, "{unreadable}");
+        }
+    }
+
+    #[test]
+    fn a_stream_lives_until_its_token_expires_within_its_bounds() {
+        let now = 1_780_000_000;
+        assert_eq!(stream_life(Some(now + 600), now), Duration::from_secs(600));
+        assert_eq!(stream_life(Some(now + 3600), now), STREAM_LIFE_MAX);
+        // A token past its expiry by this clock, or about to be: the floor.
+        assert_eq!(stream_life(Some(now + 5), now), STREAM_LIFE_MIN);
+        assert_eq!(stream_life(Some(now - 100), now), STREAM_LIFE_MIN);
+        assert_eq!(stream_life(Some(i64::MIN), now), STREAM_LIFE_MIN);
+        // A far or unknown expiry: reviewed again within the hour all the same.
+        assert_eq!(stream_life(Some(now + 86_400), now), STREAM_LIFE_MAX);
+        assert_eq!(stream_life(Some(i64::MAX), now), STREAM_LIFE_MAX);
+        assert_eq!(stream_life(None, now), STREAM_LIFE_MAX);
+        assert_eq!(
+            STREAM_LIFE_MAX.as_secs(),
+            u64::try_from(*crate::webhook::config::TOKEN_EXPIRATION_RANGE.end()).unwrap()
         );
     }
 

@@ -113,6 +113,7 @@ mod tests {
                 service_account: "sa".into(),
             },
             "s".into(),
+            None,
         );
         let now = Timestamp::now().to_string();
         acks.set_remote(vec![

@@ -16,6 +16,11 @@ use prometheus_client::registry::Registry;
 use crate::telemetry::metrics::ReasonLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ViaLabels {
+    pub via: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     pub kind: &'static str,
     pub result: &'static str,
@@ -56,6 +61,11 @@ pub struct OperatorMetrics {
     pub sidecars_connected: Gauge,
     pub snapshots_sent: Counter,
     pub acks: Counter,
+    /// How acknowledgements were authenticated: `stream_token` (the token of the pod's open
+    /// stream, no review) or `token_review` (a review, or one cached for at most a minute).
+    pub ack_authentications: Family<ViaLabels, Counter>,
+    /// Streams ended because the life their token gave them was over.
+    pub streams_expired: Counter,
     pub auth_refusals: Family<ReasonLabels, Counter>,
     pub ack_refusals: Family<ReasonLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
@@ -90,6 +100,18 @@ impl OperatorMetrics {
             "acknowledgements",
             "Snapshot acknowledgements recorded",
             acks.clone(),
+        );
+        let ack_authentications = Family::<ViaLabels, Counter>::default();
+        registry.register(
+            "acknowledgement_authentications",
+            "Acknowledgements authenticated, by how: the token of the pod's open stream (stream_token) or a TokenReview, possibly cached (token_review)",
+            ack_authentications.clone(),
+        );
+        let streams_expired = Counter::default();
+        registry.register(
+            "streams_expired",
+            "Policy streams ended when their token expired (at most an hour), so that the sidecar reconnects with its current token",
+            streams_expired.clone(),
         );
         let auth_refusals = Family::<ReasonLabels, Counter>::default();
         registry.register(
@@ -148,6 +170,8 @@ impl OperatorMetrics {
             sidecars_connected,
             snapshots_sent,
             acks,
+            ack_authentications,
+            streams_expired,
             auth_refusals,
             ack_refusals,
             reconciles,
@@ -164,6 +188,13 @@ impl OperatorMetrics {
     pub fn auth_refused(&self, reason: &'static str) {
         self.auth_refusals
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts an acknowledgement authenticated `via` (`stream_token` or `token_review`).
+    pub fn ack_authenticated(&self, via: &'static str) {
+        self.ack_authentications
+            .get_or_create(&ViaLabels { via })
             .inc();
     }
 

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use jiff::Timestamp;
 use tokio::sync::{Notify, mpsc};
@@ -41,6 +42,15 @@ pub struct SentSnapshot {
     pub revocations: BTreeSet<String>,
 }
 
+/// The bearer token a stream was opened with (its SHA-256) and the instant the stream ends
+/// (`auth::stream_life`): an acknowledgement presenting that token while the stream is open
+/// comes from the stream's pod, reviewed when the stream opened, and needs no review of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamToken {
+    pub digest: [u8; 32],
+    pub until: Instant,
+}
+
 /// One pod's sidecar.
 #[derive(Clone, Debug)]
 pub struct SidecarSession {
@@ -54,6 +64,8 @@ pub struct SidecarSession {
     pub acknowledged: Option<Acknowledged>,
     /// The last [`SENT_REMEMBERED`] snapshots sent through `session`, oldest first.
     pub sent: VecDeque<SentSnapshot>,
+    /// The token `session` was opened with, while it is open.
+    pub token: Option<StreamToken>,
 }
 
 #[derive(Default)]
@@ -62,6 +74,20 @@ struct Inner {
     /// revocation name → pod → what applying it did there. Kept across reconnects: a sidecar
     /// reports the counts of its first application every time it acknowledges.
     revocations: HashMap<String, BTreeMap<PodKey, RevocationApplied>>,
+    /// Token digest → the pod whose open session was opened with it.
+    stream_tokens: HashMap<[u8; 32], PodKey>,
+}
+
+impl Inner {
+    /// Takes the token of `key`'s session out of the index (if the index still points at
+    /// `key` for it).
+    fn unbind(&mut self, key: &PodKey) {
+        if let Some(token) = self.sidecars.get_mut(key).and_then(|e| e.token.take())
+            && self.stream_tokens.get(&token.digest) == Some(key)
+        {
+            self.stream_tokens.remove(&token.digest);
+        }
+    }
 }
 
 /// Why an acknowledgement was not recorded.
@@ -247,10 +273,23 @@ impl Sessions {
         super::conventions::locked(&self.inner)
     }
 
-    /// Records a new authenticated connection; it replaces any earlier one of the same pod.
-    pub fn connect(&self, pod: PodIdentity, session: String) {
+    /// Records a new authenticated connection, opened with `token`; it replaces any earlier
+    /// one of the same pod.
+    pub fn connect(&self, pod: PodIdentity, session: String, token: Option<StreamToken>) {
         let key = pod_key(&pod);
-        self.lock().sidecars.insert(
+        let mut inner = self.lock();
+        inner.unbind(&key);
+        if let Some(token) = token
+            && let Some(previous) = inner.stream_tokens.insert(token.digest, key.clone())
+            && previous != key
+        {
+            // The same token opened another pod's stream: a review names one pod per token,
+            // so this is that pod's name reused; the older stream no longer vouches for it.
+            if let Some(entry) = inner.sidecars.get_mut(&previous) {
+                entry.token = None;
+            }
+        }
+        inner.sidecars.insert(
             key.clone(),
             SidecarSession {
                 session,
@@ -259,8 +298,10 @@ impl Sessions {
                 connected_at: Timestamp::now(),
                 acknowledged: None,
                 sent: VecDeque::new(),
+                token,
             },
         );
+        drop(inner);
         self.touched();
         let _ = self.pods_changed.send(key);
     }
@@ -274,6 +315,7 @@ impl Sessions {
         {
             entry.connected = false;
             entry.sent.clear();
+            inner.unbind(&key);
             drop(inner);
             self.touched();
             let _ = self.pods_changed.send(key);
@@ -290,6 +332,7 @@ impl Sessions {
             .get(&key)
             .is_some_and(|entry| entry.session == session && entry.pod.uid == pod.uid)
         {
+            inner.unbind(&key);
             inner.sidecars.remove(&key);
             drop(inner);
             self.touched();
@@ -310,6 +353,15 @@ impl Sessions {
             }
             entry.sent.push_back(sent);
         }
+    }
+
+    /// The pod whose open stream was opened with the token of `digest`, if that stream is still
+    /// open at `now` (see [`StreamToken`]).
+    pub fn pod_of_stream_token(&self, digest: &[u8; 32], now: Instant) -> Option<PodIdentity> {
+        let inner = self.lock();
+        let entry = inner.sidecars.get(inner.stream_tokens.get(digest)?)?;
+        let token = entry.token.as_ref()?;
+        (entry.connected && token.digest == *digest && now < token.until).then(|| entry.pod.clone())
     }
 
     /// Records an acknowledgement from `pod`.
@@ -464,8 +516,43 @@ mod tests {
         version: u64,
         revoked: &[&str],
     ) {
-        sessions.connect(pod.clone(), session.into());
+        sessions.connect(pod.clone(), session.into(), None);
         sent(sessions, pod, session, version, revoked);
+    }
+
+    #[test]
+    fn an_open_streams_token_names_its_pod_until_the_stream_ends_or_expires() {
+        let (sessions, _events) = Sessions::new();
+        let now = Instant::now();
+        let until = now + std::time::Duration::from_secs(600);
+        let token = |n: u8| StreamToken {
+            digest: [n; 32],
+            until,
+        };
+        sessions.connect(pod("a"), "s1".into(), Some(token(1)));
+        sessions.connect(pod("b"), "s2".into(), Some(token(2)));
+        sessions.connect(pod("c"), "s3".into(), None);
+        assert_eq!(sessions.pod_of_stream_token(&[1; 32], now), Some(pod("a")));
+        assert_eq!(sessions.pod_of_stream_token(&[2; 32], now), Some(pod("b")));
+        assert_eq!(sessions.pod_of_stream_token(&[3; 32], now), None);
+        // Not once the stream's life is over (the stream ends then too).
+        assert_eq!(sessions.pod_of_stream_token(&[1; 32], until), None);
+        // A reconnection with a rotated token: the old token no longer vouches.
+        sessions.connect(pod("a"), "s4".into(), Some(token(4)));
+        assert_eq!(sessions.pod_of_stream_token(&[1; 32], now), None);
+        assert_eq!(sessions.pod_of_stream_token(&[4; 32], now), Some(pod("a")));
+        // A reconnection with the same token keeps it bound to the new session.
+        sessions.connect(pod("a"), "s5".into(), Some(token(4)));
+        assert_eq!(sessions.pod_of_stream_token(&[4; 32], now), Some(pod("a")));
+        // An older session closing late leaves the newer one's token bound.
+        sessions.disconnect(&pod("a"), "s4");
+        assert_eq!(sessions.pod_of_stream_token(&[4; 32], now), Some(pod("a")));
+        sessions.disconnect(&pod("a"), "s5");
+        assert_eq!(sessions.pod_of_stream_token(&[4; 32], now), None);
+        // A deleted pod's stream, likewise.
+        sessions.forget(&pod("b"), "s2");
+        assert_eq!(sessions.pod_of_stream_token(&[2; 32], now), None);
+        assert!(sessions.lock().stream_tokens.is_empty());
     }
 
     #[test]

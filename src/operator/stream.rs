@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -28,10 +29,10 @@ use crate::policy::ObjectKey;
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::revocation_spans;
 
-use super::auth::{AuthError, SidecarAuthenticator, check_claim};
+use super::auth::{AuthError, SidecarAuthenticator, check_claim, stream_life, token_expiry};
 use super::metrics::OperatorMetrics;
 use super::plan::Plan;
-use super::sessions::{SentSnapshot, Sessions};
+use super::sessions::{SentSnapshot, Sessions, StreamToken};
 
 /// What every stream sends from: the current plan, published whenever it changes.
 #[derive(Debug)]
@@ -206,6 +207,8 @@ struct StreamState {
     unseen_heartbeats: u32,
     /// The revocations of the last snapshot sent (kept only while spans are exported).
     carried: BTreeSet<String>,
+    /// When the stream ends because its token's life is over (`auth::stream_life`).
+    ends_at: tokio::time::Instant,
 }
 
 impl StreamState {
@@ -287,6 +290,12 @@ impl StreamState {
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
+                _ = tokio::time::sleep_until(self.ends_at) => {
+                    let pod = &self.guard.pod;
+                    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), session = %self.guard.session, "the token this stream was opened with has expired; ending the stream so that the sidecar reconnects with its current token");
+                    self.metrics.streams_expired.inc();
+                    return None;
+                }
                 result = self.distribution.changed() => {
                     if result.is_err() {
                         return None;
@@ -331,7 +340,13 @@ pub async fn open_stream(
         return refuse(&ctx, &error);
     }
     let session = new_session_id();
-    ctx.sessions.connect(pod.clone(), session.clone());
+    let life = stream_life(token_expiry(token), Timestamp::now().as_second());
+    let stream_token = StreamToken {
+        digest: Sha256::digest(token).into(),
+        until: std::time::Instant::now() + life,
+    };
+    ctx.sessions
+        .connect(pod.clone(), session.clone(), Some(stream_token));
     ctx.metrics
         .sidecars_connected
         .set(i64::try_from(ctx.sessions.connected_count()).unwrap_or(i64::MAX));
@@ -356,6 +371,7 @@ pub async fn open_stream(
         seen: false,
         unseen_heartbeats: 0,
         carried: BTreeSet::new(),
+        ends_at: tokio::time::Instant::now() + life,
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         let line = state.next_line().await?;
@@ -376,7 +392,10 @@ pub async fn open_stream(
 pub const MAX_ACK_BYTES: usize = 256 * 1024;
 
 /// `POST /distribution/v1/ack`. The body is read only after the token was checked, and at most
-/// [`MAX_ACK_BYTES`] of it.
+/// [`MAX_ACK_BYTES`] of it. The token of a stream open on this replica names its pod without a
+/// review (the stream's review vouches for it until the stream ends, at the token's expiry at
+/// the latest), so a connected fleet's acknowledgements cost the API server nothing, however
+/// long it was quiet; any other token is reviewed (a review is reused for at most a minute).
 pub async fn acknowledge(
     State(ctx): State<Arc<StreamContext>>,
     timeout: BodyReadTimeout,
@@ -386,9 +405,21 @@ pub async fn acknowledge(
     let Some(token) = bearer(&headers) else {
         return refuse(&ctx, &AuthError::MissingToken);
     };
-    let pod = match ctx.authenticator.authenticate_cached(token).await {
-        Ok(pod) => pod,
-        Err(error) => return refuse(&ctx, &error),
+    let streaming = ctx
+        .sessions
+        .pod_of_stream_token(&Sha256::digest(token).into(), std::time::Instant::now());
+    let pod = match streaming {
+        Some(pod) => {
+            ctx.metrics.ack_authenticated("stream_token");
+            pod
+        }
+        None => match ctx.authenticator.authenticate_cached(token).await {
+            Ok(pod) => {
+                ctx.metrics.ack_authenticated("token_review");
+                pod
+            }
+            Err(error) => return refuse(&ctx, &error),
+        },
     };
     let ack: Ack = match read_body(body, MAX_ACK_BYTES, timeout).await {
         Ok(bytes) => match serde_json::from_slice(&bytes) {
@@ -534,6 +565,124 @@ mod tests {
         assert_eq!(snapshot.revocation_traces, traces);
         // The sidecar's hash of what it enforces is the plan's: traces are beside the policy.
         assert_eq!(snapshot.policy_hash(), carried.policy_hash);
+    }
+
+    /// The stream's state and what the test keeps of its world: the registry, the metrics, and
+    /// the plan's sender (while it lives, the stream waits for plans).
+    type Opened = (
+        StreamState,
+        Arc<Sessions>,
+        Arc<OperatorMetrics>,
+        watch::Sender<Arc<Distribution>>,
+    );
+
+    /// A stream of a pod the cache holds, its token good for `life`, on a plan with no policy.
+    fn open_state(life: std::time::Duration) -> Opened {
+        use kube::runtime::{reflector, watcher};
+        let pod = PodIdentity {
+            namespace: "team-a".into(),
+            name: "reports-0".into(),
+            uid: "uid-1".into(),
+            service_account: "reports".into(),
+        };
+        let (pods, mut writer) = reflector::store::<Pod>();
+        writer.apply_watcher_event(&watcher::Event::Apply(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "reports-0", "namespace": "team-a", "uid": "uid-1"},
+                "spec": {"containers": [], "serviceAccountName": "reports"}
+            }))
+            .unwrap(),
+        ));
+        let (sessions, _events) = Sessions::new();
+        let sessions = Arc::new(sessions);
+        let metrics = Arc::new(OperatorMetrics::new());
+        let (publish, distribution) = watch::channel(Arc::new(Distribution {
+            version: 1,
+            plan: Arc::new(Plan::default()),
+            approver_keys: None,
+            approver_keys_hash: None,
+        }));
+        let token = StreamToken {
+            digest: [7; 32],
+            until: std::time::Instant::now() + life,
+        };
+        sessions.connect(pod.clone(), "s1".into(), Some(token));
+        let mut heartbeat = tokio::time::interval(HEARTBEAT_INTERVAL);
+        heartbeat.reset();
+        let state = StreamState {
+            guard: SessionGuard {
+                sessions: sessions.clone(),
+                pod,
+                session: "s1".into(),
+                metrics: metrics.clone(),
+                pod_gone: false,
+            },
+            distribution,
+            sent: None,
+            heartbeat,
+            shutdown: CancellationToken::new(),
+            metrics: metrics.clone(),
+            pods,
+            seen: false,
+            unseen_heartbeats: 0,
+            carried: BTreeSet::new(),
+            ends_at: tokio::time::Instant::now() + life,
+        };
+        (state, sessions, metrics, publish)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_when_its_tokens_life_is_over_and_its_token_stops_vouching() {
+        // Not a multiple of the heartbeat interval, so no heartbeat is due at the same instant.
+        let (mut state, sessions, metrics, _publish) =
+            open_state(std::time::Duration::from_secs(25));
+        let ends_at = state.ends_at;
+        assert!(
+            sessions
+                .pod_of_stream_token(&[7; 32], std::time::Instant::now())
+                .is_some()
+        );
+        let mut lines = Vec::new();
+        let mut ended = false;
+        // Bounded, so that a stream that never ends fails the test instead of hanging it.
+        for _ in 0..10 {
+            match state.next_line().await {
+                Some(line) => lines.push(serde_json::from_slice::<StreamMessage>(&line).unwrap()),
+                None => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        assert!(ended, "{lines:?}");
+        // The snapshot, then a heartbeat every 10 s until the 25 s life is over, then the end.
+        assert!(
+            matches!(lines.first(), Some(StreamMessage::Snapshot(_))),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(tokio::time::Instant::now() >= ends_at);
+        assert_eq!(metrics.streams_expired.get(), 1);
+        // Still open until the response body (the state) is dropped; then the session is
+        // closed and its token names nobody.
+        assert_eq!(sessions.connected_count(), 1);
+        drop(state);
+        assert_eq!(sessions.connected_count(), 0);
+        assert!(
+            sessions
+                .pod_of_stream_token(&[7; 32], std::time::Instant::now())
+                .is_none()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_within_its_tokens_life_keeps_going() {
+        let (mut state, _sessions, metrics, _publish) =
+            open_state(std::time::Duration::from_secs(600));
+        for _ in 0..10 {
+            assert!(state.next_line().await.is_some());
+        }
+        assert_eq!(metrics.streams_expired.get(), 0);
     }
 
     #[test]

@@ -474,6 +474,7 @@ fn operator_benchmark_smoke_run_has_no_errors() {
         "policy spec change → last ack",
         "operator work per cycle",
         "operator at rest",
+        "token reviews during the runs",
         "noise:",
         "anchors",
         "targets",
@@ -493,7 +494,14 @@ fn operator_benchmark_smoke_run_has_no_errors() {
     )
     .expect("results are JSON");
     assert_eq!(json["passed"], true, "{json}");
-    assert_eq!(json["targets"].as_array().map(Vec::len), Some(5));
+    assert_eq!(json["targets"].as_array().map(Vec::len), Some(6));
+    // Every acknowledgement of the runs rode on its stream's review: none was a TokenReview.
+    let reviews = &json["token_reviews"];
+    assert!(
+        reviews["acks_by_stream_token"].as_f64() > Some(0.0),
+        "{reviews}"
+    );
+    assert_eq!(reviews["acks_by_review"].as_f64(), Some(0.0), "{reviews}");
     for measurement in [
         "revocation_created",
         "security_event_pushed",

@@ -5,6 +5,7 @@
 use crate::support;
 
 // The listener's limits (issue 28, item 7).
+mod ack_authentication;
 mod listener_limits;
 
 use std::time::Duration;

@@ -203,7 +203,7 @@ pub fn acknowledged(
     revocations: &[(&str, u64, u64)],
 ) {
     let session = format!("s-{pod}");
-    sessions.connect(identity(pod), session.clone());
+    sessions.connect(identity(pod), session.clone(), None);
     sessions.record_sent(
         &identity(pod),
         &session,
