@@ -56,6 +56,11 @@ pub struct Args {
     /// as a timed-out run counted as this long.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// After the runs, this long without any change, then one more revocation: what
+    /// acknowledging it costs the API server after a quiet spell (every review cache expired)
+    /// [default: 65; smoke: 1]. 0 skips it.
+    #[arg(long)]
+    quiet_secs: Option<u64>,
     /// Make the decoy policies trust another issuer than `bench` (by default they trust the
     /// same one, so every revocation changes every policy's snapshot, as in a cluster whose
     /// policies share an identity provider).
@@ -87,6 +92,8 @@ pub struct Plan {
     pub rest: Duration,
     pub timeout: Duration,
     pub decoys_same_issuer: bool,
+    /// The quiet spell before the last revocation (zero: none).
+    pub quiet: Duration,
 }
 
 impl Plan {
@@ -105,6 +112,7 @@ impl Plan {
             rest: Duration::from_millis(args.rest_ms),
             timeout: Duration::from_secs(args.timeout_secs),
             decoys_same_issuer: !args.decoys_other_issuer,
+            quiet: Duration::from_secs(args.quiet_secs.unwrap_or(if args.smoke { 1 } else { 65 })),
         };
         if plan.sidecars == 0 || plan.policies == 0 || plan.runs == 0 {
             bail!("--sidecars, --policies and --runs must be at least 1");

@@ -95,6 +95,14 @@ pub struct Reviews {
     pub acks_by_review: f64,
 }
 
+/// The revocation measured after a quiet spell, and what its acknowledgements cost.
+#[derive(Clone, Copy, Debug)]
+pub struct AfterQuiet {
+    pub quiet: Duration,
+    pub to_last_ack: Duration,
+    pub reviews: Reviews,
+}
+
 impl Reviews {
     /// The emulator's TokenReviews so far and the operator's acknowledgement counters.
     pub async fn scrape(emulator: &Emulator, operator: &Operator) -> Result<Self> {

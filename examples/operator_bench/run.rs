@@ -13,7 +13,7 @@ use crate::bench_support::procs::{self, MachineTicks};
 use crate::cluster::{self, Api, Ca, Emulator, ISSUER, OTHER_ISSUER, Operator, start_operator};
 use crate::cpu::Ticks;
 use crate::fleet::{self, Dial, Fleet};
-use crate::measure::{Bench, Kind, Reviews, RssSampler};
+use crate::measure::{AfterQuiet, Bench, Kind, Reviews, RssSampler};
 use crate::report::{self, Noise, Results, Setup};
 use crate::stats::{Errors, Summary, ms};
 
@@ -236,6 +236,27 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
     let reviews = Reviews::scrape(&emulator, &operator)
         .await?
         .minus(&reviews_before);
+    let after_quiet = if plan.quiet.is_zero() {
+        None
+    } else {
+        eprintln!(
+            "quiet: {} s without a change, then one more revocation",
+            plan.quiet.as_secs()
+        );
+        tokio::time::sleep(plan.quiet).await;
+        let before = Reviews::scrape(&emulator, &operator).await?;
+        match bench.measure(Kind::Revocation, plan.runs).await {
+            Ok(record) => Some(AfterQuiet {
+                quiet: plan.quiet,
+                to_last_ack: record.to_last_ack,
+                reviews: Reviews::scrape(&emulator, &operator).await?.minus(&before),
+            }),
+            Err(e) => {
+                errors.record(format!("the revocation after the quiet spell: {e:#}"));
+                None
+            }
+        }
+    };
     memory.push(("operator at the end".into(), operator.proc.memory()));
     memory.push((
         "API emulator (Python) at the end".into(),
@@ -263,7 +284,13 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         initial_sync,
         dial_to_first_ack: Summary::of(&each),
     };
-    let targets = report::targets(&records, &setup, &at_rest, peak_rss_kib, &reviews);
+    let targets = report::targets(
+        &records,
+        &setup,
+        &at_rest,
+        peak_rss_kib,
+        after_quiet.as_ref(),
+    );
     let fleet_counters = fleet.counters();
     Ok(Results {
         mode: plan.mode,
@@ -275,6 +302,7 @@ pub async fn run(plan: &Plan, repo: &Path, work: &Path, lifeguard: &Path) -> Res
         peak_rss_kib,
         fleet: fleet_counters,
         reviews,
+        after_quiet,
         targets,
         errors,
     })

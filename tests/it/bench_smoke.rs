@@ -502,6 +502,14 @@ fn operator_benchmark_smoke_run_has_no_errors() {
         "{reviews}"
     );
     assert_eq!(reviews["acks_by_review"].as_f64(), Some(0.0), "{reviews}");
+    // So did the acknowledgements of the revocation after the (here one-second) quiet spell.
+    let quiet = &json["after_quiet"];
+    assert!(
+        quiet["acks_by_stream_token"].as_f64() > Some(0.0),
+        "{quiet}"
+    );
+    assert_eq!(quiet["acks_by_review"].as_f64(), Some(0.0), "{quiet}");
+    assert_eq!(quiet["token_reviews_answered"], 0, "{quiet}");
     for measurement in [
         "revocation_created",
         "security_event_pushed",
