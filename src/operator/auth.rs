@@ -43,6 +43,12 @@ pub const STREAM_LIFE_MAX: Duration = Duration::from_secs(3600);
 /// a sidecar is made to reconnect at most this often.
 pub const STREAM_LIFE_MIN: Duration = Duration::from_secs(30);
 
+/// How a bearer token is keyed wherever the operator remembers one (the review cache, the
+/// tokens open streams were opened with): its SHA-256, never the token.
+pub fn token_digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
 /// The `exp` claim (seconds since the epoch) of a token the API server has just authenticated.
 /// Read without verifying the signature: the review verified these exact bytes. `None` when
 /// the token is not a JWT or carries no integer `exp`.
@@ -310,7 +316,7 @@ impl SidecarAuthenticator {
         };
         let identity = check_pod(&reviewed, pod.as_ref())?;
         super::conventions::locked(&self.cache).insert(
-            Sha256::digest(token).into(),
+            token_digest(token),
             identity.clone(),
             Instant::now(),
         );
@@ -321,7 +327,7 @@ impl SidecarAuthenticator {
     /// acknowledgements whose token opened no stream on this replica, see
     /// `Sessions::pod_of_stream_token`).
     pub async fn authenticate_cached(&self, token: &str) -> Result<PodIdentity, AuthError> {
-        let digest: [u8; 32] = Sha256::digest(token).into();
+        let digest = token_digest(token);
         let cached = super::conventions::locked(&self.cache).get(&digest, Instant::now());
         match cached {
             Some(identity) => Ok(identity),

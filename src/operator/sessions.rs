@@ -279,15 +279,8 @@ impl Sessions {
         let key = pod_key(&pod);
         let mut inner = self.lock();
         inner.unbind(&key);
-        if let Some(token) = token
-            && let Some(previous) = inner.stream_tokens.insert(token.digest, key.clone())
-            && previous != key
-        {
-            // The same token opened another pod's stream: a review names one pod per token,
-            // so this is that pod's name reused; the older stream no longer vouches for it.
-            if let Some(entry) = inner.sidecars.get_mut(&previous) {
-                entry.token = None;
-            }
+        if let Some(token) = token {
+            inner.stream_tokens.insert(token.digest, key.clone());
         }
         inner.sidecars.insert(
             key.clone(),

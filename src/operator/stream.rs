@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +28,9 @@ use crate::policy::ObjectKey;
 use crate::runtime::http::{BodyError, BodyReadTimeout, read_body};
 use crate::telemetry::revocation_spans;
 
-use super::auth::{AuthError, SidecarAuthenticator, check_claim, stream_life, token_expiry};
+use super::auth::{
+    AuthError, SidecarAuthenticator, check_claim, stream_life, token_digest, token_expiry,
+};
 use super::metrics::OperatorMetrics;
 use super::plan::Plan;
 use super::sessions::{SentSnapshot, Sessions, StreamToken};
@@ -340,10 +341,11 @@ pub async fn open_stream(
         return refuse(&ctx, &error);
     }
     let session = new_session_id();
-    let life = stream_life(token_expiry(token), Timestamp::now().as_second());
+    let ends_at = tokio::time::Instant::now()
+        + stream_life(token_expiry(token), Timestamp::now().as_second());
     let stream_token = StreamToken {
-        digest: Sha256::digest(token).into(),
-        until: std::time::Instant::now() + life,
+        digest: token_digest(token),
+        until: ends_at.into_std(),
     };
     ctx.sessions
         .connect(pod.clone(), session.clone(), Some(stream_token));
@@ -371,7 +373,7 @@ pub async fn open_stream(
         seen: false,
         unseen_heartbeats: 0,
         carried: BTreeSet::new(),
-        ends_at: tokio::time::Instant::now() + life,
+        ends_at,
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         let line = state.next_line().await?;
@@ -407,7 +409,7 @@ pub async fn acknowledge(
     };
     let streaming = ctx
         .sessions
-        .pod_of_stream_token(&Sha256::digest(token).into(), std::time::Instant::now());
+        .pod_of_stream_token(&token_digest(token), std::time::Instant::now());
     let pod = match streaming {
         Some(pod) => {
             ctx.metrics.ack_authenticated("stream_token");
