@@ -27,6 +27,8 @@ use crate::distribution::{ACK_PATH, STREAM_PATH};
 use crate::runtime::readiness::{ReadinessTexts, SyncedAndServing};
 use crate::runtime::shell::{Shell, ShellConfig};
 
+use crate::runtime::http::Http2Limits;
+
 use super::auth::SidecarAuthenticator;
 use super::ca_distribution::CaDistributor;
 use super::cluster_acks::ClusterAcks;
@@ -441,6 +443,7 @@ impl Operator {
         let limits = crate::runtime::http::ServerLimits {
             // Streams end themselves at shutdown; acks are short.
             shutdown_grace: Duration::from_secs(5),
+            http2: Some(distribution_http2()),
             ..shell.limits().clone()
         };
         shell
@@ -456,3 +459,20 @@ impl Operator {
         Ok(())
     }
 }
+
+/// HTTP/2 on the distribution port (offered in ALPN before HTTP/1.1): a sidecar's policy stream
+/// and its acknowledgements share one connection, so a revocation's acknowledgements from a
+/// connected fleet open no connections (each was a TLS handshake and about 30 KiB of the
+/// operator's memory while it lasted, a thousand at once when a revocation reaches a thousand
+/// sidecars), and an acknowledgement reaches the replica holding its stream by construction.
+/// Every stream is admitted against the port's connection caps as a connection would be.
+fn distribution_http2() -> Http2Limits {
+    Http2Limits {
+        max_concurrent_streams: STREAMS_PER_CONNECTION,
+        ..Http2Limits::default()
+    }
+}
+
+/// Requests one sidecar connection may have open at once: its stream and an acknowledgement
+/// are two; the rest is room for a retry overlapping an answer still on its way.
+const STREAMS_PER_CONNECTION: u32 = 4;

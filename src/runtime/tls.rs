@@ -5,11 +5,13 @@
 //! # Limits
 //! [`serve_tls`] is [`super::http::serve_tls`]: the connection caps (total and per peer
 //! address), the handshake, header-read and idle timeouts and the bounded head buffers of the
-//! sidecar's client port, one implementation. Only HTTP/1.1 is offered (ALPN `http/1.1`):
-//! hyper's HTTP/2 server has no header-read or idle timeout, and one multiplexed connection
-//! would carry many requests (and bodies) past a per-connection cap. The API server never
-//! calls webhooks over HTTP/2 (kubernetes/kubernetes#82090) and sidecars negotiate HTTP/1.1;
-//! controller-runtime and cert-manager turn HTTP/2 off on their webhooks for the same reasons.
+//! sidecar's client port, one implementation. ALPN follows the port's [`ServerLimits::http2`]:
+//! a port that serves HTTP/2 (the operator's, so a sidecar's acknowledgements ride its stream's
+//! connection) offers `h2` before `http/1.1`, with every stream admitted against the port's caps
+//! as a connection would be and the HTTP/2 deadlines of [`super::http`]; any other port (the
+//! webhook's) offers `http/1.1` only. The API server never calls webhooks over HTTP/2
+//! (kubernetes/kubernetes#82090); controller-runtime and cert-manager turn HTTP/2 off on their
+//! webhooks too.
 //!
 //! # Certificate rotation
 //! cert-manager and the kubelet rotate a mounted Secret by swapping a symlink, which kills
@@ -160,9 +162,9 @@ impl ReloadingCertificate {
         loaded.key.clone()
     }
 
-    /// A rustls server configuration that presents this certificate and offers HTTP/1.1 only
-    /// (see the module documentation).
-    pub fn server_config(self: Arc<Self>) -> rustls::ServerConfig {
+    /// A rustls server configuration that presents this certificate and offers HTTP/1.1, and
+    /// HTTP/2 first when `http2` (see the module documentation).
+    pub fn server_config(self: Arc<Self>, http2: bool) -> rustls::ServerConfig {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         // The provider's defaults support the safe protocol versions; this cannot fail for
         // the built-in provider.
@@ -175,8 +177,17 @@ impl ReloadingCertificate {
         let mut config = builder
             .with_no_client_auth()
             .with_cert_resolver(self as Arc<dyn ResolvesServerCert>);
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn(http2);
         config
+    }
+}
+
+/// The protocols a port offers in ALPN, most preferred first.
+fn alpn(http2: bool) -> Vec<Vec<u8>> {
+    if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
     }
 }
 
@@ -198,7 +209,8 @@ pub async fn serve_tls(
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(certificate.server_config()));
+    let http2 = limits.http2.is_some();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(certificate.server_config(http2)));
     super::http::serve_tls(listener, router, limits, metrics, shutdown, acceptor).await
 }
 

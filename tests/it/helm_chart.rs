@@ -197,7 +197,8 @@ fn every_example_custom_resource_validates_against_its_crd_schema() {
 async fn handshake(dir: &Path, name: &str) -> Result<(), String> {
     let certificate = ReloadingCertificate::load(&dir.join("tls.crt"), &dir.join("tls.key"))
         .map_err(|e| format!("the server does not load the pair: {e}"))?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(Arc::new(certificate).server_config()));
+    let acceptor =
+        tokio_rustls::TlsAcceptor::from(Arc::new(Arc::new(certificate).server_config(false)));
     let client = client_config(&[dir.join("ca.crt")]).map_err(|e| e.to_string())?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);

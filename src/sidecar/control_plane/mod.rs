@@ -78,13 +78,7 @@ impl ControlPlaneSource {
         registry: Arc<KeyRegistry>,
         metrics: ControlPlaneMetrics,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("lifeguard-sidecar/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_keepalive(Duration::from_secs(30))
-            .build()?;
+        let http = http_client(tls)?;
         Ok(Self {
             config,
             http,
@@ -92,6 +86,19 @@ impl ControlPlaneSource {
             metrics,
         })
     }
+}
+
+/// The client of the control plane: its stream and its acknowledgements share it, so where the
+/// operator offers HTTP/2 (ALPN `h2`, which `tls` offers first) an acknowledgement rides the
+/// stream's connection ([`stream::post_ack`]).
+fn http_client(tls: rustls::ClientConfig) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .user_agent(concat!("lifeguard-sidecar/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_backend_preconfigured(tls)
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_keepalive(Duration::from_secs(30))
+        .build()
 }
 
 #[async_trait]

@@ -143,13 +143,16 @@ impl Stream {
     }
 }
 
-/// Posts `ack` with `token` as the bearer, on a connection of its own (`Connection: close`).
+/// Posts `ack` with `token` as the bearer.
 ///
 /// Only the operator replica holding this pod's stream accepts the acknowledgement (409
-/// `no_stream` elsewhere). The chart's Service keeps a pod on one replica (`sessionAffinity:
-/// ClientIP`); where a balancer does not, a kept-alive connection to another replica would
-/// carry every retry to the same refusal, while a fresh connection per attempt is balanced
-/// again. Acknowledgements are one per snapshot, so the extra handshakes are few.
+/// `no_stream` elsewhere). Over HTTP/2 (an operator that offers `h2` in ALPN) the request rides
+/// the stream's own connection, which reaches that replica by construction and costs no
+/// handshake; `Connection: close` is dropped there, as HTTP/2 has no such header. Over
+/// HTTP/1.1 the stream's connection is busy, so the acknowledgement takes a connection of its
+/// own and closes it: a kept-alive connection to another replica would carry every retry to the
+/// same refusal where a balancer does not keep a pod on one replica (the chart's Service does,
+/// `sessionAffinity: ClientIP`), while a fresh connection per attempt is balanced again.
 pub async fn post_ack(
     http: &reqwest::Client,
     url: Url,
@@ -309,5 +312,105 @@ mod tests {
             requests.iter().all(|r| r.contains("\r\nconnection: close")),
             "{requests:?}"
         );
+    }
+    /// Against a port that serves HTTP/2 (the operator's, over the same serving code), the
+    /// sidecar's client negotiates it, and an acknowledgement rides the open stream's
+    /// connection: while it is answered, the server has one connection open, not two.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_http2_an_ack_rides_the_open_streams_connection() {
+        use std::sync::Arc;
+
+        use axum::body::Body;
+        use axum::routing::{get, post};
+        use bytes::Bytes;
+        use futures_util::StreamExt as _;
+
+        use crate::runtime::http::{ConnectionMetrics, Http2Limits, ServerLimits};
+        use crate::runtime::tls::ReloadingCertificate;
+
+        let dir = tempfile::tempdir().unwrap();
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let certificate = Arc::new(ReloadingCertificate::load(&cert, &key).unwrap());
+
+        let metrics = ConnectionMetrics::default();
+        let open = metrics.open.clone();
+        let router = axum::Router::new()
+            .route(
+                STREAM_PATH,
+                get(|| async {
+                    let first = futures_util::stream::once(async {
+                        Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{}\n"))
+                    });
+                    Body::from_stream(first.chain(futures_util::stream::pending()))
+                }),
+            )
+            .route(
+                ACK_PATH,
+                post(move || {
+                    let open = open.get();
+                    async move {
+                        if open == 1 {
+                            (StatusCode::NO_CONTENT, String::new())
+                        } else {
+                            (StatusCode::CONFLICT, format!("{open} connections open"))
+                        }
+                    }
+                }),
+            );
+        let limits = ServerLimits {
+            http2: Some(Http2Limits {
+                max_concurrent_streams: 4,
+                ..Http2Limits::default()
+            }),
+            ..ServerLimits::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(crate::runtime::tls::serve_tls(
+            listener,
+            router,
+            certificate,
+            limits,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+
+        let tls = crate::runtime::tls_client::client_config(std::slice::from_ref(&cert)).unwrap();
+        let http = super::super::http_client(tls).unwrap();
+        let base = Url::parse(&format!("https://localhost:{port}/")).unwrap();
+        let mut stream = Stream::open(&http, stream_url(&base, "ns", "pod"), "token")
+            .await
+            .unwrap();
+        assert_eq!(stream.version(), http::Version::HTTP_2);
+        let _first = stream
+            .response
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the first line");
+        assert_eq!(metrics.open.get(), 1);
+        let ack = Ack {
+            session: "s".into(),
+            version: 1,
+            policy_hash: None,
+            revocations: Vec::new(),
+        };
+        for _ in 0..3 {
+            post_ack(&http, ack_url(&base), "token", &ack)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            metrics.open.get(),
+            1,
+            "the acknowledgements opened no connection"
+        );
+        drop(stream);
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
     }
 }
