@@ -91,6 +91,11 @@ impl ControlPlaneSource {
 /// The client of the control plane: its stream and its acknowledgements share it, so where the
 /// operator offers HTTP/2 (ALPN `h2`, which `tls` offers first) an acknowledgement rides the
 /// stream's connection ([`stream::post_ack`]).
+///
+/// An HTTP/2 connection outlives the stream on it (a stream dropped after
+/// [`crate::distribution::SILENCE_TIMEOUT`] is only reset), so PINGs check it: one unanswered
+/// for [`H2_PING_TIMEOUT`] closes it, and the next stream dials afresh instead of waiting on a
+/// connection a partition or a vanished replica left dead.
 fn http_client(tls: rustls::ClientConfig) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .user_agent(concat!("lifeguard-sidecar/", env!("CARGO_PKG_VERSION")))
@@ -98,8 +103,22 @@ fn http_client(tls: rustls::ClientConfig) -> reqwest::Result<reqwest::Client> {
         .tls_backend_preconfigured(tls)
         .connect_timeout(Duration::from_secs(5))
         .tcp_keepalive(Duration::from_secs(30))
+        .http2_keep_alive_interval(H2_PING_INTERVAL)
+        .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
         .build()
 }
+
+/// How often an HTTP/2 connection to the control plane is PINGed.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a PING's answer may take; interval and timeout together stay under the silence
+/// timeout, so a dead connection is gone before the stream on it is given up.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+const _: () = assert!(
+    H2_PING_INTERVAL.as_secs() + H2_PING_TIMEOUT.as_secs()
+        < crate::distribution::SILENCE_TIMEOUT.as_secs()
+);
 
 #[async_trait]
 impl PolicySource for ControlPlaneSource {
