@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{
     FutureExt as _, Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt,
     Tracer as _,
@@ -33,14 +33,15 @@ use opentelemetry_http::HeaderExtractor;
 use super::otel::tracer;
 use super::trace_context;
 
-const MCP_METHOD: &str = "mcp-method";
-const MCP_NAME: &str = "mcp-name";
+const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 /// The one method whose `Mcp-Name` (the tool) may name a span. Telemetry sits below the
 /// `mcp` wire module (it imports nothing of the crate), so the MCP method names it needs are
 /// spelled here, as the MCP semantic conventions list them.
 const TOOLS_CALL: &str = "tools/call";
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn header(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -91,8 +92,12 @@ fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<
     (name, method, tool)
 }
 
-/// The caller's context named by `traceparent`/`tracestate` in `headers` (empty without one).
+/// The caller's context named by `traceparent`/`tracestate` in `headers` (empty without one:
+/// most requests, which then skip the propagator and its lock).
 fn header_context(headers: &HeaderMap) -> Context {
+    if !headers.contains_key(trace_context::TRACEPARENT_HEADER) {
+        return Context::new();
+    }
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     })
@@ -101,17 +106,20 @@ fn header_context(headers: &HeaderMap) -> Context {
 /// Writes `traceparent`/`tracestate` naming `span` into `headers`, replacing any there (what
 /// the W3C propagator writes, without a detour through the global propagator and formatting).
 fn inject(span: &SpanContext, headers: &mut HeaderMap) {
-    headers.remove(trace_context::TRACESTATE);
+    headers.remove(trace_context::TRACESTATE_HEADER);
     let Some(traceparent) = trace_context::TraceParent::of(span) else {
-        headers.remove(trace_context::TRACEPARENT);
+        headers.remove(trace_context::TRACEPARENT_HEADER);
         return;
     };
-    headers.insert(trace_context::TRACEPARENT, traceparent.header_value());
+    headers.insert(
+        trace_context::TRACEPARENT_HEADER,
+        traceparent.header_value(),
+    );
     let state = span.trace_state().header();
     if !state.is_empty()
         && let Ok(value) = HeaderValue::from_str(&state)
     {
-        headers.insert(trace_context::TRACESTATE, value);
+        headers.insert(trace_context::TRACESTATE_HEADER, value);
     }
 }
 
@@ -292,7 +300,7 @@ pub fn server(headers: &HeaderMap) -> ServerSpan {
         attributes.push(KeyValue::new("gen_ai.tool.name", tool));
         attributes.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
     }
-    if let Some(version) = header(headers, "mcp-protocol-version") {
+    if let Some(version) = header(headers, MCP_PROTOCOL_VERSION) {
         attributes.push(KeyValue::new("mcp.protocol.version", version.to_owned()));
     }
     attributes.push(KeyValue::new("network.transport", "tcp"));

@@ -6,13 +6,16 @@
 //! (which would skip the hop).
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use serde_json::{Map, Value};
 
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
+/// The headers by name, for the request path (a `&str` name is parsed at every lookup).
+pub const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static(TRACEPARENT);
+pub const TRACESTATE_HEADER: HeaderName = HeaderName::from_static(TRACESTATE);
 
 /// A W3C Trace Context `traceparent` of version `00`: `00-<trace id>-<span id>-<flags>` in
 /// lowercase hex, neither ID all zeros. Nothing else parses (no other version, no upper case,
@@ -147,7 +150,7 @@ pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
     if !contains(body, b"\"traceparent\"") {
         return None;
     }
-    let traceparent = headers.get(TRACEPARENT)?.to_str().ok()?;
+    let traceparent = headers.get(TRACEPARENT_HEADER)?.to_str().ok()?;
     let mut message: Value = serde_json::from_slice(body).ok()?;
     if !carries_traceparent(&message) {
         return None;
@@ -157,7 +160,7 @@ pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
         .and_then(|p| p.get_mut("_meta"))
         .and_then(Value::as_object_mut)?;
     meta.insert(TRACEPARENT.into(), Value::String(traceparent.to_owned()));
-    match headers.get(TRACESTATE).and_then(|v| v.to_str().ok()) {
+    match headers.get(TRACESTATE_HEADER).and_then(|v| v.to_str().ok()) {
         Some(state) => {
             meta.insert(TRACESTATE.into(), Value::String(state.to_owned()));
         }
@@ -169,7 +172,7 @@ pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 #[cfg(test)]
