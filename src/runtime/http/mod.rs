@@ -316,17 +316,38 @@ async fn serve_connection(stream: TcpStream, mut context: ConnectionContext) {
     let Some(acceptor) = context.tls.take() else {
         return serve_http(stream, context).await;
     };
-    let handshake = tokio::time::timeout(context.limits.handshake_timeout, acceptor.accept(stream));
+    if let Some(tls) = handshake(stream, acceptor, &context).await {
+        serve_http(tls, context).await;
+    }
+}
+
+/// The TLS session of `stream`, once its handshake completed within the handshake timeout.
+/// Boxed, as the protocol paths are ([`serve_http`]): the connection's task holds a pointer,
+/// not rustls' connection state, for as long as the connection lives.
+async fn handshake(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    context: &ConnectionContext,
+) -> Option<Box<tokio_rustls::server::TlsStream<TcpStream>>> {
+    let peer = context.peer;
+    let handshake = Box::pin(tokio::time::timeout(
+        context.limits.handshake_timeout,
+        acceptor.accept(stream),
+    ));
     let tls = tokio::select! {
         done = handshake => done,
-        _ = context.shutdown.cancelled() => return,
+        _ = context.shutdown.cancelled() => return None,
     };
     match tls {
-        Ok(Ok(tls)) => serve_http(tls, context).await,
-        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+        Ok(Ok(tls)) => Some(Box::new(tls)),
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "TLS handshake failed");
+            None
+        }
         Err(_) => {
             context.metrics.time_out("handshake");
             tracing::debug!(%peer, reason = "handshake", "connection timed out");
+            None
         }
     }
 }
@@ -338,13 +359,16 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let clock = ConnClock::new();
+    // Both paths boxed: the task spawned at accept is sized for the largest state its future
+    // can be in, for as long as the connection lives. Inline, the HTTP/1.1 path would size
+    // every task (an HTTP/2 connection's too, which holds its own state besides), and the
+    // HTTP/2 path every task of a port that does not even serve it. Boxed, a connection holds
+    // the task (the TLS handshake's state, then a pointer) and the one path it takes.
     match (context.limits.http2.clone(), context.streams.clone()) {
         (Some(http2), Some(streams)) => {
-            // Boxed: the HTTP/2 connection's state would otherwise make every connection's
-            // task as large as the largest protocol's, HTTP/2 on or not.
             Box::pin(serve_sniffed(stream, clock, context, http2, streams)).await;
         }
-        _ => serve_http1(stream, clock, context).await,
+        _ => Box::pin(serve_http1(stream, clock, context)).await,
     }
 }
 
