@@ -24,10 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{CapabilityException, McpServerPolicy, PrincipalRevocation};
 use crate::distribution::{ACK_PATH, STREAM_PATH};
+use crate::runtime::http::Http2Limits;
 use crate::runtime::readiness::{ReadinessTexts, SyncedAndServing};
 use crate::runtime::shell::{Shell, ShellConfig};
-
-use crate::runtime::http::Http2Limits;
 
 use super::auth::SidecarAuthenticator;
 use super::ca_distribution::CaDistributor;

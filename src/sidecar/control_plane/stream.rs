@@ -313,6 +313,7 @@ mod tests {
             "{requests:?}"
         );
     }
+
     /// Against a port that serves HTTP/2 (the operator's, over the same serving code), the
     /// sidecar's client negotiates it, and an acknowledgement rides the open stream's
     /// connection: while it is answered, the server has one connection open, not two.
