@@ -132,6 +132,10 @@ struct Args {
     /// Seconds measured per sidecar and method of --tracing.
     #[arg(long, requires = "tracing")]
     tracing_secs: Option<f64>,
+    /// How --tracing's exporting sidecar sends its spans to the bench's receiver: grpc or
+    /// http/protobuf (the protocol's default).
+    #[arg(long, requires = "tracing", default_value = "grpc", value_parser = bench_support::otlp::OtlpProtocol::parse)]
+    tracing_protocol: bench_support::otlp::OtlpProtocol,
     /// Calls per second of --tracing's paced load (8 connections).
     #[arg(long, requires = "tracing")]
     tracing_rate: Option<f64>,

@@ -2,9 +2,9 @@
 //!
 //! The example server and, in front of it, two sidecars of the same binary that differ only in
 //! their environment: *export off* (no `OTEL_*` variable: the request path only asks whether
-//! spans are exported) and *export on* (`OTEL_EXPORTER_OTLP_ENDPOINT` naming an OTLP gRPC
-//! receiver this benchmark runs in its own process, `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`,
-//! `OTEL_TRACES_SAMPLER=always_on`: every request is a sampled trace, the most export can
+//! spans are exported) and *export on* (`OTEL_EXPORTER_OTLP_ENDPOINT` naming an OTLP
+//! receiver this benchmark runs in its own process, `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`, or
+//! `http/protobuf` with `--tracing-protocol`, `OTEL_TRACES_SAMPLER=always_on`: every request is a sampled trace, the most export can
 //! cost). With `--tracing-before FILE`, a third sidecar runs a build from before tracing
 //! existed, with export off: the comparison that shows whether export off costs anything.
 //!
@@ -36,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};
 
-use crate::bench_support::otlp::{OtlpReceiver, SPAN_KIND_SERVER};
+use crate::bench_support::otlp::{OtlpProtocol, OtlpReceiver, SPAN_KIND_SERVER};
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, cpu_ticks, preflight_noise};
 use crate::client::Template;
 use crate::phases::{Accept, Load, closed_loop, paced};
@@ -72,6 +72,8 @@ pub struct TracePlan {
     pub rate: f64,
     /// A `lifeguard` binary from before tracing, measured as a third sidecar with export off.
     pub before: Option<PathBuf>,
+    /// How the exporting sidecar sends its spans (`--tracing-protocol`).
+    pub protocol: OtlpProtocol,
     pub smoke: bool,
 }
 
@@ -88,6 +90,7 @@ impl TracePlan {
                 .tracing_rate
                 .unwrap_or(if smoke { 200.0 } else { 2_000.0 }),
             before: args.tracing_before.clone(),
+            protocol: args.tracing_protocol,
             smoke,
         }
     }
@@ -99,6 +102,7 @@ impl TracePlan {
             "rounds": self.rounds, "closed_loop_connections": self.connections,
             "paced_rate_per_second": self.rate, "paced_connections": PACED_CONNECTIONS,
             "before": self.before.as_ref().map(|p| p.display().to_string()),
+            "protocol": self.protocol.name(),
         })
     }
 }
@@ -421,7 +425,7 @@ pub async fn run(
     let server = Server::start(&bins.example, work)?;
     let off_env = without_otel(&bins.sidecar_env);
     let mut on_env = off_env.clone();
-    on_env.extend(receiver.env());
+    on_env.extend(receiver.env(plan.protocol));
     on_env.push(("OTEL_TRACES_SAMPLER".into(), "always_on".into()));
     let mut wanted = Vec::new();
     if let Some(before) = &plan.before {

@@ -96,7 +96,8 @@ impl TraceResult {
                     .is_some_and(|s| s.server_spans >= s.calls);
                 targets.push(Target {
                     name: format!(
-                        "tracing export (grpc, always_on): sidecar CPU per {} added over export off, {shape}",
+                        "tracing export ({}, always_on): sidecar CPU per {} added over export off, {shape}",
+                        self.plan.protocol.name(),
                         m.name
                     ),
                     measured: added.percent,

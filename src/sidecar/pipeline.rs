@@ -316,7 +316,8 @@ async fn serve_in_span(
     };
     // In flight until answered: only its caller may cancel it at the server.
     let in_flight = app.in_flight.enter(&ctx.identity.owner, &ctx.id());
-    let response = span.run(dispatch(&app, ctx)).await;
+    let dispatched = std::pin::pin!(dispatch(&app, ctx));
+    let response = span.run(dispatched).await;
     let decision = if response.status().is_success() || response.status() == StatusCode::ACCEPTED {
         "allow"
     } else {

@@ -19,13 +19,15 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context as TaskContext, Poll};
 use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{
     FutureExt as _, Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt,
-    Tracer as _,
+    TraceState, Tracer as _,
 };
 use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_http::HeaderExtractor;
@@ -85,8 +87,15 @@ fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<
     let tool = (method == TOOLS_CALL)
         .then(|| header(headers, MCP_NAME).map(str::to_owned))
         .flatten();
+    // Joined by hand: `format!` goes through the formatting machinery for two strings.
     let name = match &tool {
-        Some(tool) => Cow::Owned(format!("{method} {tool}")),
+        Some(tool) => {
+            let mut name = String::with_capacity(method.len() + 1 + tool.len());
+            name.push_str(&method);
+            name.push(' ');
+            name.push_str(tool);
+            Cow::Owned(name)
+        }
         None => method.clone(),
     };
     (name, method, tool)
@@ -115,6 +124,10 @@ fn inject(span: &SpanContext, headers: &mut HeaderMap) {
         trace_context::TRACEPARENT_HEADER,
         traceparent.header_value(),
     );
+    // Most traces carry no state: compared first, so no empty header text is built.
+    if *span.trace_state() == TraceState::NONE {
+        return;
+    }
     let state = span.trace_state().header();
     if !state.is_empty()
         && let Ok(value) = HeaderValue::from_str(&state)
@@ -123,16 +136,25 @@ fn inject(span: &SpanContext, headers: &mut HeaderMap) {
     }
 }
 
-/// Polls `future` with `context` current (as it is without one when traces are not exported).
+/// Polls a future the caller has pinned where it lives, with `context` current while it is
+/// polled (nothing is attached when traces are not exported).
 ///
-/// A plain function returning the future itself (wrapped or not), not an `async fn`: an async
-/// wrapper keeps its argument future in its own state and copies it there, and the request's
-/// future is several KiB — each async layer around it was another copy per request and made
-/// every future above it that much larger.
-fn run_in<F: Future>(context: Option<Context>, future: F) -> impl Future<Output = F::Output> {
-    match context {
-        Some(context) => futures_util::future::Either::Left(future.with_context(context)),
-        None => futures_util::future::Either::Right(future),
+/// It borrows the future rather than owning it: the request's future is several KiB, and a
+/// wrapper owning it (`FutureExt::with_context`) is one more copy of it per request, and makes
+/// every future around it that much larger. The caller pins the future in its own state
+/// (`std::pin::pin!`), where it is built.
+pub struct InContext<'a, F> {
+    future: Pin<&'a mut F>,
+    context: Option<Context>,
+}
+
+impl<F: Future> Future for InContext<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let _current = this.context.clone().map(Context::attach);
+        this.future.as_mut().poll(cx)
     }
 }
 
@@ -212,9 +234,13 @@ impl ServerSpan {
         f()
     }
 
-    /// Polls `future` with the span current, so the spans it makes are the request's children.
-    pub fn run<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
-        run_in(self.context(), future)
+    /// Polls `future` (pinned by the caller) with the span current, so the spans it makes are
+    /// the request's children.
+    pub fn run<'a, F: Future>(&self, future: Pin<&'a mut F>) -> InContext<'a, F> {
+        InContext {
+            future,
+            context: self.context(),
+        }
     }
 
     /// Continues the caller's trace from the request's `params._meta` (`traceparent`,
@@ -485,10 +511,13 @@ pub fn authorizer(action: &str) -> Authorizing {
 }
 
 impl Authorizing {
-    /// Polls `future` (the question over HTTP) with this span current, so the request it sends
-    /// names this span as its parent ([`current_context_headers`]).
-    pub fn run<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
-        run_in(self.0.clone(), future)
+    /// Polls `future` (the question over HTTP, pinned by the caller) with this span current,
+    /// so the request it sends names this span as its parent ([`current_context_headers`]).
+    pub fn run<'a, F: Future>(&self, future: Pin<&'a mut F>) -> InContext<'a, F> {
+        InContext {
+            future,
+            context: self.0.clone(),
+        }
     }
 
     /// Records where the decision came from (`cache` or `authorizer`) and what it was (`allow`,

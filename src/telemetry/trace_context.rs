@@ -147,7 +147,7 @@ fn carries_traceparent(message: &Value) -> bool {
 /// it is) when the body names no `traceparent`, is not a JSON object, or `headers` carry none.
 pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
     // Most bodies never mention it: one scan instead of a parse.
-    if !contains(body, b"\"traceparent\"") {
+    if !mentions_traceparent(body) {
         return None;
     }
     let traceparent = headers.get(TRACEPARENT_HEADER)?.to_str().ok()?;
@@ -171,8 +171,13 @@ pub fn with_hop_context(body: &[u8], headers: &HeaderMap) -> Option<Bytes> {
     serde_json::to_vec(&message).ok().map(Bytes::from)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
+/// Whether `body` holds the JSON key `"traceparent"` anywhere (a cheap first look: the parse
+/// decides). The searcher is built once: building it is most of the cost of a short body's
+/// search.
+fn mentions_traceparent(body: &[u8]) -> bool {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"traceparent\""));
+    FINDER.find(body).is_some()
 }
 
 #[cfg(test)]

@@ -198,7 +198,10 @@ impl ObjectGate {
             return verdict(allowed);
         }
         let started = Instant::now();
-        let answer = span.run(ask(&authorizer, server, &question)).await;
+        let answer = {
+            let asked = std::pin::pin!(ask(&authorizer, server, &question));
+            span.run(asked).await
+        };
         metrics
             .authorizer_seconds
             .observe(started.elapsed().as_secs_f64());
