@@ -18,9 +18,10 @@
 //! name. `Mcp-Name` of a task request is a task ID, which never goes into a span.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 use std::time::SystemTime;
 
@@ -29,7 +30,7 @@ use opentelemetry::trace::{
     FutureExt as _, Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt,
     TraceState, Tracer as _,
 };
-use opentelemetry::{Context, ContextGuard, KeyValue};
+use opentelemetry::{Context, ContextGuard, KeyValue, Value};
 use opentelemetry_http::HeaderExtractor;
 
 use super::otel::tracer;
@@ -82,13 +83,13 @@ fn method_name(method: &str) -> Cow<'static, str> {
 }
 
 /// `(span name, method, tool)` from the MCP routing headers.
-fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<String>) {
+fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<&str>) {
     let method = method_name(header(headers, MCP_METHOD).unwrap_or("mcp"));
     let tool = (method == TOOLS_CALL)
-        .then(|| header(headers, MCP_NAME).map(str::to_owned))
+        .then(|| header(headers, MCP_NAME))
         .flatten();
     // Joined by hand: `format!` goes through the formatting machinery for two strings.
-    let name = match &tool {
+    let name = match tool {
         Some(tool) => {
             let mut name = String::with_capacity(method.len() + 1 + tool.len());
             name.push_str(&method);
@@ -99,6 +100,39 @@ fn naming(headers: &HeaderMap) -> (Cow<'static, str>, Cow<'static, str>, Option<
         None => method.clone(),
     };
     (name, method, tool)
+}
+
+/// Attribute values that repeat from request to request on a thread: the tool, the protocol
+/// version, the policy's hash.
+#[derive(Clone, Copy)]
+enum Repeating {
+    Tool = 0,
+    ProtocolVersion = 1,
+    PolicyHash = 2,
+}
+
+thread_local! {
+    /// The last value of each [`Repeating`] attribute on this thread.
+    static LAST_VALUES: RefCell<[Option<Arc<str>>; 3]> = const { RefCell::new([None, None, None]) };
+}
+
+/// `text` as an attribute value shared with the spans before it while it stays the same (the
+/// same tool called again, the same policy): a reference count instead of a copy made here,
+/// another made by the exporter's copy of the batch, and a free on the exporter's thread.
+fn repeating(attribute: Repeating, text: &str) -> Value {
+    let shared = LAST_VALUES.with(|last| {
+        let mut last = last.borrow_mut();
+        let slot = &mut last[attribute as usize];
+        match slot {
+            Some(shared) if **shared == *text => shared.clone(),
+            _ => {
+                let shared: Arc<str> = Arc::from(text);
+                *slot = Some(shared.clone());
+                shared
+            }
+        }
+    });
+    Value::String(shared.into())
 }
 
 /// The caller's context named by `traceparent`/`tracestate` in `headers` (empty without one:
@@ -323,11 +357,17 @@ pub fn server(headers: &HeaderMap) -> ServerSpan {
     let mut attributes = Vec::with_capacity(12);
     attributes.push(KeyValue::new("mcp.method.name", method));
     if let Some(tool) = tool {
-        attributes.push(KeyValue::new("gen_ai.tool.name", tool));
+        attributes.push(KeyValue::new(
+            "gen_ai.tool.name",
+            repeating(Repeating::Tool, tool),
+        ));
         attributes.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
     }
     if let Some(version) = header(headers, MCP_PROTOCOL_VERSION) {
-        attributes.push(KeyValue::new("mcp.protocol.version", version.to_owned()));
+        attributes.push(KeyValue::new(
+            "mcp.protocol.version",
+            repeating(Repeating::ProtocolVersion, version),
+        ));
     }
     attributes.push(KeyValue::new("network.transport", "tcp"));
     attributes.push(KeyValue::new("network.protocol.name", "http"));
@@ -420,6 +460,8 @@ fn request_id_text(id: &serde_json::Value) -> String {
     let mut text = match id {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
+        // A number's own formatting, not a serializer writing one value.
+        serde_json::Value::Number(n) => n.to_string(),
         other => other.to_string(),
     };
     if let Some((at, _)) = text.char_indices().nth(MAX_REQUEST_ID) {
@@ -450,7 +492,10 @@ pub fn client(headers: &mut HeaderMap) -> ChildSpan {
     let mut attributes = Vec::with_capacity(2);
     attributes.push(KeyValue::new("mcp.method.name", method));
     if let Some(tool) = tool {
-        attributes.push(KeyValue::new("gen_ai.tool.name", tool));
+        attributes.push(KeyValue::new(
+            "gen_ai.tool.name",
+            repeating(Repeating::Tool, tool),
+        ));
     }
     let span = Context::map_current(|parent| {
         tracer
@@ -480,7 +525,7 @@ pub fn audit(decision: &'static str, reason: &'static str, policy_hash: &str, ta
         if !policy_hash.is_empty() {
             span.set_attribute(KeyValue::new(
                 "lifeguard.policy.hash",
-                policy_hash.to_owned(),
+                repeating(Repeating::PolicyHash, policy_hash),
             ));
         }
         if let Some(task) = task {
@@ -571,4 +616,121 @@ pub fn ledger(name: &'static str, system: &'static str, remote: bool) -> ChildSp
                 .start_with_context(tracer, parent)
         })
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(value: &Value) -> &str {
+        match value {
+            Value::String(text) => text.as_str(),
+            other => panic!("not a string: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_repeating_value_is_shared_while_it_stays_the_same_and_replaced_when_it_changes() {
+        let first = repeating(Repeating::Tool, "greet");
+        let again = repeating(Repeating::Tool, "greet");
+        assert_eq!(shared(&first), "greet");
+        // The same allocation: the second value is the first one's reference count.
+        assert!(std::ptr::eq(shared(&first), shared(&again)));
+        let other = repeating(Repeating::Tool, "search");
+        assert_eq!(shared(&other), "search");
+        assert!(!std::ptr::eq(shared(&first), shared(&other)));
+        // Each attribute keeps its own: a policy hash equal to the tool's text is its own value.
+        let hash = repeating(Repeating::PolicyHash, "search");
+        assert_eq!(shared(&hash), "search");
+        assert!(!std::ptr::eq(shared(&hash), shared(&other)));
+    }
+
+    #[test]
+    fn a_span_is_named_after_the_method_and_for_tools_call_the_tool() {
+        let mut headers = HeaderMap::new();
+        headers.insert(MCP_METHOD, HeaderValue::from_static("tools/call"));
+        headers.insert(MCP_NAME, HeaderValue::from_static("greet"));
+        let (name, method, tool) = naming(&headers);
+        assert_eq!(
+            (name.as_ref(), method.as_ref(), tool),
+            ("tools/call greet", "tools/call", Some("greet"))
+        );
+
+        // The name of anything but a tool call is the method alone: a task ID never names a span.
+        headers.insert(MCP_METHOD, HeaderValue::from_static("tasks/get"));
+        headers.insert(MCP_NAME, HeaderValue::from_static("task-7f3a"));
+        let (name, method, tool) = naming(&headers);
+        assert_eq!(
+            (name.as_ref(), method.as_ref(), tool),
+            ("tasks/get", "tasks/get", None)
+        );
+        assert!(
+            matches!(name, Cow::Borrowed(_)),
+            "a known method is named without a copy"
+        );
+
+        let none = HeaderMap::new();
+        let (name, _, tool) = naming(&none);
+        assert_eq!((name.as_ref(), tool), ("mcp", None));
+    }
+
+    #[test]
+    fn the_hops_context_replaces_the_callers_and_carries_a_trace_state_only_when_there_is_one() {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
+        let context = |state: TraceState| {
+            SpanContext::new(
+                TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+                TraceFlags::SAMPLED,
+                false,
+                state,
+            )
+        };
+        let callers = || {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                trace_context::TRACEPARENT_HEADER,
+                HeaderValue::from_static("00-11111111111111111111111111111111-2222222222222222-01"),
+            );
+            headers.insert(
+                trace_context::TRACESTATE_HEADER,
+                HeaderValue::from_static("caller=1"),
+            );
+            headers
+        };
+
+        let mut headers = callers();
+        inject(&context(TraceState::NONE), &mut headers);
+        assert_eq!(
+            headers[trace_context::TRACEPARENT_HEADER],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert!(
+            !headers.contains_key(trace_context::TRACESTATE_HEADER),
+            "{headers:?}"
+        );
+
+        let mut headers = callers();
+        let state = TraceState::from_key_value([("vendor", "7")]).unwrap();
+        inject(&context(state), &mut headers);
+        assert_eq!(headers[trace_context::TRACESTATE_HEADER], "vendor=7");
+
+        // No valid span: neither header is left for the server to trust.
+        let mut headers = callers();
+        inject(&SpanContext::empty_context(), &mut headers);
+        assert!(headers.is_empty(), "{headers:?}");
+    }
+
+    #[test]
+    fn a_request_id_is_recorded_as_text_cut_at_its_limit() {
+        assert_eq!(request_id_text(&serde_json::json!(7)), "7");
+        assert_eq!(request_id_text(&serde_json::json!(-12.5)), "-12.5");
+        assert_eq!(request_id_text(&serde_json::json!("abc")), "abc");
+        assert_eq!(request_id_text(&serde_json::Value::Null), "");
+        let long = "é".repeat(MAX_REQUEST_ID + 10);
+        assert_eq!(
+            request_id_text(&serde_json::json!(long)).chars().count(),
+            MAX_REQUEST_ID
+        );
+    }
 }
