@@ -1,12 +1,12 @@
 //! An OTLP trace receiver for the benchmarks: gRPC `TraceService/Export` and HTTP/protobuf
-//! (`POST /v1/traces`) on loopback, on a thread and runtime of its own (so its work competes neither with the benchmark's client
-//! runtime nor, being in the benchmark's process, with the CPU measured of the process under
-//! test). It decodes what the exporter sends with the protocol's own generated types
+//! (`POST /v1/traces`) on loopback, on a thread and runtime of its own (so its work competes
+//! neither with the benchmark's client runtime nor, being in the benchmark's process, with the
+//! CPU measured of the process under test). It decodes what the exporter sends with the protocol's own generated types
 //! (`opentelemetry-proto`) and keeps only counts: spans by name and kind, and export requests.
 //!
 //! The test suite's receiver (`tests/it/support/otlp.rs`) keeps every span with its attributes
-//! and also speaks HTTP/JSON; a benchmark needs proof that spans arrived and how many, at a rate of
-//! tens of thousands per second.
+//! and also speaks HTTP/JSON; a benchmark needs proof that spans arrived and how many, at a
+//! rate of tens of thousands per second.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use lifeguard::telemetry::otel_config::OtlpProtocol;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -97,27 +98,12 @@ async fn http_export(
     }
 }
 
-/// How the exporter reaches the receiver (`OTEL_EXPORTER_OTLP_PROTOCOL`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OtlpProtocol {
-    Grpc,
-    HttpProtobuf,
-}
-
-impl OtlpProtocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Grpc => "grpc",
-            Self::HttpProtobuf => "http/protobuf",
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "grpc" => Ok(Self::Grpc),
-            "http/protobuf" => Ok(Self::HttpProtobuf),
-            other => Err(format!("{other}: expected grpc or http/protobuf")),
-        }
+/// The protocols this receiver speaks, as `--tracing-protocol` names them (the exporter's own
+/// spelling, `OTEL_EXPORTER_OTLP_PROTOCOL`): gRPC and HTTP/protobuf, not HTTP/JSON.
+pub fn parse_protocol(text: &str) -> Result<OtlpProtocol, String> {
+    match OtlpProtocol::parse(text) {
+        Some(protocol @ (OtlpProtocol::Grpc | OtlpProtocol::HttpProtobuf)) => Ok(protocol),
+        _ => Err(format!("{text}: expected grpc or http/protobuf")),
     }
 }
 
@@ -200,14 +186,14 @@ impl OtlpReceiver {
     pub fn env(&self, protocol: OtlpProtocol) -> Vec<(String, String)> {
         let addr = match protocol {
             OtlpProtocol::Grpc => self.addr,
-            OtlpProtocol::HttpProtobuf => self.http_addr,
+            OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => self.http_addr,
         };
         vec![
             (
                 "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
                 format!("http://{addr}"),
             ),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), protocol.name().into()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), protocol.to_string()),
         ]
     }
 

@@ -123,7 +123,8 @@ struct Args {
     #[arg(long, default_value_t = 0.8)]
     soak_fraction: f64,
     /// Instead of the run: what exporting traces costs (issue 32). Sidecars with export off
-    /// and with export on (OTLP gRPC to a receiver in this process, every trace sampled) take
+    /// and with export on (OTLP, gRPC or --tracing-protocol, to a receiver in this process, every
+    /// trace sampled) take
     /// `greet` and `tasks/get`, paced (--tracing-rate) and in a closed loop (--connections),
     /// in interleaved rounds; reports each one's CPU per call and the spans received (results:
     /// target/bench/tracing.json, tracing-smoke.json with --smoke, or --out).
@@ -134,8 +135,8 @@ struct Args {
     tracing_secs: Option<f64>,
     /// How --tracing's exporting sidecar sends its spans to the bench's receiver: grpc or
     /// http/protobuf (the protocol's default).
-    #[arg(long, requires = "tracing", default_value = "grpc", value_parser = bench_support::otlp::OtlpProtocol::parse)]
-    tracing_protocol: bench_support::otlp::OtlpProtocol,
+    #[arg(long, requires = "tracing", default_value = "grpc", value_parser = bench_support::otlp::parse_protocol)]
+    tracing_protocol: lifeguard::telemetry::otel_config::OtlpProtocol,
     /// Calls per second of --tracing's paced load (8 connections).
     #[arg(long, requires = "tracing")]
     tracing_rate: Option<f64>,

@@ -3,9 +3,9 @@
 //! The example server and, in front of it, two sidecars of the same binary that differ only in
 //! their environment: *export off* (no `OTEL_*` variable: the request path only asks whether
 //! spans are exported) and *export on* (`OTEL_EXPORTER_OTLP_ENDPOINT` naming an OTLP
-//! receiver this benchmark runs in its own process, `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`, or
-//! `http/protobuf` with `--tracing-protocol`, `OTEL_TRACES_SAMPLER=always_on`: every request is a sampled trace, the most export can
-//! cost). With `--tracing-before FILE`, a third sidecar runs a build from before tracing
+//! receiver this benchmark runs in its own process, `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` or, with
+//! `--tracing-protocol`, `http/protobuf`, and `OTEL_TRACES_SAMPLER=always_on`: every request is
+//! a sampled trace, the most export can cost). With `--tracing-before FILE`, a third sidecar runs a build from before tracing
 //! existed, with export off: the comparison that shows whether export off costs anything.
 //!
 //! For each method of the hot path (`tools/call` of `greet`, `tasks/get` of a running task)
@@ -36,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use jsonwebtoken::Algorithm;
 use serde_json::{Value, json};
 
-use crate::bench_support::otlp::{OtlpProtocol, OtlpReceiver, SPAN_KIND_SERVER};
+use crate::bench_support::otlp::{OtlpReceiver, SPAN_KIND_SERVER};
 use crate::bench_support::procs::{MachineTicks, clock_ticks_per_sec, cpu_ticks, preflight_noise};
 use crate::client::Template;
 use crate::phases::{Accept, Load, closed_loop, paced};
@@ -73,7 +73,7 @@ pub struct TracePlan {
     /// A `lifeguard` binary from before tracing, measured as a third sidecar with export off.
     pub before: Option<PathBuf>,
     /// How the exporting sidecar sends its spans (`--tracing-protocol`).
-    pub protocol: OtlpProtocol,
+    pub protocol: lifeguard::telemetry::otel_config::OtlpProtocol,
     pub smoke: bool,
 }
 
@@ -102,7 +102,7 @@ impl TracePlan {
             "rounds": self.rounds, "closed_loop_connections": self.connections,
             "paced_rate_per_second": self.rate, "paced_connections": PACED_CONNECTIONS,
             "before": self.before.as_ref().map(|p| p.display().to_string()),
-            "protocol": self.protocol.name(),
+            "protocol": self.protocol.to_string(),
         })
     }
 }

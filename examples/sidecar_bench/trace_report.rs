@@ -97,7 +97,7 @@ impl TraceResult {
                 targets.push(Target {
                     name: format!(
                         "tracing export ({}, always_on): sidecar CPU per {} added over export off, {shape}",
-                        self.plan.protocol.name(),
+                        self.plan.protocol,
                         m.name
                     ),
                     measured: added.percent,
@@ -144,7 +144,8 @@ impl TraceResult {
         );
         let _ = writeln!(
             o,
-            "  export on: OTLP gRPC to a receiver in the bench process, OTEL_TRACES_SAMPLER=always_on\n"
+            "  export on: OTLP {} to a receiver in the bench process, OTEL_TRACES_SAMPLER=always_on\n",
+            p.protocol
         );
         for shape in self.shapes() {
             let _ = writeln!(o, "{shape}");

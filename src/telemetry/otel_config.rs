@@ -14,7 +14,8 @@ pub enum OtlpProtocol {
 }
 
 impl OtlpProtocol {
-    fn parse(value: &str) -> Option<Self> {
+    /// The protocol a value of `OTEL_EXPORTER_OTLP_PROTOCOL` names, exactly as spelled there.
+    pub fn parse(value: &str) -> Option<Self> {
         match value {
             "grpc" => Some(Self::Grpc),
             "http/protobuf" => Some(Self::HttpProtobuf),
