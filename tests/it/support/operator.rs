@@ -92,10 +92,27 @@ impl TestCa {
     }
 }
 
-/// A free loopback port (so a restarted operator can listen where sidecars dial).
+/// A free loopback port (so a restarted operator can listen where sidecars dial), below the
+/// kernel's ephemeral range: a port bound with port 0 comes from that range, and while a test
+/// has the operator down, any outgoing connection of the suite could be given it, so the
+/// restart could not bind it again.
 pub fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    // The ports below Linux's default ephemeral range (32768–60999) and above the usual
+    // services', tried from a point that differs between test processes and calls.
+    const LOW: u16 = 20_000;
+    const HIGH: u16 = 32_767;
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let span = u32::from(HIGH - LOW) + 1;
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset =
+            (start + u32::from(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))) % span;
+        let port = LOW + offset as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().unwrap();
+        }
+    }
+    panic!("no free loopback port in {LOW}–{HIGH}");
 }
 
 /// A running operator, killed when dropped.
