@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 
 use super::Ctx;
@@ -309,8 +310,22 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection> {
     // Purged tasks must leave nothing behind (payloads can be sensitive): zero freed space.
     conn.pragma_update(None, "secure_delete", true)
         .ctx("set secure_delete")?;
+    stable_plans(&conn)?;
     migrate(&conn)?;
     Ok(conn)
+}
+
+/// Turns on SQLite's query planner stability guarantee: a statement's plan never depends on
+/// the values bound to it. Without it, a statement whose plan looked at a bound value (every
+/// `LIMIT ?n`) expires whenever its bindings are cleared or replaced, and the statement cache
+/// clears them each time it takes a statement back: the scans that run on a timer (deadlines,
+/// expiry, due cancellations, a replica's takeover) were parsed and planned again on every run.
+/// Their plans are the same either way (checked with `EXPLAIN QUERY PLAN`): every condition a
+/// partial index needs (`ended_at IS NULL`, `confirmed = 1`) is written in the SQL, never bound.
+fn stable_plans(conn: &Connection) -> Result<()> {
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .ctx("set the query planner stability guarantee")?;
+    Ok(())
 }
 
 /// Opens a connection for reads only. Opened read-write with `query_only` rather than with
@@ -321,6 +336,7 @@ pub(super) fn open_reader(path: &Path) -> Result<Connection> {
     conn.busy_timeout(BUSY_TIMEOUT).ctx("set busy_timeout")?;
     conn.pragma_update(None, "query_only", true)
         .ctx("set query_only")?;
+    stable_plans(&conn)?;
     Ok(conn)
 }
 

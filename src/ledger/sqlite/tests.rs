@@ -525,3 +525,42 @@ async fn permissive_files_are_tightened() {
         assert_eq!(ledger.reserve(r).await.unwrap(), ReserveOutcome::Reserved);
     }
 }
+
+/// A scan that binds the clock and a limit on every run (the sweeper's, the outbox's) is
+/// compiled once on the ledger's connections. Left to itself, SQLite plans with the value bound
+/// to `LIMIT ?n`, and clearing the bindings of such a statement (which the statement cache does
+/// each time it takes one back) expires it, so it was compiled again on every run; the same
+/// scan on a plain connection shows it.
+#[test]
+fn a_cached_scan_is_not_compiled_again_when_only_its_bound_values_change() {
+    use rusqlite::{StatementStatus, params};
+
+    const SCAN: &str = "SELECT id FROM tasks WHERE confirmed = 1 AND expires_at <= ?1 \
+                        ORDER BY expires_at LIMIT ?2";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let writer = super::schema::open_writer(&path).unwrap();
+    let reader = super::schema::open_reader(&path).unwrap();
+    let plain = raw(&path);
+    let recompiled = |conn: &Connection| {
+        for now in 1..=5_i64 {
+            let ids: Vec<String> = conn
+                .prepare_cached(SCAN)
+                .unwrap()
+                .query_map(params![now, 100], |row| row.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(ids.is_empty());
+        }
+        conn.prepare_cached(SCAN)
+            .unwrap()
+            .get_status(StatementStatus::RePrepare)
+    };
+    assert!(
+        recompiled(&plain) >= 4,
+        "a plain connection compiles the scan again on every run"
+    );
+    assert_eq!(recompiled(&writer), 0, "the write connection");
+    assert_eq!(recompiled(&reader), 0, "a read connection");
+}
