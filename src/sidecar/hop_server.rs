@@ -45,14 +45,16 @@ async fn receive(
         client_headers.remove(name);
     }
     app.metrics.hop_received.inc();
-    super::pipeline::serve(
+    // Boxed, as a client's request is (`pipeline::handle_mcp`): this handler's own future stays
+    // small while axum's layers move it.
+    Box::pin(super::pipeline::serve(
         app.clone(),
         timeout,
         client_headers,
         Body::from(bytes),
         Arrival::Hop { from: claims.from },
         None,
-    )
+    ))
     .await
 }
 
