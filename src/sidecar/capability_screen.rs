@@ -122,12 +122,13 @@ pub async fn screen_task_state(
                     settle_terminal(app, policy, recipient.correlation_id, record, finish).await;
                 if let Some(settled) = settled {
                     if settled.applied {
-                        cancel_at_server(
+                        // Boxed: a refusal's path, held inline it would size every poll's future.
+                        Box::pin(cancel_at_server(
                             app,
                             recipient.correlation_id,
                             record,
                             "capability_refused",
-                        )
+                        ))
                         .await;
                     }
                     return Screening::TaskFailed(Box::new(settled.record));
@@ -241,7 +242,9 @@ pub async fn screen_request_inputs(
             break; // revoked meanwhile: nothing more goes out on the caller's behalf
         }
         super::delegate::attach(app, ctx, &mut headers, None, tool);
-        message = match app.upstream.call(headers, &retry).await {
+        // Boxed: only a declined input request gets here, and held inline the call would size
+        // every forwarded request's future.
+        message = match Box::pin(app.upstream.call(headers, &retry)).await {
             Ok((_, answer)) => answer,
             Err(e) => {
                 tracing::warn!(error = %e, "retrying with capability declines failed");

@@ -367,13 +367,18 @@ fn now_secs() -> i64 {
 }
 
 /// Hands a request that passed every check to its method's handler.
+///
+/// This future is as large as its largest arm, and every request's future holds it: the arms
+/// that most requests take (`tools/call`, `tasks/get`, what is relayed as it is) are held
+/// inline, the others boxed (`tasks/update` and `tasks/cancel`, a listen stream that lives for
+/// minutes, `notifications/cancelled`), at one allocation each when they run.
 async fn dispatch(app: &Arc<AppState>, ctx: RequestContext) -> Response {
     match ctx.facts.kind.clone() {
         RequestKind::ToolsCall { tool } => tasks::call_tool(app.clone(), ctx, tool).await,
         RequestKind::TaskGet { task_id } => tasks::get(app, &ctx, &task_id).await,
-        RequestKind::TaskUpdate { task_id } => tasks::update(app, &ctx, &task_id).await,
-        RequestKind::TaskCancel { task_id } => tasks::cancel(app, &ctx, &task_id).await,
-        RequestKind::Listen => listen::listen(app.clone(), ctx).await,
+        RequestKind::TaskUpdate { task_id } => Box::pin(tasks::update(app, &ctx, &task_id)).await,
+        RequestKind::TaskCancel { task_id } => Box::pin(tasks::cancel(app, &ctx, &task_id)).await,
+        RequestKind::Listen => Box::pin(listen::listen(app.clone(), ctx)).await,
         RequestKind::Other if ctx.request.method == logging_gate::SET_LEVEL => {
             match logging_gate::logging_allowed(&ctx.policy, &ctx.identity.owner) {
                 Ok(()) => relay::forward_plain(app.clone(), ctx).await,
@@ -381,7 +386,7 @@ async fn dispatch(app: &Arc<AppState>, ctx: RequestContext) -> Response {
             }
         }
         RequestKind::Other if ctx.request.method == client_cancel::CANCELLED => {
-            client_cancel::cancelled(app.clone(), ctx).await
+            Box::pin(client_cancel::cancelled(app.clone(), ctx)).await
         }
         RequestKind::Other => relay::forward_plain(app.clone(), ctx).await,
     }

@@ -223,7 +223,10 @@ async fn route_to_home(app: &AppState, ctx: &RequestContext, record: TaskRecord)
             .get_or_create(&ReasonLabels { reason: outcome })
             .inc();
     };
-    match hop.forward(app.ledger.as_ref(), home, ctx).await {
+    // Boxed, as is `fail_orphaned` below: only replicas on a shared ledger get here, and held
+    // inline these would size every task request's future (docs/design.md, "A request's
+    // future is boxed once").
+    match Box::pin(hop.forward(app.ledger.as_ref(), home, ctx)).await {
         Ok(response) => {
             outcome("answered");
             app.replica.remember_remote(&record);
@@ -240,7 +243,14 @@ async fn route_to_home(app: &AppState, ctx: &RequestContext, record: TaskRecord)
         Err(ForwardError::HomeGone(_)) => {
             outcome("home_gone");
             app.replica.forget_remote(&record.id);
-            match fail_orphaned(app, &ctx.policy, &ctx.correlation_id, &record).await {
+            match Box::pin(fail_orphaned(
+                app,
+                &ctx.policy,
+                &ctx.correlation_id,
+                &record,
+            ))
+            .await
+            {
                 Some(settled) => Routed::Here(Box::new(settled.record)),
                 None => Routed::Answered(hop_unreachable(ctx)),
             }
