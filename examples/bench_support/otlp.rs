@@ -1,8 +1,9 @@
 //! An OTLP trace receiver for the benchmarks: gRPC `TraceService/Export` and HTTP/protobuf
 //! (`POST /v1/traces`) on loopback, on a thread and runtime of its own (so its work competes
 //! neither with the benchmark's client runtime nor, being in the benchmark's process, with the
-//! CPU measured of the process under test). It decodes what the exporter sends with the protocol's own generated types
-//! (`opentelemetry-proto`) and keeps only counts: spans by name and kind, and export requests.
+//! CPU measured of the process under test). It decodes what the exporter sends with the
+//! protocol's own generated types (`opentelemetry-proto`) and keeps only counts: spans by name
+//! and kind, and export requests.
 //!
 //! The test suite's receiver (`tests/it/support/otlp.rs`) keeps every span with its attributes
 //! and also speaks HTTP/JSON; a benchmark needs proof that spans arrived and how many, at a

@@ -123,11 +123,11 @@ struct Args {
     #[arg(long, default_value_t = 0.8)]
     soak_fraction: f64,
     /// Instead of the run: what exporting traces costs (issue 32). Sidecars with export off
-    /// and with export on (OTLP, gRPC or --tracing-protocol, to a receiver in this process, every
-    /// trace sampled) take
-    /// `greet` and `tasks/get`, paced (--tracing-rate) and in a closed loop (--connections),
-    /// in interleaved rounds; reports each one's CPU per call and the spans received (results:
-    /// target/bench/tracing.json, tracing-smoke.json with --smoke, or --out).
+    /// and with export on (OTLP, gRPC or --tracing-protocol, to a receiver in this process,
+    /// every trace sampled) take `greet` and `tasks/get`, paced (--tracing-rate) and in a
+    /// closed loop (--connections), in interleaved rounds; reports each one's CPU per call and
+    /// the spans received (results: target/bench/tracing.json, tracing-smoke.json with --smoke,
+    /// or --out).
     #[arg(long, conflicts_with_all = ["soak", "hot_path_only"])]
     tracing: bool,
     /// Seconds measured per sidecar and method of --tracing.

@@ -5,8 +5,9 @@
 //! spans are exported) and *export on* (`OTEL_EXPORTER_OTLP_ENDPOINT` naming an OTLP
 //! receiver this benchmark runs in its own process, `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` or, with
 //! `--tracing-protocol`, `http/protobuf`, and `OTEL_TRACES_SAMPLER=always_on`: every request is
-//! a sampled trace, the most export can cost). With `--tracing-before FILE`, a third sidecar runs a build from before tracing
-//! existed, with export off: the comparison that shows whether export off costs anything.
+//! a sampled trace, the most export can cost). With `--tracing-before FILE`, a third sidecar
+//! runs a build from before tracing existed, with export off: the comparison that shows whether
+//! export off costs anything.
 //!
 //! For each method of the hot path (`tools/call` of `greet`, `tasks/get` of a running task)
 //! every sidecar gets the same load in interleaved rounds — off, on, then on, off, … — so

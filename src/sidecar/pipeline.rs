@@ -1,14 +1,13 @@
 //! The request pipeline of `POST /mcp`: policy in force → Origin → token → envelope → protocol
 //! checks → the method's handler. Each stage either passes facts on or answers.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
+use futures_util::future::BoxFuture;
 use http::StatusCode;
 use http::header::{self, HeaderMap};
 use serde_json::Value;
@@ -48,17 +47,17 @@ fn method_label(method: &str) -> &'static str {
 /// Everything before the body is read is decided from the headers alone, so a caller without a
 /// valid token never gets its body read.
 ///
-/// The request's future is boxed here, once, and the router is handed a pointer: axum moves a
+/// The request's future is boxed here and the router is handed a pointer: axum moves a
 /// handler's future by value through each of its layers (tower's `MapFuture` in every boxed
-/// route service), and the pipeline's future is ~12 KiB, so handing it over unboxed cost four
-/// copies of it per request (the one into axum's own box among them) where this costs one.
+/// route service), and the pipeline's future is kilobytes of async state (docs/design.md, "A
+/// request's future is boxed once").
 pub fn handle_mcp(
     State(app): State<Arc<AppState>>,
     body_timeout: BodyReadTimeout,
     peer: Option<PeerAddr>,
     headers: HeaderMap,
     body: Body,
-) -> BoxedResponse {
+) -> BoxFuture<'static, Response> {
     Box::pin(serve(
         app,
         body_timeout,
@@ -68,9 +67,6 @@ pub fn handle_mcp(
         peer,
     ))
 }
-
-/// A request's future, boxed where it is made ([`handle_mcp`]).
-pub type BoxedResponse = Pin<Box<dyn Future<Output = Response> + Send>>;
 
 /// Removes the client-certificate header (`identity.clientCertificates.header`) of a client's
 /// request from a peer that is not a trusted proxy, before anything reads it: only the proxy
